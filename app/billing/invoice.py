@@ -1,0 +1,60 @@
+"""Invoice assembly: rental lines, then vouchers, then one tax line.
+
+API:
+    build_invoice(invoice_id, customer_id, currency, rated_rentals, vouchers, as_of, tax_rate)
+        -> Invoice
+
+Rules: vouchers apply to the sum of the rental lines (never below zero) and each application
+is its own negative line; tax = tax_rate x (sum of lines after vouchers), rounded once;
+total = sum of all lines including tax. The voucher ledger entries the invoice implies come
+back with it, for the caller to persist in the same transaction.
+"""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+
+from app.billing.lines import InvoiceLine, LineKind, sum_amounts
+from app.billing.rating import RatedRental
+from app.billing.vouchers import OpenVoucher, VoucherEntry, apply_vouchers
+from app.core.money import round_money
+
+
+@dataclass(frozen=True)
+class Invoice:
+    invoice_id: str
+    customer_id: str
+    currency: str
+    lines: tuple[InvoiceLine, ...]
+    voucher_applications: tuple[VoucherEntry, ...]
+    voucher_expirations: tuple[VoucherEntry, ...]
+
+    @property
+    def total(self) -> Decimal:
+        return sum_amounts(self.lines, self.currency)
+
+
+def build_invoice(
+    invoice_id: str,
+    customer_id: str,
+    currency: str,
+    rated_rentals: Iterable[RatedRental],
+    vouchers: Sequence[OpenVoucher],
+    as_of: int,
+    tax_rate: Decimal,
+) -> Invoice:
+    lines = [line for rated in rated_rentals for line in rated.lines]
+    if any(line.currency != currency for line in lines):
+        raise ValueError(f"all rental lines must be in {currency}")
+    applications, expirations = apply_vouchers(
+        vouchers, sum_amounts(lines, currency), as_of, invoice_id
+    )
+    lines += [
+        InvoiceLine(LineKind.VOUCHER, -a.amount, currency, voucher_id=a.voucher_id)
+        for a in applications
+    ]
+    tax = round_money(sum_amounts(lines, currency) * tax_rate, currency)
+    lines.append(InvoiceLine(LineKind.TAX, tax, currency, rate=tax_rate))
+    return Invoice(
+        invoice_id, customer_id, currency, tuple(lines), tuple(applications), tuple(expirations)
+    )

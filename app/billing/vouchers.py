@@ -1,0 +1,165 @@
+"""Voucher ledger: append-only entries per customer, and the pure rules that write them.
+
+API:
+    VoucherEntry, EntryKind, OpenVoucher
+    issue_voucher(voucher_id, customer_id, amount, issued_at, validity_days, source, reason)
+    issue_tier_vouchers(rated_rentals, period, issued_at) -> list[VoucherEntry]
+    open_vouchers(entries) -> list[OpenVoucher]
+    apply_vouchers(open_vouchers, amount_due, as_of, invoice_id) -> (applications, expirations)
+    balance(entries) -> Decimal
+
+Rules:
+* Amounts in entries are always positive; a voucher's remaining balance is
+  issued - applied - expired and never negative. A customer's vouchers share one currency.
+* A voucher is usable while ``as_of < expires_at``.
+* Tier vouchers: the rental's continuous duration at period end is
+  min(rental_end, period_end) - rental_start, in whole days; the highest tier whose
+  ``min_days`` it meets gives ``percent`` % of the rental's net (charges + credits + cap),
+  rounded half-up once; nothing is issued for a net <= 0. Voucher id: ``tier:<rental>:<period
+  start>`` so re-running finalization issues the same id (idempotent upsert downstream).
+* Application: vouchers expired as of the invoice date with a remaining balance get an
+  expiry entry; the rest apply oldest expiry first (then by id), each taking
+  min(remaining, amount still due), never taking the amount due below zero.
+"""
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from enum import StrEnum
+
+from app.billing.intervals import Span
+from app.billing.rating import RatedRental
+from app.core.money import round_money
+
+SECONDS_PER_DAY = 86400
+
+
+class EntryKind(StrEnum):
+    ISSUED = "issued"
+    APPLIED = "applied"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True)
+class VoucherEntry:
+    kind: EntryKind
+    voucher_id: str
+    customer_id: str
+    amount: Decimal  # positive
+    at: int
+    expires_at: int | None = None  # issued entries only
+    source: str | None = None  # issued entries only: "tier" or "manual"
+    reason: str = ""
+    invoice_id: str | None = None  # applied entries only
+
+    def __post_init__(self) -> None:
+        if self.amount <= 0:
+            raise ValueError("ledger amounts are positive")
+        if (self.kind is EntryKind.ISSUED) != (self.expires_at is not None):
+            raise ValueError("exactly the issued entries carry an expiry")
+
+
+@dataclass(frozen=True)
+class OpenVoucher:
+    voucher_id: str
+    customer_id: str
+    expires_at: int
+    remaining: Decimal
+
+
+def issue_voucher(
+    voucher_id: str,
+    customer_id: str,
+    amount: Decimal,
+    issued_at: int,
+    validity_days: int,
+    source: str,
+    reason: str,
+) -> VoucherEntry:
+    expires_at = issued_at + validity_days * SECONDS_PER_DAY
+    return VoucherEntry(
+        EntryKind.ISSUED, voucher_id, customer_id, amount, issued_at, expires_at, source, reason
+    )
+
+
+def issue_tier_vouchers(
+    rated_rentals: Iterable[RatedRental], period: Span, issued_at: int
+) -> list[VoucherEntry]:
+    entries = []
+    for rated in rated_rentals:
+        rental, plan = rated.rental, rated.rental.plan
+        end = period[1] if rental.rental_end is None else min(rental.rental_end, period[1])
+        days = (end - rental.rental_start) // SECONDS_PER_DAY
+        tiers = [t for t in plan.voucher_tiers if t.min_days <= days]
+        if not tiers:
+            continue
+        tier = max(tiers, key=lambda t: t.min_days)
+        amount = round_money(rated.net * tier.percent / 100, plan.currency)
+        if amount <= 0:
+            continue
+        entries.append(
+            issue_voucher(
+                f"tier:{rental.rental_id}:{period[0]}",
+                rental.customer_id,
+                amount,
+                issued_at,
+                plan.voucher_validity_days,
+                "tier",
+                f"{tier.percent}% for a {days}-day rental (tier >= {tier.min_days} days)",
+            )
+        )
+    return entries
+
+
+def open_vouchers(entries: Iterable[VoucherEntry]) -> list[OpenVoucher]:
+    issued: dict[str, VoucherEntry] = {}
+    used: dict[str, Decimal] = defaultdict(Decimal)
+    for entry in entries:
+        if entry.kind is EntryKind.ISSUED:
+            issued[entry.voucher_id] = entry
+        else:
+            used[entry.voucher_id] += entry.amount
+    result = []
+    for vid, e in issued.items():
+        assert e.expires_at is not None  # enforced by VoucherEntry.__post_init__
+        if e.amount > used[vid]:
+            result.append(OpenVoucher(vid, e.customer_id, e.expires_at, e.amount - used[vid]))
+    return result
+
+
+def apply_vouchers(
+    vouchers: Sequence[OpenVoucher], amount_due: Decimal, as_of: int, invoice_id: str
+) -> tuple[list[VoucherEntry], list[VoucherEntry]]:
+    applications: list[VoucherEntry] = []
+    expirations: list[VoucherEntry] = []
+    due = amount_due
+    for v in sorted(vouchers, key=lambda v: (v.expires_at, v.voucher_id)):
+        if v.remaining <= 0:
+            continue
+        if v.expires_at <= as_of:
+            expirations.append(
+                VoucherEntry(EntryKind.EXPIRED, v.voucher_id, v.customer_id, v.remaining, as_of)
+            )
+        elif due > 0:
+            taken = min(v.remaining, due)
+            due -= taken
+            applications.append(
+                VoucherEntry(
+                    EntryKind.APPLIED,
+                    v.voucher_id,
+                    v.customer_id,
+                    taken,
+                    as_of,
+                    invoice_id=invoice_id,
+                )
+            )
+    return applications, expirations
+
+
+def balance(entries: Iterable[VoucherEntry]) -> Decimal:
+    """Issued - applied - expired over all entries (>= 0 when written by these rules)."""
+    total = Decimal(0)
+    for entry in entries:
+        total += entry.amount if entry.kind is EntryKind.ISSUED else -entry.amount
+    return total

@@ -1,0 +1,125 @@
+"""What-if: the same usage rated at several increments, with and without automatic credits.
+
+API:
+    what_if(rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period,
+            increments=(1, 60, 3600), manual_recovery_s=2820) -> WhatIfTable
+
+Rules:
+* "With credits" is the real rating (``rate_rentals``) with the increment swapped in:
+  amount = charge + credit lines. "Without credits" keeps the charge lines (which already
+  include failed and migration seconds), drops the failure/migration credit lines, and adds
+  a downtime top-up per incident. ``degraded_credit`` is a plan price rule, not an automatic
+  credit, so it stays in both columns.
+* A downtime incident is a maximal contiguous run of failure and migration-window seconds
+  on one GPU, so a failure and the migration window right after it form one incident.
+  Billed downtime = max(incident seconds, ``manual_recovery_s``): the top-up
+  (manual_recovery_s - incident seconds, if positive) is priced at the incident's last
+  second, rounded as its own line and not subject to increments.
+* Amounts exclude the cap, vouchers and tax, which would mask the comparison.
+"""
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
+
+from app.billing.domain import Assignment, Bucket, Migration, Piece, RentalInput, Segment
+from app.billing.intervals import Span
+from app.billing.lines import LineKind, sum_amounts
+from app.billing.rating import RatedRental, price_at, rate_rentals
+from app.core.money import time_amount
+
+DEFAULT_MANUAL_RECOVERY_S = 47 * 60
+DEFAULT_INCREMENTS = (1, 60, 3600)
+
+_DOWNTIME = frozenset({Bucket.FAILURE_CREDIT, Bucket.MIGRATION_CREDIT})
+_KEPT_WITHOUT_CREDITS = frozenset({LineKind.CHARGE, LineKind.DEGRADED_CREDIT})
+
+
+@dataclass(frozen=True)
+class WhatIfCell:
+    amount: Decimal
+    billed_s: int
+
+
+@dataclass(frozen=True)
+class WhatIfRow:
+    increment_s: int
+    with_credits: WhatIfCell
+    without_credits: WhatIfCell
+
+    @property
+    def difference(self) -> Decimal:
+        """What automatic credits save the customer at this increment."""
+        return self.without_credits.amount - self.with_credits.amount
+
+
+@dataclass(frozen=True)
+class WhatIfTable:
+    currency: str
+    rows: tuple[WhatIfRow, ...]
+
+
+def what_if(
+    rentals: Iterable[RentalInput],
+    assignments: Iterable[Assignment],
+    segments_by_gpu: Mapping[str, Sequence[Segment]],
+    maintenance_by_gpu: Mapping[str, Sequence[Span]],
+    migrations: Iterable[Migration],
+    period: Span,
+    increments: Sequence[int] = DEFAULT_INCREMENTS,
+    manual_recovery_s: int = DEFAULT_MANUAL_RECOVERY_S,
+) -> WhatIfTable:
+    rentals, assignments, migrations = list(rentals), list(assignments), list(migrations)
+    currencies = {r.plan.currency for r in rentals}
+    if len(currencies) > 1:
+        raise ValueError(f"what-if needs a single currency, got {sorted(currencies)}")
+    currency = currencies.pop() if currencies else "USD"
+    rows = []
+    for increment in increments:
+        variant = [replace(r, plan=replace(r.plan, increment_s=increment)) for r in rentals]
+        rated = rate_rentals(
+            variant, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period
+        )
+        rows.append(
+            WhatIfRow(
+                increment,
+                _with_credits(rated, currency),
+                _without_credits(rated, currency, manual_recovery_s),
+            )
+        )
+    return WhatIfTable(currency, tuple(rows))
+
+
+def _with_credits(rated: Sequence[RatedRental], currency: str) -> WhatIfCell:
+    lines = [line for r in rated for line in r.lines if line.kind is not LineKind.CAP]
+    return WhatIfCell(sum_amounts(lines, currency), sum(r.billed_s for r in rated))
+
+
+def _without_credits(
+    rated: Sequence[RatedRental], currency: str, manual_recovery_s: int
+) -> WhatIfCell:
+    lines = [line for r in rated for line in r.lines if line.kind in _KEPT_WITHOUT_CREDITS]
+    amount, seconds = sum_amounts(lines, currency), 0
+    for r in rated:
+        seconds += r.billed_s + sum(r.buckets[b] for b in _DOWNTIME)
+        for start, end in _incidents(r.pieces):
+            top_up = max(manual_recovery_s - (end - start), 0)
+            seconds += top_up
+            amount += time_amount(top_up, price_at(r.rental, end - 1), currency)
+    return WhatIfCell(amount, seconds)
+
+
+def _incidents(pieces: Sequence[Piece]) -> Iterator[Span]:
+    """Contiguous downtime runs on one GPU; ``pieces`` are sorted by (gpu, start)."""
+    run: tuple[str, int, int] | None = None
+    for p in pieces:
+        if p.bucket not in _DOWNTIME:
+            continue
+        if run and run[0] == p.gpu_uuid and run[2] == p.start:
+            run = (run[0], run[1], p.end)
+            continue
+        if run:
+            yield run[1:]
+        run = (p.gpu_uuid, p.start, p.end)
+    if run:
+        yield run[1:]

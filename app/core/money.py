@@ -1,0 +1,75 @@
+"""Exact money arithmetic for billing.
+
+Amounts are ``Decimal`` values with exactly the currency's ISO 4217 minor-unit exponent
+(USD ``12.34``, JPY ``1234``). Intermediate values are exact ``Fraction``s, so rounding
+happens exactly once, at the line, with ROUND_HALF_UP (ties away from zero).
+
+API:
+    minor_units(currency) -> int
+    round_money(value, currency) -> Decimal        # the single rounding step
+    time_amount(seconds, price_per_hour, currency) -> Decimal   # seconds x price / 3600
+    zero(currency) -> Decimal
+"""
+
+from decimal import Decimal
+from fractions import Fraction
+
+# ISO 4217 minor units for the currencies we sell in; unknown codes are an error, never a guess.
+_MINOR_UNITS: dict[str, int] = {
+    "AUD": 2,
+    "BHD": 3,
+    "BRL": 2,
+    "CAD": 2,
+    "CHF": 2,
+    "CLP": 0,
+    "CNY": 2,
+    "CZK": 2,
+    "DKK": 2,
+    "EUR": 2,
+    "GBP": 2,
+    "HKD": 2,
+    "INR": 2,
+    "ISK": 0,
+    "JPY": 0,
+    "KRW": 0,
+    "KWD": 3,
+    "NOK": 2,
+    "NZD": 2,
+    "PLN": 2,
+    "SEK": 2,
+    "SGD": 2,
+    "USD": 2,
+    "VND": 0,
+}
+
+SECONDS_PER_HOUR = 3600
+
+
+class UnknownCurrencyError(ValueError):
+    """Raised for a currency code missing from the minor-unit table."""
+
+
+def minor_units(currency: str) -> int:
+    try:
+        return _MINOR_UNITS[currency]
+    except KeyError:
+        raise UnknownCurrencyError(f"unknown currency {currency!r}") from None
+
+
+def round_money(value: Decimal | Fraction | int, currency: str) -> Decimal:
+    """Round an exact value to the currency's minor unit, half-up (away from zero on ties)."""
+    exponent = minor_units(currency)
+    scaled = Fraction(value) * 10**exponent
+    # floor(|x| + 1/2) is half-up on the magnitude; the sign is re-applied afterwards.
+    magnitude = int(abs(scaled) + Fraction(1, 2))
+    units = -magnitude if scaled < 0 else magnitude
+    return Decimal(units).scaleb(-exponent)
+
+
+def time_amount(seconds: int, price_per_hour: Decimal, currency: str) -> Decimal:
+    """The rounded amount for ``seconds`` of usage at ``price_per_hour``."""
+    return round_money(Fraction(seconds) * Fraction(price_per_hour) / SECONDS_PER_HOUR, currency)
+
+
+def zero(currency: str) -> Decimal:
+    return round_money(0, currency)

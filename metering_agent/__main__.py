@@ -1,0 +1,5 @@
+import sys
+
+from metering_agent.cli import main
+
+sys.exit(main())

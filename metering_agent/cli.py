@@ -1,0 +1,168 @@
+"""``gpumeter-agent``: meter this node's GPUs and ship the records to the gpumeter service."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from metering_agent import logs
+from metering_agent.faults import load_faults
+from metering_agent.metrics import Metrics, serve
+from metering_agent.nvml.provider import GpuProvider
+from metering_agent.nvml.simulated import DEFAULT_MODEL, MODELS, SimulatedProvider
+from metering_agent.runner import Runner, SystemClock
+from metering_agent.spool import DEFAULT_MAX_BYTES, Spool
+from metering_agent.uploader import Backoff, Uploader
+
+log = logs.Log("metering_agent.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpumeter-agent",
+        description="Sample GPUs at 1 Hz, spool usage records durably, upload them to gpumeter.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--server", help="service base URL, e.g. https://meter.example.com")
+    token = p.add_mutually_exclusive_group()
+    token.add_argument("--token", help="node token (prefer --token-file)")
+    token.add_argument("--token-file", type=Path, help="file holding the node token")
+    p.add_argument("--spool-dir", type=Path, help="durable spool directory")
+    p.add_argument("--duration", type=float, help="stop cleanly after this many seconds")
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
+    p.add_argument("--metrics-host", default="0.0.0.0", help="address for /metrics")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--probe", action="store_true", help="print every NVML reading per GPU, exit")
+
+    sim = p.add_argument_group("simulator (instead of NVML)")
+    sim.add_argument("--simulate", type=int, metavar="N", help="simulate N GPUs")
+    sim.add_argument("--faults", type=Path, help="fault script (JSON; YAML with PyYAML)")
+    sim.add_argument(
+        "--gpu-models",
+        default=DEFAULT_MODEL,
+        help=f"comma-separated models, assigned round-robin; known: {', '.join(MODELS)}",
+    )
+    sim.add_argument("--seed", type=int, help="random seed for the simulated readings")
+    sim.add_argument("--node-name", default=socket.gethostname(), help="node name for UUIDs")
+    sim.add_argument("--uuid-prefix", default="", help="makes UUIDs distinct per agent")
+
+    up = p.add_argument_group("spool and upload")
+    up.add_argument("--batch-max-records", type=int, default=500, help="items per batch")
+    up.add_argument(
+        "--upload-interval", type=float, default=5.0, help="seconds between upload rounds"
+    )
+    up.add_argument("--upload-timeout", type=float, default=10.0, help="HTTP timeout, seconds")
+    up.add_argument("--backoff-max", type=float, default=60.0, help="max retry delay, seconds")
+    up.add_argument("--spool-max-bytes", type=int, default=DEFAULT_MAX_BYTES)
+    up.add_argument(
+        "--shutdown-upload-timeout",
+        type=float,
+        default=10.0,
+        help="at exit, seconds to keep uploading what is spooled",
+    )
+    return p
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token_file is not None:
+        return args.token_file.read_text().strip()
+    return args.token or ""
+
+
+def _provider(args: argparse.Namespace) -> GpuProvider:
+    if args.simulate is None:
+        from metering_agent.nvml.real import NvmlProvider  # needs the NVML library
+
+        return NvmlProvider()
+    return SimulatedProvider(
+        args.simulate,
+        models=[m.strip() for m in args.gpu_models.split(",")],
+        node=args.node_name,
+        uuid_prefix=args.uuid_prefix,
+        seed=args.seed,
+        faults=load_faults(args.faults) if args.faults else None,
+        clock=time.monotonic,
+    )
+
+
+def _probe() -> int:
+    from metering_agent.nvml.real import probe
+
+    print(json.dumps(probe(), indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logs.setup(args.log_level)
+    if args.probe:
+        return _probe()
+    if not (args.server and args.spool_dir and (args.token or args.token_file)):
+        parser.error("--server, --token/--token-file and --spool-dir are required")
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: _request_stop(stop, signum))
+    metrics = Metrics()
+    clock = SystemClock()
+    provider = _provider(args)
+    spool = Spool(
+        args.spool_dir,
+        max_bytes=args.spool_max_bytes,
+        batch_max_items=args.batch_max_records,
+        seal_after_s=args.upload_interval,
+        metrics=metrics,
+    )
+    uploader = Uploader(
+        spool,
+        args.server,
+        _token(args),
+        timeout_s=args.upload_timeout,
+        interval_s=args.upload_interval,
+        backoff=Backoff(cap_s=args.backoff_max),
+        metrics=metrics,
+    )
+    upload_stop = threading.Event()
+    upload_thread = threading.Thread(
+        target=uploader.run, args=(upload_stop,), name="uploader", daemon=True
+    )
+    upload_thread.start()
+    if args.metrics_port is not None:
+        serve(metrics, args.metrics_port, args.metrics_host)
+    gpus = provider.gpus()
+    log.info("agent_started", gpus=len(gpus), uuids=[g.uuid for g in gpus], spool=str(spool.root))
+    runner = Runner(provider, spool, clock=clock, metrics=metrics)
+    runner.run(stop, args.duration)
+
+    runner.close()
+    spool.seal(force=True)
+    deadline = time.monotonic() + args.shutdown_upload_timeout
+    uploader.wake()
+    while spool.batches() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    upload_stop.set()
+    uploader.wake()
+    upload_thread.join(timeout=args.upload_timeout + 1)
+    provider.close()
+    spool.close()
+    log.info("agent_stopped", batches_left=len(spool.batches()), held=spool.held())
+    return 0
+
+
+def _request_stop(stop: threading.Event, signum: int) -> None:
+    log.info("stop_requested", signal=signal.Signals(signum).name)
+    stop.set()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The NVML provider protocol and the per-second reading every provider fills.
+
+A field left at ``None`` means "not available": the call or field is not supported on this
+device (the reason is in ``GpuReading.unsupported``) or the GPU is lost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+# NVML recovery actions (nvmlDeviceGetGpuRecoveryAction / NVML_FI_DEV_GET_GPU_RECOVERY_ACTION).
+RECOVERY_ACTIONS = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
+
+# Clock-event (throttle) reason bits, nvmlClocksEventReason*.
+CLOCKS_EVENT_SW_POWER_CAP = 0x04
+CLOCKS_EVENT_HW_SLOWDOWN = 0x08
+CLOCKS_EVENT_SW_THERMAL = 0x20
+CLOCKS_EVENT_HW_THERMAL = 0x40
+CLOCKS_EVENT_HW_POWER_BRAKE = 0x80
+
+
+@dataclass(frozen=True, slots=True)
+class GpuInfo:
+    index: int
+    uuid: str  # NVML format: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+    name: str  # NVML device name, e.g. "NVIDIA H100 80GB HBM3"
+
+
+@dataclass(slots=True)
+class GpuReading:
+    index: int
+    uuid: str
+    name: str
+    lost: bool = False  # GPU fell off the bus / NVML says GpuIsLost: nothing else is readable
+    lost_reason: str | None = None
+    recovered: bool = False  # the GPU was reset since the last reading (clears latched faults)
+    gpu_util: int | None = None  # percent
+    mem_util: int | None = None  # percent
+    mem_used_mib: int | None = None
+    mem_total_mib: int | None = None
+    power_mw: int | None = None
+    energy_mj: int | None = None  # total energy counter since driver load
+    temp_c: int | None = None
+    sm_clock_mhz: int | None = None
+    clock_event_reasons: int | None = None  # bitmask of nvmlClocksEventReason*
+    ecc_corrected_volatile: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    retired_pages_pending: bool | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    nvlink_links: int | None = None  # links present
+    nvlink_links_down: int | None = None
+    nvlink_crc_errors: int | None = None  # cumulative flit + data CRC errors, all links
+    pcie_replays: int | None = None  # cumulative
+    recovery_action: int | None = None  # key of RECOVERY_ACTIONS
+    process_count: int | None = None  # running compute processes
+    xids: list[int] = field(default_factory=list)  # XIDs seen since the previous reading
+    dbe_events: int = 0  # double-bit ECC events seen since the previous reading
+    unsupported: dict[str, str] = field(default_factory=dict)  # field -> NVML error text
+
+
+class GpuProvider(Protocol):
+    """What the 1 Hz loop needs from a source of GPU readings."""
+
+    def gpus(self) -> list[GpuInfo]: ...
+
+    def read_all(self) -> list[GpuReading]:
+        """One reading per GPU, never raising for a single GPU's trouble."""
+        ...
+
+    def close(self) -> None: ...

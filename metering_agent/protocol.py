@@ -1,0 +1,175 @@
+"""The agent <-> service wire format, defined once and imported by both sides.
+
+Standard library only: the agent is deployed on GPU nodes without the service.
+A batch is JSON: ``{"protocol_version", "batch_id", "records": [...], "events": [...]}``.
+
+A usage record states a fact about one GPU: it was in ``state`` for every second of
+``[start, end)`` (integer UTC epoch seconds), with these aggregate readings. Records never
+cross a UTC minute boundary, so per-minute charts built from them are exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+PROTOCOL_VERSION = 1
+INGEST_PATH = "/v1/ingest"
+MINUTE = 60
+
+
+class GpuState(StrEnum):
+    """Health states the agent can observe (``maintenance`` is the operator's, not the agent's)."""
+
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    FAILED = "failed"
+
+
+class EventKind(StrEnum):
+    XID = "xid"  # an XID error reported by the driver (code = XID number)
+    STATE_CHANGE = "state_change"  # the classifier moved the GPU to another state
+    COUNTER = "counter"  # a health counter jumped (ECC, NVLink CRC, PCIe replay, ...)
+    CLOCK_JUMP = "clock_jump"  # wall clock moved against the monotonic clock; seconds skipped
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRecord:
+    gpu_uuid: str
+    model: str  # NVML device name, used to register a GPU on its first report
+    start: int  # inclusive, epoch seconds
+    end: int  # exclusive, epoch seconds
+    state: GpuState
+    sample_count: int  # seconds actually sampled in [start, end)
+    gpu_util_mean: float | None = None  # percent
+    gpu_util_max: int | None = None  # percent
+    mem_util_mean: float | None = None  # percent (memory controller busy)
+    mem_used_max_mib: int | None = None
+    mem_total_mib: int | None = None
+    energy_j: float | None = None  # joules consumed over the run
+    power_max_w: float | None = None
+    temp_max_c: int | None = None
+    sm_clock_mean_mhz: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    event_id: str  # stable id chosen by the agent; the service stores each id once
+    gpu_uuid: str
+    at: int  # epoch second the event was observed
+    kind: EventKind
+    code: int | None = None  # XID number for kind=xid
+    state: GpuState | None = None  # new state for kind=state_change
+    rule: str | None = None  # classifier rule that fired, e.g. "xid_79_fallen_off_bus"
+    detail: dict[str, Any] = field(default_factory=dict)  # evidence: counter deltas, messages
+
+
+@dataclass(frozen=True, slots=True)
+class IngestBatch:
+    batch_id: str  # stable across retries
+    records: list[UsageRecord] = field(default_factory=list)
+    events: list[HealthEvent] = field(default_factory=list)
+    protocol_version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    batch_id: str
+    accepted: int
+    duplicates: int
+    events_accepted: int
+    events_duplicate: int
+
+
+@dataclass(frozen=True, slots=True)
+class FieldError:
+    """One problem with one item, located like pydantic's ``loc``: e.g. ("records", 3, "end")."""
+
+    loc: tuple[str | int, ...]
+    msg: str
+
+
+def minute_start(second: int) -> int:
+    return second - second % MINUTE
+
+
+def record_errors(
+    record: UsageRecord, index: int, *, now: int | None = None, max_skew_s: int = 10
+) -> list[FieldError]:
+    """Semantic checks on one record, beyond field types. Empty when the record is valid."""
+    loc: tuple[str | int, ...] = ("records", index)
+    now = int(time.time()) if now is None else now
+    errors: list[FieldError] = []
+    if record.start >= record.end:
+        errors.append(
+            FieldError((*loc, "end"), f"end {record.end} must be after start {record.start}")
+        )
+    elif record.end > minute_start(record.start) + MINUTE:
+        errors.append(
+            FieldError(
+                (*loc, "end"),
+                f"record [{record.start}, {record.end}) crosses the minute boundary at "
+                f"{minute_start(record.start) + MINUTE}; split it there",
+            )
+        )
+    if record.end > now + max_skew_s:
+        errors.append(
+            FieldError(
+                (*loc, "end"),
+                f"end {record.end} is {record.end - now} s in the future "
+                f"(allowed clock skew {max_skew_s} s)",
+            )
+        )
+    if record.start < record.end and not 0 <= record.sample_count <= record.end - record.start:
+        errors.append(
+            FieldError(
+                (*loc, "sample_count"),
+                f"sample_count {record.sample_count} must be within 0..{record.end - record.start}",
+            )
+        )
+    return errors
+
+
+def event_errors(
+    event: HealthEvent, index: int, *, now: int | None = None, max_skew_s: int = 10
+) -> list[FieldError]:
+    loc: tuple[str | int, ...] = ("events", index)
+    now = int(time.time()) if now is None else now
+    errors: list[FieldError] = []
+    if event.at > now + max_skew_s:
+        errors.append(
+            FieldError((*loc, "at"), f"at {event.at} is {event.at - now} s in the future")
+        )
+    if event.kind == EventKind.XID and event.code is None:
+        errors.append(FieldError((*loc, "code"), "an xid event needs its XID code"))
+    if event.kind == EventKind.STATE_CHANGE and event.state is None:
+        errors.append(FieldError((*loc, "state"), "a state_change event needs the new state"))
+    return errors
+
+
+def batch_to_json(batch: IngestBatch) -> dict[str, Any]:
+    return dataclasses.asdict(batch)
+
+
+def batch_from_json(data: dict[str, Any]) -> IngestBatch:
+    """Build a batch from trusted JSON (the agent's own spool). The service validates instead."""
+    return IngestBatch(
+        batch_id=data["batch_id"],
+        protocol_version=data.get("protocol_version", PROTOCOL_VERSION),
+        records=[
+            UsageRecord(**{**r, "state": GpuState(r["state"])}) for r in data.get("records", [])
+        ],
+        events=[
+            HealthEvent(
+                **{
+                    **e,
+                    "kind": EventKind(e["kind"]),
+                    "state": GpuState(e["state"]) if e.get("state") else None,
+                }
+            )
+            for e in data.get("events", [])
+        ],
+    )

@@ -1,0 +1,149 @@
+"""The 1 Hz sampling loop: provider -> classifier -> record builder -> spool.
+
+Samples are taken just after each wall-clock second boundary and labelled with that second.
+The wall clock is checked against the monotonic clock every tick: when they disagree by more than
+``JUMP_TOLERANCE_S`` (NTP step, manual change, VM pause) the jump is logged, reported as a
+``clock_jump`` event, the open records are closed and that tick is skipped; seconds already
+accounted for are never sampled again, so records never overlap or run backwards.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from metering_agent.classifier import HealthMemory, classify, event_id
+from metering_agent.logs import Log
+from metering_agent.metrics import Metrics
+from metering_agent.nvml.provider import GpuProvider, GpuReading
+from metering_agent.protocol import EventKind, HealthEvent, UsageRecord
+from metering_agent.records import RecordBuilder
+from metering_agent.spool import Spool
+
+JUMP_TOLERANCE_S = 0.5
+TICK_OFFSET_S = 0.01  # sample just after the boundary, so int(time) is the new second
+
+log = Log("metering_agent.runner")
+
+
+class Clock(Protocol):
+    def wall(self) -> float: ...
+
+    def mono(self) -> float: ...
+
+    def sleep(self, seconds: float, stop: threading.Event) -> None: ...
+
+
+class SystemClock:
+    def wall(self) -> float:
+        return time.time()
+
+    def mono(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float, stop: threading.Event) -> None:
+        stop.wait(seconds)
+
+
+@dataclass(slots=True)
+class _Track:
+    builder: RecordBuilder
+    memory: HealthMemory = field(default_factory=HealthMemory)
+
+
+class Runner:
+    def __init__(
+        self, provider: GpuProvider, spool: Spool, *, clock: Clock, metrics: Metrics
+    ) -> None:
+        self.provider, self.spool, self.clock, self.metrics = provider, spool, clock, metrics
+        self._tracks: dict[str, _Track] = {}
+        self._last_tick: tuple[float, float] | None = None  # (wall, mono)
+        self._last_second: int | None = None
+
+    def _track(self, r: GpuReading) -> _Track:
+        track = self._tracks.get(r.uuid)
+        if track is None:
+            # Resume after the last record spooled by any earlier run: never overlap it.
+            floor = self.spool.last_ends.get(r.uuid, 0)
+            track = self._tracks[r.uuid] = _Track(RecordBuilder(r.uuid, r.name, floor))
+        return track
+
+    def tick(self) -> None:
+        wall, mono = self.clock.wall(), self.clock.mono()
+        second = int(wall)
+        self.metrics.set("gpumeter_agent_sample_lag_seconds", round(wall - second, 4))
+        previous, self._last_tick = self._last_tick, (wall, mono)
+        if previous is not None:
+            skew = (wall - previous[0]) - (mono - previous[1])
+            if abs(skew) > JUMP_TOLERANCE_S:
+                self._clock_jump(second, skew)
+                return
+        if self._last_second is not None and second <= self._last_second:
+            return  # already sampled (the wall clock went back): skip, don't overlap
+        self._last_second = second
+        records: list[UsageRecord] = []
+        events: list[HealthEvent] = []
+        for r in self.provider.read_all():
+            track = self._track(r)
+            verdict, track.memory = classify(r, track.memory, second)
+            events.extend(verdict.events)
+            records.extend(track.builder.add(second, r, verdict.state))
+            self.metrics.update_gpu(r, verdict.state)
+            for event in verdict.events:
+                log.info("health_event", **_event_fields(event))
+        self._spool(records, events)
+
+    def _clock_jump(self, second: int, skew: float) -> None:
+        log.warning("clock_jump", skew_s=round(skew, 3), second=second, action="tick skipped")
+        self.metrics.inc("gpumeter_agent_clock_jumps_total")
+        events = [
+            HealthEvent(
+                event_id(uuid, second, EventKind.CLOCK_JUMP.value, None, 0),
+                uuid,
+                second,
+                EventKind.CLOCK_JUMP,
+                detail={"skew_s": round(skew, 3)},
+            )
+            for uuid in self._tracks
+        ]
+        records = [rec for track in self._tracks.values() for rec in track.builder.close()]
+        self._spool(records, events)
+
+    def _spool(self, records: list[UsageRecord], events: list[HealthEvent]) -> None:
+        self.spool.append(records, events)
+        self.spool.flush()
+        self.spool.seal()
+
+    def run(self, stop: threading.Event, duration_s: float | None = None) -> None:
+        start = self.clock.mono()
+        while not stop.is_set():
+            if duration_s is not None and self.clock.mono() - start >= duration_s:
+                break
+            wall = self.clock.wall()
+            self.clock.sleep(min(1.0, math.floor(wall) + 1 - wall + TICK_OFFSET_S), stop)
+            if stop.is_set():
+                break
+            try:
+                self.tick()
+            except Exception as e:  # one bad second (disk error, ...) must not stop metering
+                log.error("tick_failed", error=repr(e))
+
+    def close(self) -> None:
+        """Close the open records and make them durable (clean shutdown)."""
+        records = [rec for track in self._tracks.values() for rec in track.builder.close()]
+        self.spool.append(records, [])
+        self.spool.flush()
+        log.info("records_flushed", records=len(records), held=self.spool.held())
+
+
+def _event_fields(event: HealthEvent) -> dict[str, object]:
+    return {
+        "gpu_uuid": event.gpu_uuid,
+        "kind": event.kind.value,
+        "code": event.code,
+        "state": event.state.value if event.state else None,
+        "rule": event.rule,
+    }

@@ -1,0 +1,140 @@
+"""Uploader: sends sealed spool batches to ``POST {server}/v1/ingest``, oldest first.
+
+- 2xx: stored (duplicates included); the batch file is removed.
+- 4xx (except 408 and 429, which are "try later"): rejected; the batch moves to the spool's
+  dead-letter folder, logged as an error, and the uploader carries on with the next one.
+- 5xx, 408, 429, network errors and timeouts: the same batch is retried with exponential backoff
+  and jitter, so the order of batches is kept and nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from metering_agent.logs import Log
+from metering_agent.metrics import Metrics
+from metering_agent.protocol import INGEST_PATH
+from metering_agent.spool import Spool
+
+log = Log("metering_agent.uploader")
+RETRYABLE_4XX = {408, 429}
+
+
+class Outcome(enum.Enum):
+    STORED = "stored"
+    REJECTED = "rejected"
+    RETRY = "retry"
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Exponential backoff with "equal jitter": half the delay fixed, half random."""
+
+    base_s: float = 1.0
+    cap_s: float = 60.0
+    attempts: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+    def next_delay(self) -> float:
+        delay = min(self.cap_s, self.base_s * 2**self.attempts)
+        self.attempts += 1
+        return delay / 2 + self.rng.uniform(0, delay / 2)
+
+    def reset(self) -> None:
+        self.attempts = 0
+
+
+class Uploader:
+    def __init__(
+        self,
+        spool: Spool,
+        server: str,
+        token: str,
+        *,
+        timeout_s: float = 10.0,
+        interval_s: float = 5.0,
+        backoff: Backoff | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.spool = spool
+        self.url = server.rstrip("/") + INGEST_PATH
+        self._token = token
+        self.timeout_s, self.interval_s = timeout_s, interval_s
+        self.backoff = backoff or Backoff()
+        self._metrics = metrics or Metrics()
+        self._clock = clock
+        self._wake = threading.Event()
+
+    def post(self, path: Path) -> Outcome:
+        request = urllib.request.Request(
+            self.url,
+            data=path.read_bytes(),
+            method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self._token}"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                response.read()
+                return Outcome.STORED
+        except urllib.error.HTTPError as e:
+            body = e.read()[:2000].decode(errors="replace")
+            if 400 <= e.code < 500 and e.code not in RETRYABLE_4XX:
+                log.error("batch_rejected", batch=path.name, status=e.code, detail=body)
+                return Outcome.REJECTED
+            log.warning("upload_failed", batch=path.name, status=e.code, detail=body)
+        except (OSError, TimeoutError) as e:  # URLError, connection reset, socket timeout
+            log.warning("upload_failed", batch=path.name, error=repr(e))
+        return Outcome.RETRY
+
+    def upload_pending(self, stop: threading.Event, deadline: float | None = None) -> bool:
+        """Send every sealed batch; return True when the spool's batches are all sent."""
+        while not stop.is_set():
+            batches = self.spool.batches()
+            if not batches:
+                return True
+            if deadline is not None and self._clock() >= deadline:
+                return False
+            path = batches[0]
+            outcome = self.post(path)
+            if outcome is Outcome.STORED:
+                self.spool.remove(path)
+                self.backoff.reset()
+                self._metrics.inc("gpumeter_agent_batches_uploaded_total")
+                self._metrics.set(
+                    "gpumeter_agent_last_upload_success_timestamp_seconds", time.time()
+                )
+                log.debug("batch_uploaded", batch=path.name)
+            elif outcome is Outcome.REJECTED:
+                target = self.spool.dead_letter(path)
+                self._metrics.inc("gpumeter_agent_batches_dead_lettered_total")
+                log.error("batch_dead_lettered", batch=path.name, path=str(target))
+            else:
+                self._metrics.inc("gpumeter_agent_upload_errors_total")
+                delay = self.backoff.next_delay()
+                if deadline is not None:
+                    delay = min(delay, max(0.0, deadline - self._clock()))
+                stop.wait(delay)
+        return False
+
+    def wake(self) -> None:
+        """Look at the spool now rather than after ``interval_s`` (used at shutdown)."""
+        self._wake.set()
+
+    def run(self, stop: threading.Event) -> None:
+        """The uploader thread: drain the spool, then look again every ``interval_s``."""
+        while not stop.is_set():
+            try:
+                self.upload_pending(stop)
+            except Exception as e:  # keep uploading whatever one batch does
+                log.error("uploader_error", error=repr(e))
+            self._wake.wait(self.interval_s)
+            self._wake.clear()

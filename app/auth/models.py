@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+
+from sqlalchemy import CheckConstraint, ForeignKey, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.core.base import Base, Timestamped, pg_enum
+
+
+class KeyKind(StrEnum):
+    ADMIN = "admin"  # operator: everything
+    CUSTOMER = "customer"  # reads its own customer's data only
+    NODE = "node"  # agent token: reports telemetry for its own node's GPUs only
+
+
+class ApiKey(Timestamped, Base):
+    __tablename__ = "api_keys"
+    __table_args__ = (
+        CheckConstraint(
+            "(kind = 'customer') = (customer_id IS NOT NULL)"
+            " AND (kind = 'node') = (node_id IS NOT NULL)",
+            name="owner_matches_kind",
+        ),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    kind: Mapped[KeyKind] = mapped_column(pg_enum(KeyKind, "key_kind"))
+    name: Mapped[str] = mapped_column(String(200))
+    # The first characters of the key, kept in clear so an operator can tell keys apart.
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    customer_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("customers.id", ondelete="CASCADE"), index=True
+    )
+    node_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("nodes.id", ondelete="CASCADE"), index=True
+    )
+    revoked_at: Mapped[datetime | None]

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from sqlalchemy import Select, select
+from sqlalchemy.orm import Session
+
+from app.auth.models import ApiKey, KeyKind
+
+
+def active_key_by_hash(session: Session, key_hash: str) -> ApiKey | None:
+    return session.scalar(
+        select(ApiKey).where(ApiKey.key_hash == key_hash, ApiKey.revoked_at.is_(None))
+    )
+
+
+def active_keys(session: Session, *, node_id: uuid.UUID) -> Sequence[ApiKey]:
+    return session.scalars(
+        select(ApiKey).where(ApiKey.node_id == node_id, ApiKey.revoked_at.is_(None))
+    ).all()
+
+
+def keys_query(
+    *, kind: KeyKind | None = None, customer_id: uuid.UUID | None = None
+) -> Select[tuple[ApiKey]]:
+    query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
+    if kind is not None:
+        query = query.where(ApiKey.kind == kind)
+    if customer_id is not None:
+        query = query.where(ApiKey.customer_id == customer_id)
+    return query

@@ -1,0 +1,94 @@
+"""API keys: random secrets shown once, stored as SHA-256 digests, revocable."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy.orm import Session
+
+from app.auth import repository
+from app.auth.models import ApiKey, KeyKind
+from app.core.errors import not_found
+
+PREFIX_LENGTH = 12
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the key's kind and, for customer and node keys, whose it is."""
+
+    key_id: uuid.UUID
+    kind: KeyKind
+    customer_id: uuid.UUID | None = None
+    node_id: uuid.UUID | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.kind == KeyKind.ADMIN
+
+    @property
+    def customer_scope(self) -> uuid.UUID | None:
+        """The only customer whose data this caller may read; None for an admin (all)."""
+        return None if self.is_admin else self.customer_id
+
+    def may_read_customer(self, customer_id: uuid.UUID) -> bool:
+        return self.is_admin or (self.kind == KeyKind.CUSTOMER and self.customer_id == customer_id)
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    key: ApiKey
+    secret: str  # the only time the clear key exists
+
+
+def hash_secret(secret: str) -> str:
+    # Keys are 256-bit random, so a fast digest is safe here (no dictionary to attack).
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def issue_key(
+    session: Session,
+    kind: KeyKind,
+    name: str,
+    *,
+    customer_id: uuid.UUID | None = None,
+    node_id: uuid.UUID | None = None,
+) -> IssuedKey:
+    secret = f"gm_{kind.value}_{secrets.token_urlsafe(32)}"
+    key = ApiKey(
+        kind=kind,
+        name=name,
+        prefix=secret[:PREFIX_LENGTH],
+        key_hash=hash_secret(secret),
+        customer_id=customer_id,
+        node_id=node_id,
+    )
+    session.add(key)
+    session.flush()
+    return IssuedKey(key=key, secret=secret)
+
+
+def authenticate(session: Session, secret: str) -> Principal | None:
+    key = repository.active_key_by_hash(session, hash_secret(secret))
+    if key is None:
+        return None
+    return Principal(key.id, key.kind, key.customer_id, key.node_id)
+
+
+def revoke_key(session: Session, key_id: uuid.UUID) -> ApiKey:
+    key = session.get(ApiKey, key_id)
+    if key is None:
+        raise not_found("API key", key_id)
+    if key.revoked_at is None:
+        key.revoked_at = datetime.now(UTC)
+    return key
+
+
+def revoke_node_keys(session: Session, node_id: uuid.UUID) -> None:
+    now = datetime.now(UTC)
+    for key in repository.active_keys(session, node_id=node_id):
+        key.revoked_at = now

@@ -1,0 +1,21 @@
+"""Request-scoped dependencies: the one transaction of a request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from app.core.db import transaction
+
+
+def _request_session(request: Request) -> Iterator[Session]:
+    # scope="function" below: the commit happens before the response is sent, so a client
+    # never sees 2xx for work that then failed to commit.
+    with transaction(request.app.state.engine) as session:
+        yield session
+
+
+DbSession = Annotated[Session, Depends(_request_session, scope="function")]

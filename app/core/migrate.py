@@ -1,0 +1,35 @@
+"""Schema migrations through Alembic; the schema is only ever built by migrations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+
+import migrations
+
+
+def alembic_config(database_url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    # ConfigParser interpolation: a literal % in a password must be doubled.
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    return config
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(database_url), revision)
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("postgresql://unused")).get_current_head()
+
+
+def is_up_to_date(engine: Engine) -> bool:
+    with engine.connect() as connection:
+        current = MigrationContext.configure(connection).get_current_revision()
+    return current == head_revision()

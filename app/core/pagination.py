@@ -1,0 +1,58 @@
+"""Limit/offset pagination shared by every list endpoint."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Generic, TypeVar
+
+from fastapi import Depends, Query
+from pydantic import BaseModel
+from sqlalchemy import Select
+from sqlalchemy.orm import Session
+
+T = TypeVar("T", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class PageParams:
+    limit: int
+    offset: int
+
+
+def _page_params(
+    limit: Annotated[int, Query(ge=1, le=1000, description="Items per page.")] = 100,
+    offset: Annotated[int, Query(ge=0, description="Items to skip.")] = 0,
+) -> PageParams:
+    return PageParams(limit=limit, offset=offset)
+
+
+Paging = Annotated[PageParams, Depends(_page_params)]
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    limit: int
+    offset: int
+    next_offset: int | None  # None on the last page
+
+
+def paginate(
+    session: Session,
+    query: Select[Any],
+    page: PageParams,
+    schema: type[T],
+    convert: Callable[[Any], T] | None = None,
+) -> Page[T]:
+    """One page of ``query``'s rows as ``schema``; one extra row tells whether more follow."""
+    rows = session.scalars(query.limit(page.limit + 1).offset(page.offset)).all()
+    next_offset = page.offset + page.limit if len(rows) > page.limit else None
+    to_item = convert or schema.model_validate
+    return Page[
+        schema
+    ](  # type: ignore[valid-type]
+        items=[to_item(row) for row in rows[: page.limit]],
+        limit=page.limit,
+        offset=page.offset,
+        next_offset=next_offset,
+    )

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter
+
+from app.auth.deps import Admin, ConsoleUser
+from app.auth.endpoints import issued_key_read
+from app.auth.schemas import IssuedKeyRead
+from app.core.deps import DbSession
+from app.core.pagination import Page, Paging, paginate
+from app.fleet import repository, service
+from app.fleet.models import Pool
+from app.fleet.schemas import GpuCreate, GpuRead, GpuUpdate, NodeCreate, NodeRead, NodeRegistered
+
+router = APIRouter(prefix="/v1", tags=["fleet"])
+
+
+@router.post("/nodes", status_code=201)
+def register_node(body: NodeCreate, session: DbSession, _: Admin) -> NodeRegistered:
+    """Register a node; the reply carries its agent token, shown once."""
+    node, token = service.register_node(session, body)
+    return NodeRegistered(node=NodeRead.model_validate(node), token=issued_key_read(token))
+
+
+@router.get("/nodes")
+def list_nodes(session: DbSession, _: Admin, page: Paging) -> Page[NodeRead]:
+    return paginate(session, repository.nodes_query(), page, NodeRead)
+
+
+@router.get("/nodes/{node_id}")
+def read_node(node_id: uuid.UUID, session: DbSession, _: Admin) -> NodeRead:
+    return NodeRead.model_validate(service.get_node(session, node_id))
+
+
+@router.post("/nodes/{node_id}/token", status_code=201)
+def rotate_node_token(node_id: uuid.UUID, session: DbSession, _: Admin) -> IssuedKeyRead:
+    """Issue a new agent token for the node and revoke its earlier ones."""
+    return issued_key_read(service.issue_node_token(session, service.get_node(session, node_id)))
+
+
+@router.get("/nodes/{node_id}/gpus")
+def list_node_gpus(node_id: uuid.UUID, session: DbSession, _: Admin, page: Paging) -> Page[GpuRead]:
+    service.get_node(session, node_id)
+    return paginate(session, repository.gpus_query(node_id=node_id), page, GpuRead)
+
+
+@router.get("/gpus")
+def list_gpus(
+    session: DbSession,
+    caller: ConsoleUser,
+    page: Paging,
+    node_id: uuid.UUID | None = None,
+    pool: Pool | None = None,
+    model: str | None = None,
+) -> Page[GpuRead]:
+    """Fleet-wide GPUs for admins; a customer sees the GPUs that served its rentals."""
+    query = repository.gpus_query(
+        customer_id=caller.customer_scope, node_id=node_id, pool=pool, model=model
+    )
+    return paginate(session, query, page, GpuRead)
+
+
+@router.post("/gpus", status_code=201)
+def create_gpu(body: GpuCreate, session: DbSession, _: Admin) -> GpuRead:
+    return GpuRead.model_validate(service.create_gpu(session, body))
+
+
+@router.get("/gpus/{gpu_uuid}")
+def read_gpu(gpu_uuid: str, session: DbSession, caller: ConsoleUser) -> GpuRead:
+    return GpuRead.model_validate(service.get_gpu(session, gpu_uuid, caller))
+
+
+@router.patch("/gpus/{gpu_uuid}")
+def update_gpu(gpu_uuid: str, body: GpuUpdate, session: DbSession, admin: Admin) -> GpuRead:
+    """Move a GPU between pools (rentable, spare, maintenance)."""
+    gpu = service.get_gpu(session, gpu_uuid, admin)
+    return GpuRead.model_validate(service.change_pool(session, gpu, body))

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+
+from sqlalchemy import CheckConstraint, ForeignKey, Index, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.core.base import Base, Timestamped, pg_enum
+
+
+class Pool(StrEnum):
+    RENTABLE = "rentable"
+    SPARE = "spare"
+    MAINTENANCE = "maintenance"
+
+
+class Node(Timestamped, Base):
+    __tablename__ = "nodes"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    hostname: Mapped[str] = mapped_column(String(253), unique=True)
+    datacenter: Mapped[str] = mapped_column(String(100))
+    topology_group: Mapped[str | None] = mapped_column(String(100))
+
+
+class Gpu(Timestamped, Base):
+    """A GPU, identified by its NVML UUID; its node's first report registers it."""
+
+    __tablename__ = "gpus"
+
+    uuid: Mapped[str] = mapped_column(String(96), primary_key=True)
+    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id"), index=True)
+    model: Mapped[str] = mapped_column(String(100))
+    pool: Mapped[Pool] = mapped_column(pg_enum(Pool, "gpu_pool"), default=Pool.RENTABLE)
+    # Last health state reported by the agent ("healthy", "degraded", "failed") and when.
+    last_state: Mapped[str | None] = mapped_column(String(16))
+    last_seen_at: Mapped[datetime | None]
+
+
+class MaintenanceWindow(Base):
+    """An interval during which the operator drained a GPU; rented seconds in it are not billed."""
+
+    __tablename__ = "gpu_maintenance_windows"
+    __table_args__ = (
+        CheckConstraint("end_at IS NULL OR end_at > start_at", name="end_after_start"),
+        Index("ix_gpu_maintenance_windows_gpu_start", "gpu_uuid", "start_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    gpu_uuid: Mapped[str] = mapped_column(ForeignKey("gpus.uuid"))
+    start_at: Mapped[datetime]
+    end_at: Mapped[datetime | None]
+    reason: Mapped[str | None] = mapped_column(String(500))

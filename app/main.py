@@ -1,0 +1,46 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from sqlalchemy import Engine
+
+from app.auth.endpoints import router as keys_router
+from app.core.db import get_engine
+from app.core.errors import install_error_handlers
+from app.core.health import router as health_router
+from app.customers.endpoints import router as customers_router
+from app.fleet.endpoints import router as fleet_router
+from app.plans.endpoints import router as plans_router
+from app.rentals.endpoints import router as rentals_router
+
+ROUTERS = [
+    health_router,
+    keys_router,
+    customers_router,
+    fleet_router,
+    plans_router,
+    rentals_router,
+]
+
+
+def create_app(engine: Engine | None = None) -> FastAPI:
+    app = FastAPI(
+        title="gpumeter",
+        version="0.1.0",
+        description="Per-second GPU metering and billing: console API, ingest, invoices.",
+    )
+    app.state.engine = engine or get_engine()
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app
+
+
+def app_from_environment() -> FastAPI:
+    """Entry point for uvicorn workers (`factory=True`): settings come from the environment."""
+    from app.core.logging import configure_logging
+    from app.settings import get_settings
+
+    configure_logging(get_settings().log_level)
+    return create_app()

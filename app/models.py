@@ -1,0 +1,24 @@
+"""Every table's model, imported in one place for Alembic and the model/migration check."""
+
+from app.auth.models import ApiKey, KeyKind
+from app.core.base import Base
+from app.customers.models import Customer
+from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
+from app.plans.models import PlanPrice, PricePlan
+from app.rentals.models import GpuAssignment, Migration, Rental
+
+__all__ = [
+    "ApiKey",
+    "Base",
+    "Customer",
+    "Gpu",
+    "GpuAssignment",
+    "KeyKind",
+    "MaintenanceWindow",
+    "Migration",
+    "Node",
+    "PlanPrice",
+    "Pool",
+    "PricePlan",
+    "Rental",
+]

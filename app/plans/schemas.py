@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from decimal import Decimal
+from typing import Annotated
+
+from pydantic import AwareDatetime, Field, field_validator
+
+from app.core.schemas import Amount, CurrencyCode, HourlyPrice, Name, Schema
+
+
+class VoucherTier(Schema):
+    min_days: int = Field(ge=1, le=3660, description="Continuous rental days needed.")
+    percent: Annotated[Decimal, Field(gt=0, le=100, decimal_places=4)]
+
+
+class PriceCreate(Schema):
+    gpu_model: str = Field(min_length=1, max_length=100)
+    price_per_hour: HourlyPrice
+    effective_from: AwareDatetime
+    customer_id: uuid.UUID | None = Field(
+        default=None, description="Set for a customer's contract price (an override)."
+    )
+
+
+class PriceRead(Schema):
+    id: int
+    gpu_model: str
+    price_per_hour: Decimal
+    effective_from: datetime
+    customer_id: uuid.UUID | None
+
+
+def _distinct_tiers(tiers: list[VoucherTier]) -> list[VoucherTier]:
+    days = [tier.min_days for tier in tiers]
+    if len(set(days)) != len(days):
+        raise ValueError("voucher tiers must have distinct min_days")
+    return sorted(tiers, key=lambda tier: tier.min_days)
+
+
+class PlanSettings(Schema):
+    increment_s: int = Field(default=1, ge=1, le=86_400, description="Billing increment.")
+    minimum_s: int = Field(default=1, ge=0, le=31 * 86_400, description="Minimum per session.")
+    bill_degraded: bool = True
+    bill_unmetered: bool = False
+    monthly_cap_per_gpu: Amount | None = None
+    voucher_tiers: list[VoucherTier] = Field(default_factory=list, max_length=20)
+    voucher_validity_days: int = Field(default=90, ge=1, le=3660)
+
+    _tiers = field_validator("voucher_tiers")(_distinct_tiers)
+
+
+class PlanCreate(PlanSettings):
+    name: Name
+    currency: CurrencyCode = "USD"
+    prices: list[PriceCreate] = Field(default_factory=list, max_length=500)
+
+
+class PlanUpdate(Schema):
+    name: Name | None = None
+    increment_s: int | None = Field(default=None, ge=1, le=86_400)
+    minimum_s: int | None = Field(default=None, ge=0, le=31 * 86_400)
+    bill_degraded: bool | None = None
+    bill_unmetered: bool | None = None
+    monthly_cap_per_gpu: Amount | None = None
+    voucher_tiers: list[VoucherTier] | None = Field(default=None, max_length=20)
+    voucher_validity_days: int | None = Field(default=None, ge=1, le=3660)
+
+    _tiers = field_validator("voucher_tiers")(
+        lambda tiers: None if tiers is None else _distinct_tiers(tiers)
+    )
+
+
+class PlanRead(Schema):
+    id: uuid.UUID
+    name: str
+    currency: str
+    increment_s: int
+    minimum_s: int
+    bill_degraded: bool
+    bill_unmetered: bool
+    monthly_cap_per_gpu: Decimal | None
+    voucher_tiers: list[VoucherTier]
+    voucher_validity_days: int
+    prices: list[PriceRead]
+    created_at: datetime

@@ -1,0 +1,98 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.auth.service import Principal
+from app.core.errors import Conflict, Unprocessable, not_found
+from app.customers.models import Customer
+from app.plans import repository
+from app.plans.models import PlanPrice, PricePlan
+from app.plans.schemas import PlanCreate, PlanUpdate, PriceCreate, PriceRead
+
+
+def get_plan(session: Session, plan_id: uuid.UUID, principal: Principal) -> PricePlan:
+    query = repository.plans_query(customer_id=principal.customer_scope)
+    plan = session.scalar(query.where(PricePlan.id == plan_id))
+    if plan is None:
+        raise not_found("price plan", plan_id)
+    return plan
+
+
+def visible_prices(session: Session, plan: PricePlan, principal: Principal) -> list[PriceRead]:
+    query = repository.prices_query(plan.id, customer_id=principal.customer_scope)
+    return [PriceRead.model_validate(price) for price in session.scalars(query)]
+
+
+def create_plan(session: Session, data: PlanCreate) -> PricePlan:
+    plan = PricePlan(
+        **data.model_dump(exclude={"prices", "voucher_tiers"}),
+        voucher_tiers=[tier.model_dump(mode="json") for tier in data.voucher_tiers],
+    )
+    session.add(plan)
+    try:
+        session.flush()
+    except IntegrityError:
+        raise Conflict(
+            f"a price plan named {data.name!r} already exists", ("body", "name")
+        ) from None
+    for index, price in enumerate(data.prices):
+        add_price(session, plan, price, loc=("body", "prices", index))
+    session.refresh(plan)
+    return plan
+
+
+def update_plan(session: Session, plan: PricePlan, data: PlanUpdate) -> PricePlan:
+    changes = data.model_dump(exclude_unset=True, mode="json")
+    for field in changes:
+        setattr(plan, field, changes[field] if field == "voucher_tiers" else getattr(data, field))
+    session.flush()
+    return plan
+
+
+def add_price(
+    session: Session, plan: PricePlan, data: PriceCreate, loc: tuple[str | int, ...] = ("body",)
+) -> PlanPrice:
+    if data.customer_id is not None and session.get(Customer, data.customer_id) is None:
+        raise Unprocessable(f"customer {data.customer_id} does not exist", (*loc, "customer_id"))
+    price = PlanPrice(plan_id=plan.id, **data.model_dump())
+    try:
+        with session.begin_nested():
+            session.add(price)
+            session.flush()
+    except IntegrityError:
+        raise Conflict(
+            f"plan {plan.name!r} already has a {data.gpu_model} price effective from "
+            f"{data.effective_from.isoformat()} for this customer scope",
+            (*loc, "effective_from"),
+        ) from None
+    session.expire(plan, ["prices"])
+    return price
+
+
+def price_schedule(
+    session: Session, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID
+) -> list[tuple[datetime, Decimal]]:
+    """Effective-dated prices of one model for one customer, ascending.
+
+    A contract override applies from its effective time on and wins over base prices from
+    then on; before the first override, base prices apply.
+    """
+    rows = session.scalars(
+        repository.prices_query(plan_id, customer_id=customer_id, model=gpu_model)
+    ).all()
+    first_override = min(
+        (p.effective_from for p in rows if p.customer_id is not None), default=None
+    )
+    schedule = [
+        (p.effective_from, p.price_per_hour)
+        for p in rows
+        if (p.customer_id is not None)
+        or first_override is None
+        or p.effective_from < first_override
+    ]
+    return sorted(schedule)

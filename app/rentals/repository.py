@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import Select, func, or_, select
+from sqlalchemy.orm import Session
+
+from app.rentals.models import GpuAssignment, Rental
+
+
+def rentals_query(
+    *,
+    customer_id: uuid.UUID | None = None,
+    active_from: datetime | None = None,
+    active_to: datetime | None = None,
+) -> Select[tuple[Rental]]:
+    """Rentals, optionally of one customer and overlapping [active_from, active_to)."""
+    query = select(Rental).order_by(Rental.start_at, Rental.id)
+    if customer_id is not None:
+        query = query.where(Rental.customer_id == customer_id)
+    if active_to is not None:
+        query = query.where(Rental.start_at < active_to)
+    if active_from is not None:
+        query = query.where(or_(Rental.end_at.is_(None), Rental.end_at > active_from))
+    return query
+
+
+def overlapping_assignments(
+    session: Session,
+    gpu_uuid: str,
+    start: datetime,
+    end: datetime | None,
+    *,
+    exclude_id: int | None = None,
+) -> Sequence[GpuAssignment]:
+    query = select(GpuAssignment).where(
+        GpuAssignment.gpu_uuid == gpu_uuid,
+        or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > start),
+    )
+    if end is not None:
+        query = query.where(GpuAssignment.start_at < end)
+    if exclude_id is not None:
+        query = query.where(GpuAssignment.id != exclude_id)
+    return session.scalars(query.order_by(GpuAssignment.start_at)).all()
+
+
+def concurrent_assignment_count(
+    session: Session, rental_id: uuid.UUID, start: datetime, end: datetime | None
+) -> int:
+    """Most of the rental's assignments that overlap [start, end) — an upper bound is enough."""
+    query = select(func.count()).where(
+        GpuAssignment.rental_id == rental_id,
+        or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > start),
+    )
+    if end is not None:
+        query = query.where(GpuAssignment.start_at < end)
+    return session.scalar(query) or 0
+
+
+def assignment_covering(
+    session: Session, rental_id: uuid.UUID, gpu_uuid: str, at: datetime
+) -> GpuAssignment | None:
+    return session.scalar(
+        select(GpuAssignment).where(
+            GpuAssignment.rental_id == rental_id,
+            GpuAssignment.gpu_uuid == gpu_uuid,
+            GpuAssignment.start_at <= at,
+            or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > at),
+        )
+    )

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Self
+
+from pydantic import AwareDatetime, Field, model_validator
+
+from app.core.schemas import Schema
+
+
+def _ends_after(start: datetime | None, end: datetime | None, end_field: str) -> None:
+    if start is not None and end is not None and end <= start:
+        raise ValueError(f"{end_field} {end.isoformat()} must be after {start.isoformat()}")
+
+
+class RentalCreate(Schema):
+    customer_id: uuid.UUID
+    plan_id: uuid.UUID
+    gpu_model: str = Field(min_length=1, max_length=100)
+    gpu_count: int = Field(ge=1, le=100_000)
+    start_at: AwareDatetime
+    end_at: AwareDatetime | None = None
+
+    @model_validator(mode="after")
+    def _end_after_start(self) -> Self:
+        _ends_after(self.start_at, self.end_at, "end_at")
+        return self
+
+
+class RentalEnd(Schema):
+    end_at: AwareDatetime
+
+
+class AssignmentCreate(Schema):
+    gpu_uuid: str = Field(min_length=1, max_length=96)
+    start_at: AwareDatetime
+    end_at: AwareDatetime | None = None
+
+    @model_validator(mode="after")
+    def _end_after_start(self) -> Self:
+        _ends_after(self.start_at, self.end_at, "end_at")
+        return self
+
+
+class AssignmentEnd(Schema):
+    end_at: AwareDatetime
+
+
+class MigrationCreate(Schema):
+    from_gpu_uuid: str = Field(min_length=1, max_length=96)
+    to_gpu_uuid: str = Field(min_length=1, max_length=96)
+    failed_at: AwareDatetime
+    resumed_at: AwareDatetime
+    reason: str | None = Field(default=None, max_length=500)
+
+    @model_validator(mode="after")
+    def _valid_window(self) -> Self:
+        if self.resumed_at < self.failed_at:
+            raise ValueError(
+                f"resumed_at {self.resumed_at.isoformat()} must not be before "
+                f"failed_at {self.failed_at.isoformat()}"
+            )
+        if self.from_gpu_uuid == self.to_gpu_uuid:
+            raise ValueError("from_gpu_uuid and to_gpu_uuid must be different GPUs")
+        return self
+
+
+class AssignmentRead(Schema):
+    id: int
+    rental_id: uuid.UUID
+    gpu_uuid: str
+    start_at: datetime
+    end_at: datetime | None
+
+
+class MigrationRead(Schema):
+    id: int
+    rental_id: uuid.UUID
+    from_gpu_uuid: str
+    to_gpu_uuid: str
+    failed_at: datetime
+    resumed_at: datetime
+    reason: str | None
+
+
+class RentalRead(Schema):
+    id: uuid.UUID
+    customer_id: uuid.UUID
+    plan_id: uuid.UUID
+    gpu_model: str
+    gpu_count: int
+    start_at: datetime
+    end_at: datetime | None
+    created_at: datetime
+    assignments: list[AssignmentRead]
+    migrations: list[MigrationRead]

@@ -1,0 +1,215 @@
+"""Attribution: which rental held which GPU when. Services flush; the request commits."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.auth.service import Principal
+from app.core.errors import Conflict, Loc, NotFound, Unprocessable, not_found
+from app.customers.models import Customer
+from app.fleet.models import Gpu, Pool
+from app.plans.models import PricePlan
+from app.plans.service import price_schedule
+from app.rentals import repository
+from app.rentals.models import GpuAssignment, Migration, Rental
+from app.rentals.schemas import AssignmentCreate, MigrationCreate, RentalCreate
+
+
+def get_rental(session: Session, rental_id: uuid.UUID, principal: Principal) -> Rental:
+    rental = session.get(Rental, rental_id)
+    if rental is None or not principal.may_read_customer(rental.customer_id):
+        raise not_found("rental", rental_id)
+    return rental
+
+
+def create_rental(session: Session, data: RentalCreate) -> Rental:
+    customer = session.get(Customer, data.customer_id)
+    if customer is None:
+        raise not_found("customer", data.customer_id, ("body", "customer_id"))
+    plan = session.get(PricePlan, data.plan_id)
+    if plan is None:
+        raise not_found("price plan", data.plan_id, ("body", "plan_id"))
+    if plan.currency != customer.currency:
+        raise Unprocessable(
+            f"plan {plan.name!r} is priced in {plan.currency} but the customer is billed in "
+            f"{customer.currency}",
+            ("body", "plan_id"),
+        )
+    if not price_schedule(session, plan.id, data.gpu_model, customer.id):
+        raise Unprocessable(
+            f"plan {plan.name!r} has no price for GPU model {data.gpu_model!r}",
+            ("body", "gpu_model"),
+        )
+    rental = Rental(**data.model_dump())
+    session.add(rental)
+    session.flush()
+    return rental
+
+
+def end_rental(session: Session, rental: Rental, end_at: datetime) -> Rental:
+    if rental.end_at is not None:
+        raise Conflict(
+            f"rental {rental.id} already ended at {rental.end_at.isoformat()}",
+            ("path", "rental_id"),
+        )
+    if end_at <= rental.start_at:
+        raise Unprocessable(
+            f"end_at must be after the rental's start {rental.start_at.isoformat()}",
+            ("body", "end_at"),
+        )
+    for assignment in rental.assignments:
+        if assignment.start_at >= end_at:
+            raise Conflict(
+                f"assignment {assignment.id} of GPU {assignment.gpu_uuid} starts at "
+                f"{assignment.start_at.isoformat()}, not before end_at; end it first",
+                ("body", "end_at"),
+            )
+        if assignment.end_at is None or assignment.end_at > end_at:
+            assignment.end_at = end_at
+    rental.end_at = end_at
+    session.flush()
+    session.expire(rental, ["assignments"])
+    return rental
+
+
+def assign_gpu(session: Session, rental: Rental, data: AssignmentCreate) -> GpuAssignment:
+    end_at = data.end_at or rental.end_at
+    _check_assignable(session, rental, data.gpu_uuid, data.start_at, end_at, ("body",))
+    assignment = GpuAssignment(
+        rental_id=rental.id,
+        customer_id=rental.customer_id,
+        gpu_uuid=data.gpu_uuid,
+        start_at=data.start_at,
+        end_at=end_at,
+    )
+    _flush_assignment(session, assignment)
+    session.expire(rental, ["assignments"])
+    return assignment
+
+
+def end_assignment(
+    session: Session, rental: Rental, assignment_id: int, end_at: datetime
+) -> GpuAssignment:
+    assignment = session.get(GpuAssignment, assignment_id)
+    if assignment is None or assignment.rental_id != rental.id:
+        raise not_found("assignment", assignment_id, ("path", "assignment_id"))
+    if end_at <= assignment.start_at:
+        raise Unprocessable(
+            f"end_at must be after the assignment's start {assignment.start_at.isoformat()}",
+            ("body", "end_at"),
+        )
+    if assignment.end_at is not None and end_at > assignment.end_at:
+        raise Conflict(
+            f"assignment {assignment_id} already ended at {assignment.end_at.isoformat()}",
+            ("body", "end_at"),
+        )
+    assignment.end_at = end_at
+    session.flush()
+    session.expire(rental, ["assignments"])
+    return assignment
+
+
+def migrate(session: Session, rental: Rental, data: MigrationCreate) -> Migration:
+    """Move the rental off a failed GPU: close that assignment at failed_at, open one on the
+    new GPU at resumed_at, and record [failed_at, resumed_at) as the migration window."""
+    old = repository.assignment_covering(session, rental.id, data.from_gpu_uuid, data.failed_at)
+    if old is None or old.start_at == data.failed_at:
+        raise Conflict(
+            f"GPU {data.from_gpu_uuid} is not assigned to rental {rental.id} at failed_at "
+            f"{data.failed_at.isoformat()}",
+            ("body", "from_gpu_uuid"),
+        )
+    original_end, old.end_at = old.end_at, data.failed_at
+    session.flush()
+    if original_end is not None and data.resumed_at >= original_end:
+        raise Unprocessable(
+            "resumed_at is after the failed assignment would have ended", ("body", "resumed_at")
+        )
+    _check_assignable(
+        session,
+        rental,
+        data.to_gpu_uuid,
+        data.resumed_at,
+        original_end,
+        ("body",),
+        gpu_field="to_gpu_uuid",
+    )
+    _flush_assignment(
+        session,
+        GpuAssignment(
+            rental_id=rental.id,
+            customer_id=rental.customer_id,
+            gpu_uuid=data.to_gpu_uuid,
+            start_at=data.resumed_at,
+            end_at=original_end,
+        ),
+    )
+    migration = Migration(rental_id=rental.id, customer_id=rental.customer_id, **data.model_dump())
+    session.add(migration)
+    session.flush()
+    session.expire(rental, ["assignments", "migrations"])
+    return migration
+
+
+def _check_assignable(
+    session: Session,
+    rental: Rental,
+    gpu_uuid: str,
+    start: datetime,
+    end: datetime | None,
+    loc: Loc,
+    *,
+    gpu_field: str = "gpu_uuid",
+) -> None:
+    # Lock the GPU row: concurrent assignments of one GPU are checked one after the other.
+    gpu = session.get(Gpu, gpu_uuid, with_for_update=True)
+    if gpu is None:
+        raise NotFound(f"GPU {gpu_uuid} not found", (*loc, gpu_field))
+    if gpu.pool == Pool.MAINTENANCE:
+        raise Conflict(
+            f"GPU {gpu_uuid} is in maintenance and cannot be assigned", (*loc, gpu_field)
+        )
+    if gpu.model != rental.gpu_model:
+        raise Conflict(
+            f"GPU {gpu_uuid} is a {gpu.model!r}, but rental {rental.id} rents {rental.gpu_model!r}",
+            (*loc, gpu_field),
+        )
+    if start < rental.start_at or (
+        rental.end_at is not None and (end is None or end > rental.end_at)
+    ):
+        raise Unprocessable(
+            f"the assignment must lie within the rental [{rental.start_at.isoformat()}, "
+            f"{_iso_or(rental.end_at, 'open end')})",
+            (*loc, "start_at"),
+        )
+    for other in repository.overlapping_assignments(session, gpu_uuid, start, end):
+        raise Conflict(
+            f"GPU {gpu_uuid} is assigned to rental {other.rental_id} from "
+            f"{other.start_at.isoformat()} to {_iso_or(other.end_at, 'open end')}, "
+            "which overlaps this interval",
+            (*loc, gpu_field),
+            extra={"conflicting_rental_id": str(other.rental_id)},
+        )
+    if repository.concurrent_assignment_count(session, rental.id, start, end) >= rental.gpu_count:
+        raise Conflict(
+            f"rental {rental.id} already holds {rental.gpu_count} GPU(s) in this interval",
+            (*loc, gpu_field),
+        )
+
+
+def _flush_assignment(session: Session, assignment: GpuAssignment) -> None:
+    try:
+        with session.begin_nested():
+            session.add(assignment)
+            session.flush()
+    except IntegrityError as error:
+        # The database trigger caught an overlap a concurrent request committed meanwhile.
+        raise Conflict(str(error.orig).splitlines()[0], ("body", "gpu_uuid")) from None
+
+
+def _iso_or(moment: datetime | None, otherwise: str) -> str:
+    return moment.isoformat() if moment is not None else otherwise

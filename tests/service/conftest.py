@@ -1,0 +1,85 @@
+"""API test helpers: the ASGI app over the run's database, keys, and small factories."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine
+
+from app.auth.models import KeyKind
+from app.auth.service import issue_key
+from app.core.db import transaction
+from app.main import create_app
+
+
+@pytest.fixture
+def app(db: Engine) -> FastAPI:
+    return create_app(db)
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def admin_key(db: Engine) -> str:
+    with transaction(db) as session:
+        return issue_key(session, KeyKind.ADMIN, "test admin").secret
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+class Console:
+    """The console's calls, as an admin, with assertions on the status of each."""
+
+    def __init__(self, client: TestClient, key: str) -> None:
+        self.client = client
+        self.headers = bearer(key)
+
+    def post(self, path: str, body: dict[str, Any], status: int = 201) -> dict[str, Any]:
+        response = self.client.post(path, json=body, headers=self.headers)
+        assert response.status_code == status, response.text
+        return response.json()
+
+    def customer(self, name: str = "Acme AI", **fields: Any) -> dict[str, Any]:
+        return self.post("/v1/customers", {"name": name, **fields})
+
+    def plan(self, name: str = "on-demand", price: str = "2.49", **fields: Any) -> dict[str, Any]:
+        prices = [
+            {"gpu_model": "H100", "price_per_hour": price, "effective_from": "2026-01-01T00:00:00Z"}
+        ]
+        return self.post("/v1/plans", {"name": name, "prices": prices, **fields})
+
+    def node(self, hostname: str = "node-1") -> dict[str, Any]:
+        return self.post("/v1/nodes", {"hostname": hostname, "datacenter": "fra1"})
+
+    def gpu(self, node_id: str, uuid: str, pool: str = "rentable") -> dict[str, Any]:
+        return self.post("/v1/gpus", {"uuid": uuid, "node_id": node_id, "model": "H100", "pool": pool})
+
+    def rental(self, customer_id: str, plan_id: str, gpu_count: int = 1, **fields: Any) -> dict[str, Any]:
+        body = {
+            "customer_id": customer_id,
+            "plan_id": plan_id,
+            "gpu_model": "H100",
+            "gpu_count": gpu_count,
+            "start_at": "2026-11-01T00:00:00Z",
+            **fields,
+        }
+        return self.post("/v1/rentals", body)
+
+    def assign(self, rental_id: str, gpu_uuid: str, start: str, status: int = 201, **fields: Any) -> dict[str, Any]:
+        body = {"gpu_uuid": gpu_uuid, "start_at": start, **fields}
+        return self.post(f"/v1/rentals/{rental_id}/assignments", body, status)
+
+
+@pytest.fixture
+def console(client: TestClient, admin_key: str) -> Console:
+    return Console(client, admin_key)

@@ -1,0 +1,57 @@
+from decimal import Decimal
+
+from app.billing.domain import Assignment, PlanTerms, PricePoint
+from app.billing.invoice import build_invoice
+from app.billing.lines import LineKind
+from app.billing.rating import rate_rental
+from app.billing.vouchers import issue_voucher, open_vouchers
+
+from .factories import MONTH, failed, healthy, rental, usd_plan
+
+
+def _month_on_a():
+    segments = {"A": [healthy("A", 0, MONTH[1]), failed("A", 100, 118)]}
+    assignments = [Assignment("r1", "A", 0, MONTH[1])]
+    return rate_rental(rental(usd_plan()), assignments, segments, {}, [], MONTH)
+
+
+def test_tax_on_lines_after_vouchers_total_is_sum_of_lines() -> None:
+    vouchers = open_vouchers([issue_voucher("v1", "c1", Decimal("100.00"), 0, 90, "manual", "x")])
+    invoice = build_invoice(
+        "inv1", "c1", "USD", [_month_on_a()], vouchers, MONTH[1], Decimal("0.19")
+    )
+    kinds = [(line.kind, line.amount) for line in invoice.lines]
+    assert kinds == [
+        (LineKind.CHARGE, Decimal("1792.80")),
+        (LineKind.FAILURE_CREDIT, Decimal("-0.01")),  # 18 s x 2.49 / 3600 = 0.01245
+        (LineKind.VOUCHER, Decimal("-100.00")),
+        (LineKind.TAX, Decimal("321.63")),  # 0.19 x 1692.79 = 321.6301
+    ]
+    assert invoice.total == Decimal("2014.42") == sum(line.amount for line in invoice.lines)
+    assert [(a.voucher_id, a.amount) for a in invoice.voucher_applications] == [
+        ("v1", Decimal("100.00"))
+    ]
+
+
+def test_each_line_rounds_once_and_totals_sum_rounded_lines() -> None:
+    # 18 s at 1.00/h is 0.005 per failure: each credit line rounds to 0.01 on its own.
+    segments = {"A": [healthy("A", 0, 1000), failed("A", 100, 118), failed("A", 200, 218)]}
+    plan = usd_plan("1.00")
+    rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, 1000)], segments, {}, [], MONTH)
+    invoice = build_invoice("inv", "c1", "USD", [rated], [], MONTH[1], Decimal("0"))
+    assert [line.amount for line in invoice.lines] == [
+        Decimal("0.28"),  # 1000 s: 0.2777...
+        Decimal("-0.01"),
+        Decimal("-0.01"),
+        Decimal("0.00"),
+    ]
+    assert invoice.total == Decimal("0.26")
+
+
+def test_jpy_invoice_has_no_decimals() -> None:
+    plan = PlanTerms(prices=(PricePoint("H100", 0, Decimal("100")),), currency="JPY")
+    segments = {"A": [healthy("A", 0, 5418)]}  # 5418 s x 100 / 3600 = 150.5 -> 151
+    rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, 5418)], segments, {}, [], MONTH)
+    invoice = build_invoice("inv", "c1", "JPY", [rated], [], MONTH[1], Decimal("0.10"))
+    assert [str(line.amount) for line in invoice.lines] == ["151", "15"]  # tax 15.1 -> 15
+    assert str(invoice.total) == "166"

@@ -1,0 +1,177 @@
+from decimal import Decimal
+
+import pytest
+
+from app.billing.domain import (
+    Assignment,
+    Bucket,
+    GpuState,
+    Migration,
+    PlanTerms,
+    PricePoint,
+    Segment,
+)
+from app.billing.lines import LineKind
+from app.billing.rating import rate_rental
+
+from .factories import DAY, MONTH, failed, healthy, rental, usd_plan
+
+F = 10 * DAY  # GPU A fails on day 10
+END = MONTH[1]
+
+
+def _amounts(rated, kind: LineKind) -> list[Decimal]:
+    return [line.amount for line in rated.lines if line.kind is kind]
+
+
+def _failure_then_migration(a_end: int, b_start: int):
+    """H100 at $2.49/h all month; A fails for 47 min, then a 30-s migration window to B."""
+    assignments = [Assignment("r1", "A", 0, a_end), Assignment("r1", "B", b_start, END)]
+    segments = {
+        "A": [healthy("A", 0, F), failed("A", F, F + 7200, "xid79")],
+        "B": [healthy("B", 0, END)],
+    }
+    migration = Migration("r1", "A", "B", F + 2820, F + 2850, {"event_id": "mig1"})
+    return rate_rental(rental(usd_plan()), assignments, segments, {}, [migration], MONTH)
+
+
+@pytest.mark.parametrize(
+    ("a_end", "b_start"),
+    [(F + 2820, F + 2850), (F + 2850, F + 2850), (F + 2820, F + 2820), (F + 2850, F + 2820)],
+    ids=["gap", "old-tail", "new-head", "both-overlap"],
+)
+def test_47_minute_failure_with_30_s_migration(a_end: int, b_start: int) -> None:
+    rated = _failure_then_migration(a_end, b_start)
+    assert rated.buckets[Bucket.FAILURE_CREDIT] == 2820
+    assert rated.buckets[Bucket.MIGRATION_CREDIT] == 30
+    assert rated.buckets[Bucket.BILLABLE] == 30 * DAY - 2850
+    assert rated.rented_s == 30 * DAY  # the window is rented whoever covers it, once
+    assert _amounts(rated, LineKind.CHARGE) == [Decimal("1792.80")]  # 720 h x 2.49
+    assert _amounts(rated, LineKind.FAILURE_CREDIT) == [Decimal("-1.95")]  # 1.9505
+    assert _amounts(rated, LineKind.MIGRATION_CREDIT) == [Decimal("-0.02")]  # 0.02075
+    assert rated.net == Decimal("1790.83")
+    failure = next(x for x in rated.lines if x.kind is LineKind.FAILURE_CREDIT)
+    assert (failure.gpu_uuid, failure.start, failure.seconds) == ("A", F, 2820)
+    assert failure.evidence == {"event_id": "xid79", "xid": 79}
+    migration = next(x for x in rated.lines if x.kind is LineKind.MIGRATION_CREDIT)
+    assert migration.evidence == {"event_id": "mig1"}
+
+
+def test_price_change_splits_charge_and_credit_lines() -> None:
+    change = 15 * DAY
+    plan = PlanTerms(
+        prices=(PricePoint("H100", 0, Decimal("2.00")), PricePoint("H100", change, Decimal("2.50")))
+    )
+    segments = {"A": [healthy("A", 0, END), failed("A", change - 1800, change + 1800)]}
+    rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
+    charges = [x for x in rated.lines if x.kind is LineKind.CHARGE]
+    assert [(x.start, x.end, x.seconds, x.amount) for x in charges] == [
+        (0, change, change, Decimal("720.00")),
+        (change, END, END - change, Decimal("900.00")),
+    ]
+    assert _amounts(rated, LineKind.FAILURE_CREDIT) == [Decimal("-1.00"), Decimal("-1.25")]
+
+
+def test_cap_binds_per_gpu_count() -> None:
+    plan = usd_plan(monthly_cap_per_gpu=Decimal("1000"))
+    assignments = [Assignment("r1", "A", 0, END), Assignment("r1", "B", 0, END)]
+    segments = {"A": [healthy("A", 0, END)], "B": [healthy("B", 0, END)]}
+    rated = rate_rental(rental(plan, gpus=2), assignments, segments, {}, [], MONTH)
+    assert _amounts(rated, LineKind.CHARGE) == [Decimal("3585.60")]
+    assert _amounts(rated, LineKind.CAP) == [Decimal("-1585.60")]
+    assert rated.net == Decimal("2000.00")
+
+
+def test_cap_that_does_not_bind_adds_no_line() -> None:
+    plan = usd_plan(monthly_cap_per_gpu=Decimal("1792.80"))
+    segments = {"A": [healthy("A", 0, END)]}
+    rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
+    assert _amounts(rated, LineKind.CAP) == []
+
+
+@pytest.mark.parametrize(
+    ("increment", "minimum", "charged"),
+    [(1, 1, 61), (60, 1, 120), (3600, 1, 3600), (60, 300, 300), (60, 0, 120)],
+)
+def test_increments_and_minimums_per_session(increment: int, minimum: int, charged: int) -> None:
+    plan = usd_plan("36.00", increment_s=increment, minimum_s=minimum)  # 0.01 $/s
+    segments = {"A": [healthy("A", 0, 61)]}
+    rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, 61)], segments, {}, [], MONTH)
+    assert [s.charged_s for s in rated.sessions] == [charged]
+    assert _amounts(rated, LineKind.CHARGE) == [Decimal(charged) / 100]
+
+
+def test_each_session_is_rounded_separately() -> None:
+    plan = usd_plan("3.60", increment_s=60)
+    assignments = [Assignment("r1", "A", 0, 10), Assignment("r1", "A", 100, 110)]
+    segments = {"A": [healthy("A", 0, 200)]}
+    rated = rate_rental(rental(plan), assignments, segments, {}, [], MONTH)
+    assert [s.charged_s for s in rated.sessions] == [60, 60]
+    assert rated.billed_s == 120
+
+
+def test_session_without_billed_seconds_costs_no_minimum() -> None:
+    plan = usd_plan("3.60", increment_s=3600, minimum_s=600)
+    segments = {"A": [failed("A", 0, 100)]}
+    rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, 100)], segments, {}, [], MONTH)
+    assert rated.sessions[0].charged_s == 0
+    assert _amounts(rated, LineKind.CHARGE) == [Decimal("0.10")]
+    assert _amounts(rated, LineKind.FAILURE_CREDIT) == [Decimal("-0.10")]
+    assert rated.net == Decimal("0.00")
+
+
+def test_rounding_extra_is_priced_at_the_last_billed_second() -> None:
+    plan = PlanTerms(
+        prices=(PricePoint("H100", 0, Decimal("3.60")), PricePoint("H100", 100, Decimal("7.20"))),
+        increment_s=60,
+    )
+    segments = {"A": [healthy("A", 50, 161)]}
+    rated = rate_rental(rental(plan), [Assignment("r1", "A", 50, 161)], segments, {}, [], MONTH)
+    charges = [(x.seconds, x.amount) for x in rated.lines if x.kind is LineKind.CHARGE]
+    assert charges == [(50, Decimal("0.05")), (61 + 9, Decimal("0.14"))]
+
+
+def test_maintenance_unmetered_and_degraded_rules() -> None:
+    segments = {
+        "A": [
+            healthy("A", 0, 100),
+            Segment("A", 100, 200, GpuState.DEGRADED, {"event_id": "d1"}),
+            failed("A", 250, 300),
+        ]
+    }
+    maintenance = {"A": [(50, 80), (260, 270)]}  # maintenance outranks failed
+    assignments = [Assignment("r1", "A", 0, 400)]
+    base = rental(usd_plan("3.60"))
+    rated = rate_rental(base, assignments, segments, maintenance, [], MONTH)
+    assert rated.buckets == {
+        Bucket.MIGRATION_CREDIT: 0,
+        Bucket.MAINTENANCE: 40,
+        Bucket.FAILURE_CREDIT: 40,
+        Bucket.UNMETERED: 150,
+        Bucket.DEGRADED: 100,
+        Bucket.DEGRADED_CREDIT: 0,
+        Bucket.BILLABLE: 70,
+    }
+    assert rated.billed_s == 170
+    strict = usd_plan("3.60", bill_degraded=False, bill_unmetered=True)
+    rated = rate_rental(rental(strict), assignments, segments, maintenance, [], MONTH)
+    assert rated.buckets[Bucket.DEGRADED_CREDIT] == 100
+    assert rated.billed_s == 70 + 150
+    assert _amounts(rated, LineKind.DEGRADED_CREDIT) == [Decimal("-0.10")]
+    assert _amounts(rated, LineKind.CHARGE) == [Decimal("0.36")]  # 220 + 100 + 40 s
+
+
+def test_rental_bounds_and_period_clip_assignments() -> None:
+    segments = {"A": [healthy("A", -DAY, END + DAY)]}
+    assignments = [Assignment("r1", "A", -DAY, END + DAY)]
+    late = rental(usd_plan(), rental_start=DAY, rental_end=2 * DAY)
+    rated = rate_rental(late, assignments, segments, {}, [], MONTH)
+    assert rated.rented_s == DAY
+    assert _amounts(rated, LineKind.CHARGE) == [Decimal("59.76")]
+
+
+def test_missing_price_is_an_error() -> None:
+    plan = PlanTerms(prices=(PricePoint("H100", 100, Decimal("1")),))
+    with pytest.raises(ValueError, match="no price"):
+        segments = {"A": [healthy("A", 0, 200)]}
+        rate_rental(rental(plan), [Assignment("r1", "A", 0, 200)], segments, {}, [], MONTH)

@@ -1,0 +1,122 @@
+"""Helpers for the agent tests: an in-process ingest server and agent process helpers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from metering_agent.protocol import INGEST_PATH
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Sink:
+    """Records every batch POSTed to it; ``script`` scripts the next replies.
+
+    Script items: an HTTP status (``500``, ``400``, ...) or ``("sleep", seconds)`` to answer
+    200 only after sleeping (past the client's timeout). Once the script is used up, 200.
+    """
+
+    url: str = ""
+    script: list[Any] = field(default_factory=list)
+    stored: list[dict[str, Any]] = field(default_factory=list)  # batches answered 2xx
+    requests: int = 0
+    tokens: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def records(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """Records after dedupe by (gpu_uuid, start), like the real service."""
+        with self.lock:
+            return {(r["gpu_uuid"], r["start"]): r for b in self.stored for r in b["records"]}
+
+    def all_records(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [r for b in self.stored for r in b["records"]]
+
+    def events(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [e for b in self.stored for e in b["events"]]
+
+
+def serve_sink() -> tuple[Sink, ThreadingHTTPServer]:
+    state = Sink()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            with state.lock:
+                state.requests += 1
+                state.tokens.add(self.headers.get("Authorization", ""))
+                action = state.script.pop(0) if state.script else 200
+            if isinstance(action, tuple):
+                time.sleep(action[1])
+                action = 200
+            if self.path != INGEST_PATH:
+                action = 404
+            if action == 200:
+                with state.lock:
+                    state.stored.append(json.loads(body))
+            reply = json.dumps({"detail": "scripted"} if action != 200 else {"ok": True})
+            self.send_response(action)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(reply.encode())
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    return state, server
+
+
+def agent_cmd(sink: Sink, spool: Path, *args: str) -> list[str]:
+    return [
+        sys.executable, "-m", "metering_agent",
+        "--server", sink.url, "--token", "node-token", "--spool-dir", str(spool),
+        "--node-name", "test-node", "--upload-interval", "1", "--upload-timeout", "2",
+        "--backoff-max", "1", *args,
+    ]  # fmt: skip
+
+
+def start_agent(sink: Sink, spool: Path, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        agent_cmd(sink, spool, *args),
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def log_events(stderr: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+
+
+def assert_no_overlap(records: list[dict[str, Any]]) -> dict[str, list[tuple[int, int]]]:
+    """Per GPU, the deduplicated records' intervals are disjoint; returns them sorted."""
+    spans: dict[str, list[tuple[int, int]]] = {}
+    for r in {(r["gpu_uuid"], r["start"]): r for r in records}.values():
+        assert r["start"] < r["end"] and r["sample_count"] == r["end"] - r["start"]
+        assert r["start"] // 60 == (r["end"] - 1) // 60, f"crosses a minute: {r}"
+        spans.setdefault(r["gpu_uuid"], []).append((r["start"], r["end"]))
+    for gpu, intervals in spans.items():
+        intervals.sort()
+        for (_, end), (start, _) in itertools.pairwise(intervals):
+            assert end <= start, f"{gpu}: overlapping records {intervals}"
+    return spans

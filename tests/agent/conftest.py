@@ -1,0 +1,14 @@
+"""Fixtures for the agent tests."""
+
+from collections.abc import Iterator
+
+import pytest
+from agent_helpers import Sink, serve_sink
+
+
+@pytest.fixture
+def sink() -> Iterator[Sink]:
+    state, server = serve_sink()
+    yield state
+    server.shutdown()
+    server.server_close()

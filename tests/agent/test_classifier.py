@@ -1,0 +1,189 @@
+"""One test per classifier rule, plus stickiness and the application-XID rule."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from metering_agent.classifier import (
+    APPLICATION_XIDS,
+    DEGRADED_HOLD_S,
+    FATAL_XID_HOLD_S,
+    RULES,
+    XID_RULES,
+    HealthMemory,
+    Verdict,
+    classify,
+)
+from metering_agent.nvml.provider import (
+    CLOCKS_EVENT_HW_POWER_BRAKE,
+    CLOCKS_EVENT_HW_THERMAL,
+    CLOCKS_EVENT_SW_POWER_CAP,
+    CLOCKS_EVENT_SW_THERMAL,
+    GpuReading,
+)
+from metering_agent.protocol import EventKind, GpuState
+
+T0 = 1_700_000_000
+F, D, H = GpuState.FAILED, GpuState.DEGRADED, GpuState.HEALTHY
+
+
+def healthy(**fields: Any) -> GpuReading:
+    base = GpuReading(
+        0, "GPU-test", "NVIDIA H100 80GB HBM3",
+        gpu_util=50, ecc_corrected_volatile=0, ecc_uncorrected_volatile=0,
+        retired_pages_pending=False, remap_pending=False, remap_failure=False,
+        nvlink_links=18, nvlink_links_down=0, nvlink_crc_errors=0, pcie_replays=0,
+        recovery_action=0, clock_event_reasons=0,
+    )  # fmt: skip
+    return replace(base, **fields)
+
+
+def run(*readings: GpuReading, start: int = T0) -> tuple[list[Verdict], HealthMemory]:
+    memory, verdicts = HealthMemory(), []
+    for i, r in enumerate(readings):
+        verdict, memory = classify(r, memory, start + i)
+        verdicts.append(verdict)
+    return verdicts, memory
+
+
+def rules_of(verdict: Verdict) -> set[str]:
+    return {ev.rule for ev in verdict.evidence}
+
+
+# (rule, state, readings; the verdict on the last one is checked)
+CONDITION_CASES = [
+    ("gpu_lost", F, [healthy(lost=True, lost_reason="GPU is lost")]),
+    ("ecc_uncorrected_volatile", F, [healthy(ecc_uncorrected_volatile=1)]),
+    ("ecc_dbe_event", F, [healthy(dbe_events=1)]),
+    ("row_remap_failure", F, [healthy(remap_failure=True)]),
+    ("recovery_action_required", F, [healthy(recovery_action=1)]),  # reset
+    ("recovery_action_required", F, [healthy(recovery_action=2)]),  # node reboot
+    ("recovery_action_required", F, [healthy(recovery_action=4)]),  # drain and reset
+    ("recovery_action_advised", D, [healthy(recovery_action=3)]),  # drain P2P
+    ("row_remap_pending", D, [healthy(remap_pending=True)]),
+    ("retired_pages_pending", D, [healthy(retired_pages_pending=True)]),
+    ("nvlink_down", D, [healthy(nvlink_links_down=2)]),
+    ("nvlink_crc_errors", D, [healthy(nvlink_crc_errors=5), healthy(nvlink_crc_errors=500)]),
+    ("pcie_replay_storm", D, [healthy(pcie_replays=0), healthy(pcie_replays=50)]),
+    ("ecc_corrected_burst", D, [healthy(), healthy(ecc_corrected_volatile=900)]),
+    ("clock_slowdown", D, [healthy(clock_event_reasons=CLOCKS_EVENT_HW_THERMAL)]),
+    ("clock_slowdown", D, [healthy(clock_event_reasons=CLOCKS_EVENT_SW_THERMAL)]),
+    ("clock_slowdown", D, [healthy(clock_event_reasons=CLOCKS_EVENT_HW_POWER_BRAKE)]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("rule", "state", "readings"), CONDITION_CASES)
+def test_condition_rule(rule: str, state: GpuState, readings: list[GpuReading]) -> None:
+    verdicts, _ = run(*readings)
+    assert verdicts[-1].state == state
+    assert rule in rules_of(verdicts[-1])
+    change = [e for e in verdicts[-1].events if e.kind == EventKind.STATE_CHANGE]
+    assert change and change[0].state == state
+    evidence = change[0].detail["evidence"]
+    assert any(ev["rule"] == rule for ev in evidence), "a state change carries its evidence"
+
+
+def test_every_rule_is_tested() -> None:
+    tested = {case[0] for case in CONDITION_CASES}
+    assert tested == {rule.name for rule in RULES}
+
+
+@pytest.mark.parametrize("xid", sorted(XID_RULES))
+def test_xid_rule(xid: int) -> None:
+    rule, state, _hold = XID_RULES[xid]
+    [verdict], _ = run(healthy(xids=[xid]))
+    assert verdict.state == state
+    assert rule in rules_of(verdict)
+    xid_events = [e for e in verdict.events if e.kind == EventKind.XID]
+    assert [(e.code, e.rule) for e in xid_events] == [(xid, rule)]
+
+
+def test_fatal_xids_fail_and_contained_ecc_degrades() -> None:
+    fatal = {x for x, (_, state, _) in XID_RULES.items() if state == F}
+    assert fatal == {48, 64, 74, 79, 95, 119, 120, 140}
+    assert XID_RULES[94][1] == D
+
+
+@pytest.mark.parametrize("xid", sorted(APPLICATION_XIDS))
+def test_application_xid_is_an_event_not_a_state(xid: int) -> None:
+    [verdict], memory = run(healthy(xids=[xid]))
+    assert verdict.state == H and memory.state == H and not verdict.evidence
+    assert [(e.kind, e.code, e.rule) for e in verdict.events] == [
+        (EventKind.XID, xid, APPLICATION_XIDS[xid])
+    ]
+
+
+def test_unknown_xid_is_an_event_only() -> None:
+    [verdict], _ = run(healthy(xids=[999]))
+    assert verdict.state == H
+    assert [(e.kind, e.code) for e in verdict.events] == [(EventKind.XID, 999)]
+
+
+def test_power_cap_is_not_a_slowdown() -> None:
+    [verdict], _ = run(healthy(clock_event_reasons=CLOCKS_EVENT_SW_POWER_CAP))
+    assert verdict.state == H
+
+
+def test_counter_jump_is_reported_with_its_delta() -> None:
+    verdicts, _ = run(healthy(pcie_replays=10), healthy(pcie_replays=60))
+    [counter] = [e for e in verdicts[-1].events if e.kind == EventKind.COUNTER]
+    assert counter.rule == "pcie_replay_storm" and counter.detail["pcie_replays"] == 50
+
+
+def test_counter_reset_is_not_a_jump() -> None:
+    verdicts, _ = run(healthy(pcie_replays=5000), healthy(pcie_replays=3))
+    assert verdicts[-1].state == H
+
+
+def test_fatal_xid_latches_until_hold_expires() -> None:
+    memory = HealthMemory()
+    verdict, memory = classify(healthy(xids=[119]), memory, T0)
+    assert verdict.state == F
+    verdict, memory = classify(healthy(), memory, T0 + FATAL_XID_HOLD_S - 1)
+    assert verdict.state == F, "still failed while the hold lasts"
+    verdict, memory = classify(healthy(), memory, T0 + FATAL_XID_HOLD_S)
+    assert verdict.state == H
+    assert [e.kind for e in verdict.events] == [EventKind.STATE_CHANGE]
+
+
+def test_recover_clears_latched_failure() -> None:
+    verdicts, memory = run(healthy(xids=[79], lost=True), healthy(recovered=True))
+    assert [v.state for v in verdicts] == [F, H]
+    assert memory.held == {}
+
+
+def test_slowdown_degrades_for_a_minute_after_it_ends() -> None:
+    memory = HealthMemory()
+    _, memory = classify(healthy(clock_event_reasons=CLOCKS_EVENT_HW_THERMAL), memory, T0)
+    verdict, memory = classify(healthy(), memory, T0 + DEGRADED_HOLD_S - 1)
+    assert verdict.state == D
+    verdict, _ = classify(healthy(), memory, T0 + DEGRADED_HOLD_S)
+    assert verdict.state == H
+
+
+def test_condition_rules_clear_with_the_condition() -> None:
+    verdicts, _ = run(healthy(nvlink_links_down=1), healthy())
+    assert [v.state for v in verdicts] == [D, H]
+
+
+def test_worst_state_wins() -> None:
+    [verdict], _ = run(healthy(nvlink_links_down=1, ecc_uncorrected_volatile=2))
+    assert verdict.state == F
+    assert rules_of(verdict) == {"nvlink_down", "ecc_uncorrected_volatile"}
+
+
+def test_unsupported_fields_are_healthy() -> None:
+    bare = GpuReading(0, "GPU-test", "L40S", unsupported={"nvlink_links": "Not Supported"})
+    verdicts, _ = run(bare, bare)
+    assert [v.state for v in verdicts] == [H, H]
+    assert not verdicts[0].events
+
+
+def test_event_ids_are_deterministic() -> None:
+    a, _ = run(healthy(xids=[13, 13]))
+    b, _ = run(healthy(xids=[13, 13]))
+    ids = [e.event_id for e in a[0].events]
+    assert ids == [e.event_id for e in b[0].events] and len(set(ids)) == 2

@@ -118,12 +118,13 @@ class Runner:
         self.spool.seal()
 
     def run(self, stop: threading.Event, duration_s: float | None = None) -> None:
-        start = self.clock.mono()
+        deadline = None if duration_s is None else self.clock.mono() + duration_s
         while not stop.is_set():
-            if duration_s is not None and self.clock.mono() - start >= duration_s:
-                break
             wall = self.clock.wall()
-            self.clock.sleep(min(1.0, math.floor(wall) + 1 - wall + TICK_OFFSET_S), stop)
+            delay = min(1.0, math.floor(wall) + 1 - wall + TICK_OFFSET_S)
+            if deadline is not None and self.clock.mono() + delay > deadline:
+                break
+            self.clock.sleep(delay, stop)
             if stop.is_set():
                 break
             try:

@@ -17,6 +17,28 @@ from typing import Any
 from metering_agent.protocol import INGEST_PATH
 
 REPO = Path(__file__).resolve().parents[2]
+T0 = 1_700_000_020  # 40 s into a minute
+
+
+class FakeClock:
+    """Wall and monotonic clocks that move only when slept on; ``jumps`` shift the wall clock."""
+
+    def __init__(self, wall: float = T0 + 0.5) -> None:
+        self._wall, self._mono = wall, 100.0
+        self.jumps: dict[int, float] = {}  # after this many sleeps -> wall-clock shift
+        self.sleeps = 0
+
+    def wall(self) -> float:
+        return self._wall
+
+    def mono(self) -> float:
+        return self._mono
+
+    def sleep(self, seconds: float, stop: threading.Event) -> None:
+        self._wall += seconds
+        self._mono += seconds
+        self.sleeps += 1
+        self._wall += self.jumps.pop(self.sleeps, 0.0)
 
 
 @dataclass

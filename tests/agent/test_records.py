@@ -6,7 +6,7 @@ import json
 import threading
 from pathlib import Path
 
-from agent_helpers import assert_no_overlap
+from agent_helpers import T0, FakeClock, assert_no_overlap
 
 from metering_agent.metrics import Metrics
 from metering_agent.nvml.provider import GpuReading
@@ -17,28 +17,6 @@ from metering_agent.runner import Runner
 from metering_agent.spool import Spool
 
 H, D, F = GpuState.HEALTHY, GpuState.DEGRADED, GpuState.FAILED
-T0 = 1_700_000_020  # 40 s into a minute
-
-
-class FakeClock:
-    """Wall and monotonic clocks that move only when slept on; ``jumps`` shift the wall clock."""
-
-    def __init__(self, wall: float = T0 + 0.5) -> None:
-        self._wall, self._mono = wall, 100.0
-        self.jumps: dict[int, float] = {}  # after this many sleeps -> wall-clock shift
-        self.sleeps = 0
-
-    def wall(self) -> float:
-        return self._wall
-
-    def mono(self) -> float:
-        return self._mono
-
-    def sleep(self, seconds: float, stop: threading.Event) -> None:
-        self._wall += seconds
-        self._mono += seconds
-        self.sleeps += 1
-        self._wall += self.jumps.pop(self.sleeps, 0.0)
 
 
 def reading(util: int = 50, energy_mj: int | None = None) -> GpuReading:

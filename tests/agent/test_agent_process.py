@@ -1,0 +1,105 @@
+"""The real agent process: SIGKILL and restart on the same spool, SIGTERM, --duration."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+from agent_helpers import Sink, assert_no_overlap, log_events, start_agent
+
+STATE_FLAPS = [
+    {"at": t + 0.5, "gpu": gpu, "fault": "nvlink_down" if t % 2 else "recover"}
+    for t in range(30)
+    for gpu in (0, 1)
+]  # GPUs 0 and 1 change state every second, so records close (and are spooled) every second
+
+
+def spooled(spool: Path) -> set[tuple[str, int, int]]:
+    """Records durable in the spool directory: sealed batches and the journal."""
+    found = set()
+    for path in (spool / "batches").glob("*.json"):
+        found |= {
+            (r["gpu_uuid"], r["start"], r["end"]) for r in json.loads(path.read_bytes())["records"]
+        }
+    journal = spool / "journal.jsonl"
+    for line in journal.read_text().splitlines() if journal.exists() else []:
+        entry = json.loads(line)
+        if "record" in entry:
+            r = entry["record"]
+            found.add((r["gpu_uuid"], r["start"], r["end"]))
+    return found
+
+
+def test_sigkill_then_restart_loses_and_duplicates_nothing(tmp_path: Path, sink: Sink) -> None:
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps(STATE_FLAPS))
+    spool = tmp_path / "spool"
+    sink.script = [503, 503, 503]  # the service is down at first: batches pile up
+    agent = start_agent(sink, spool, "--simulate", "4", "--faults", str(faults))
+    time.sleep(6)
+    agent.kill()
+    agent.wait(timeout=10)
+    before_kill = spooled(spool) | {
+        (r["gpu_uuid"], r["start"], r["end"]) for r in sink.all_records()
+    }
+    assert len(before_kill) >= 8, "the first run spooled records"
+
+    restarted = start_agent(
+        sink, spool, "--simulate", "4", "--faults", str(faults), "--duration", "4"
+    )
+    _, stderr = restarted.communicate(timeout=30)
+    assert restarted.returncode == 0, stderr
+
+    received = {(r["gpu_uuid"], r["start"], r["end"]) for r in sink.all_records()}
+    assert before_kill <= received, f"lost: {sorted(before_kill - received)}"
+    spans = assert_no_overlap(sink.all_records())
+    assert len(spans) == 4, "same GPUs (stable UUIDs) after the restart"
+    assert len({(g, s) for g, s, _ in received}) == len(received), "one end per (gpu, start)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_flushes_open_records_and_exits_0(tmp_path: Path, sink: Sink) -> None:
+    port = free_port()
+    agent = start_agent(
+        sink, tmp_path / "spool", "--simulate", "2", "--metrics-port", str(port),
+        "--metrics-host", "127.0.0.1",
+    )  # fmt: skip
+    time.sleep(3.5)
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    assert b"gpumeter_gpu_utilization_percent{gpu=" in metrics
+    assert b"gpumeter_agent_spool_bytes" in metrics
+    agent.send_signal(signal.SIGTERM)
+    stopped_at = time.time()
+    _, stderr = agent.communicate(timeout=20)
+    assert agent.returncode == 0, stderr
+    spans = assert_no_overlap(sink.all_records())
+    assert len(spans) == 2
+    for intervals in spans.values():
+        assert intervals[-1][1] >= int(stopped_at) - 1, "the open record was flushed and sent"
+        seconds = [s for a, b in intervals for s in range(a, b)]
+        assert seconds == list(range(seconds[0], seconds[-1] + 1)), "no gaps"
+    logs = log_events(stderr)
+    assert all({"ts", "level", "event"} <= set(line) for line in logs)
+    [stopped] = [line for line in logs if line["event"] == "agent_stopped"]
+    assert stopped["batches_left"] == 0
+
+
+def test_rejected_batches_do_not_stop_the_agent(tmp_path: Path, sink: Sink) -> None:
+    sink.script = [400]
+    agent = start_agent(sink, tmp_path / "spool", "--simulate", "1", "--duration", "3")
+    _, stderr = agent.communicate(timeout=30)
+    assert agent.returncode == 0, stderr
+    assert {line["event"] for line in log_events(stderr)} >= {
+        "batch_rejected",
+        "batch_dead_lettered",
+    }
+    assert len(list((tmp_path / "spool" / "dead-letter").iterdir())) == 1

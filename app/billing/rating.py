@@ -38,9 +38,10 @@ Rules (where the design left room):
 
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from typing import NamedTuple
 
 from app.billing.domain import (
     CREDIT_BUCKETS,
@@ -62,13 +63,12 @@ from app.core.money import round_money
 _SEVERITY = {GpuState.HEALTHY: 0, GpuState.DEGRADED: 1, GpuState.FAILED: 2}
 
 
-@dataclass(frozen=True)
-class _Cell:
-    """A maximal interval with one set of active segments and maintenance windows."""
+class _Cell(NamedTuple):
+    """A maximal interval with one worst active segment and one maintenance flag."""
 
     start: int
     end: int
-    segment: Segment | None  # the worst active segment
+    segment: Segment | None  # the worst active segment (the first one of a fused run)
     maintenance: bool
 
 
@@ -116,15 +116,34 @@ def build_timeline(segments: Iterable[Segment], maintenance: Iterable[Span]) -> 
         # Emit a cell only once every event at ``time`` has been applied.
         next_time = events[k + 1][0] if k + 1 < len(events) else time
         if next_time > time and active:
-            cells.append(_cell(time, next_time, active.values()))
+            _extend(cells, _cell(time, next_time, active.values()))
     return Timeline(cells)
 
 
-def _cell(start: int, end: int, active: Iterable[Segment | None]) -> _Cell:
-    present = list(active)
-    segments = [s for s in present if s is not None]
+def _cell(start: int, end: int, active: Collection[Segment | None]) -> _Cell:
+    if len(active) == 1:  # the common case: one segment, no overlap
+        [only] = active
+        return _Cell(start, end, only, only is None)
+    segments = [s for s in active if s is not None]
     worst = max(segments, key=lambda s: _SEVERITY[s.state], default=None)
-    return _Cell(start, end, worst, maintenance=len(segments) < len(present))
+    return _Cell(start, end, worst, len(segments) < len(active))
+
+
+def _extend(cells: list[_Cell], cell: _Cell) -> None:
+    """Fuse a cell into the previous one when nothing billing-relevant changes.
+
+    Keeping the first segment is what piece fusion would do anyway, so results are identical.
+    """
+    last = cells[-1] if cells else None
+    if (
+        last is not None
+        and last.end == cell.start
+        and last.maintenance == cell.maintenance
+        and (last.segment and last.segment.state) == (cell.segment and cell.segment.state)
+    ):
+        cells[-1] = last._replace(end=cell.end)
+    else:
+        cells.append(cell)
 
 
 def _bucket(cell: _Cell, plan: PlanTerms) -> Bucket:
@@ -143,20 +162,6 @@ def is_billed(bucket: Bucket, plan: PlanTerms) -> bool:
     if bucket is Bucket.UNMETERED:
         return plan.bill_unmetered
     return bucket in (Bucket.BILLABLE, Bucket.DEGRADED)
-
-
-def _append(pieces: list[Piece], piece: Piece) -> None:
-    """Append, fusing with the previous piece when it continues the same run."""
-    last = pieces[-1] if pieces else None
-    if last is not None and (last.gpu_uuid, last.end, last.bucket, last.session) == (
-        piece.gpu_uuid,
-        piece.start,
-        piece.bucket,
-        piece.session,
-    ):
-        pieces[-1] = replace(last, end=piece.end)
-    else:
-        pieces.append(piece)
 
 
 class _PriceBook:
@@ -314,13 +319,16 @@ def _window_pieces(migrations: Sequence[Migration], bounds: Span) -> list[Piece]
 def _classify(
     gpu: str, run: Span, holes: Sequence[Span], timeline: Timeline, plan: PlanTerms
 ) -> list[Piece]:
-    pieces: list[Piece] = []
+    runs: list[list] = []  # [start, end, bucket, evidence], fused while adjacent and equal
     for start, end in subtract([run], holes):
         for cell in timeline.cells_in(start, end):
             bucket = _bucket(cell, plan)
+            if runs and runs[-1][1] == cell.start and runs[-1][2] is bucket:
+                runs[-1][1] = cell.end
+                continue
             evidence = cell.segment.evidence if cell.segment and bucket in CREDIT_BUCKETS else None
-            _append(pieces, Piece(gpu, cell.start, cell.end, bucket, run[0], evidence))
-    return pieces
+            runs.append([cell.start, cell.end, bucket, evidence])
+    return [Piece(gpu, start, end, bucket, run[0], ev) for start, end, bucket, ev in runs]
 
 
 def _session(gpu: str, run: Span, pieces: Sequence[Piece], plan: PlanTerms) -> Session:

@@ -1,0 +1,39 @@
+"""Rating a month of 3,000 GPUs must stay far from per-second work."""
+
+import random
+import time
+
+from app.billing.domain import Assignment, GpuState, Migration, Segment
+from app.billing.rating import rate_rentals
+
+from .factories import MONTH, rental, usd_plan
+
+GPUS = 3000
+SEGMENTS_PER_GPU = 200
+
+
+def _fleet() -> tuple[list, list, dict, dict, list]:
+    rng = random.Random(7)
+    plan = usd_plan()
+    rentals, assignments, segments, maintenance, migrations = [], [], {}, {}, []
+    step = MONTH[1] // SEGMENTS_PER_GPU
+    for g in range(GPUS):
+        gpu, rid = f"gpu{g}", f"r{g // 2}"
+        if g % 2 == 0:
+            rentals.append(rental(plan, rid, gpus=2))
+        half = rng.randrange(MONTH[1])
+        assignments += [Assignment(rid, gpu, 0, half), Assignment(rid, gpu, half + 30, MONTH[1])]
+        states = rng.choices(list(GpuState), weights=(90, 7, 3), k=SEGMENTS_PER_GPU)
+        segments[gpu] = [Segment(gpu, i * step, (i + 1) * step, s) for i, s in enumerate(states)]
+        maintenance[gpu] = [(half - 600, half - 300)]
+        migrations.append(Migration(rid, gpu, gpu, half, half + 30))
+    return rentals, assignments, segments, maintenance, migrations
+
+
+def test_a_month_of_3000_gpus_rates_in_seconds() -> None:
+    rentals, assignments, segments, maintenance, migrations = _fleet()
+    started = time.perf_counter()
+    rated = rate_rentals(rentals, assignments, segments, maintenance, migrations, MONTH)
+    elapsed = time.perf_counter() - started
+    assert sum(r.rented_s for r in rated) == GPUS * MONTH[1]
+    assert elapsed < 8, f"rating took {elapsed:.2f}s"

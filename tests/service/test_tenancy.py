@@ -1,0 +1,191 @@
+"""Tenancy: a customer key sees nothing of another customer, on every route of the app.
+
+Every (method, path) the app serves must have an entry in ROUTES; a new route without one
+fails `test_every_route_has_a_tenancy_case`. Each entry says what customer B's key gets for
+customer A's objects:
+- HIDDEN: 404 (existence never revealed), while A's own key gets 200;
+- SCOPED: 200, with none of A's identifiers in the body, while A's key sees A's data;
+- ADMIN_ONLY / NODE_ONLY: 403 for any customer key;
+- PUBLIC: no authentication, no customer data.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from tests.service.conftest import Console, bearer
+
+
+class Expect(Enum):
+    HIDDEN = "hidden"
+    SCOPED = "scoped"
+    ADMIN_ONLY = "admin_only"
+    NODE_ONLY = "node_only"
+    PUBLIC = "public"
+
+
+@dataclass(frozen=True)
+class Case:
+    expect: Expect
+    query: str = ""  # appended to the path; may name A's objects to try to widen the scope
+    body: dict[str, Any] = field(default_factory=dict)
+
+
+ROUTES: dict[tuple[str, str], Case] = {
+    ("GET", "/healthz"): Case(Expect.PUBLIC),
+    ("GET", "/readyz"): Case(Expect.PUBLIC),
+    ("POST", "/v1/keys"): Case(Expect.ADMIN_ONLY, body={"name": "x"}),
+    ("GET", "/v1/keys"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/keys/{key_id}/revoke"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/customers"): Case(Expect.ADMIN_ONLY, body={"name": "x"}),
+    ("GET", "/v1/customers"): Case(Expect.SCOPED),
+    ("GET", "/v1/customers/{customer_id}"): Case(Expect.HIDDEN),
+    ("PATCH", "/v1/customers/{customer_id}"): Case(Expect.ADMIN_ONLY, body={"name": "x"}),
+    ("POST", "/v1/customers/{customer_id}/keys"): Case(Expect.ADMIN_ONLY, body={"name": "x"}),
+    ("GET", "/v1/customers/{customer_id}/keys"): Case(Expect.HIDDEN),
+    ("POST", "/v1/nodes"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/nodes"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/nodes/{node_id}"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/nodes/{node_id}/token"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/nodes/{node_id}/gpus"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/gpus"): Case(Expect.SCOPED, query="?node_id={node_id}"),
+    ("POST", "/v1/gpus"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/gpus/{gpu_uuid}"): Case(Expect.HIDDEN),
+    ("PATCH", "/v1/gpus/{gpu_uuid}"): Case(Expect.ADMIN_ONLY, body={"pool": "spare"}),
+    ("POST", "/v1/plans"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/plans"): Case(Expect.SCOPED),
+    # Both customers rent on the shared plan: B sees it, but never A's contract price.
+    ("GET", "/v1/plans/{plan_id}"): Case(Expect.SCOPED),
+    ("PATCH", "/v1/plans/{plan_id}"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/plans/{plan_id}/prices"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/plans/{plan_id}/prices"): Case(Expect.SCOPED),
+    ("POST", "/v1/rentals"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/rentals"): Case(Expect.SCOPED, query="?customer_id={customer_id}"),
+    ("GET", "/v1/rentals/{rental_id}"): Case(Expect.HIDDEN),
+    ("POST", "/v1/rentals/{rental_id}/end"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/rentals/{rental_id}/assignments"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/rentals/{rental_id}/assignments/{assignment_id}/end"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/rentals/{rental_id}/migrations"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/rentals/{rental_id}/migrations"): Case(Expect.HIDDEN),
+}
+
+A_CONTRACT_PRICE = "1.2345678901"
+
+
+@dataclass
+class World:
+    """Customer A's objects (ids fill the route templates) and both customers' keys."""
+
+    ids: dict[str, str]
+    a_key: str
+    b_key: str
+    a_markers: list[str]  # strings that only A's data contains
+
+
+def build_world(console: Console) -> World:
+    a = console.customer("Customer A", email="a@example.com")
+    b = console.customer("Customer B", email="b@example.com")
+    shared_plan = console.plan("shared")
+    console.post(
+        f"/v1/plans/{shared_plan['id']}/prices",
+        {"gpu_model": "H100", "price_per_hour": A_CONTRACT_PRICE,
+         "effective_from": "2026-10-01T00:00:00Z", "customer_id": a["id"]},
+    )
+    node = console.node()["node"]
+    console.gpu(node["id"], "GPU-A-1")
+    console.gpu(node["id"], "GPU-A-2")
+    console.gpu(node["id"], "GPU-B-1")
+    a_rental = console.rental(a["id"], shared_plan["id"])
+    b_rental = console.rental(b["id"], shared_plan["id"])
+    assignment = console.assign(a_rental["id"], "GPU-A-1", "2026-11-01T00:00:00Z")
+    console.assign(b_rental["id"], "GPU-B-1", "2026-11-01T00:00:00Z")
+    console.post(
+        f"/v1/rentals/{a_rental['id']}/migrations",
+        {"from_gpu_uuid": "GPU-A-1", "to_gpu_uuid": "GPU-A-2",
+         "failed_at": "2026-11-02T00:00:00Z", "resumed_at": "2026-11-02T00:00:30Z"},
+    )
+    a_key = console.post(f"/v1/customers/{a['id']}/keys", {"name": "a"})
+    b_key = console.post(f"/v1/customers/{b['id']}/keys", {"name": "b"})
+    ids = {
+        "customer_id": a["id"],
+        "node_id": node["id"],
+        "gpu_uuid": "GPU-A-1",
+        "plan_id": shared_plan["id"],
+        "rental_id": a_rental["id"],
+        "assignment_id": str(assignment["id"]),
+        "key_id": a_key["id"],
+    }
+    markers = [a["id"], a_rental["id"], "GPU-A-1", a_key["prefix"], A_CONTRACT_PRICE, "a@example.com"]
+    return World(ids=ids, a_key=a_key["key"], b_key=b_key["key"], a_markers=markers)
+
+
+def app_routes(app: FastAPI) -> set[tuple[str, str]]:
+    paths = app.openapi()["paths"]
+    return {(method.upper(), path) for path, ops in paths.items() for method in ops}
+
+
+def test_every_route_has_a_tenancy_case(app: FastAPI) -> None:
+    missing = app_routes(app) - set(ROUTES)
+    assert not missing, f"routes without a tenancy case in ROUTES: {sorted(missing)}"
+    stale = set(ROUTES) - app_routes(app)
+    assert not stale, f"ROUTES names routes the app no longer has: {sorted(stale)}"
+
+
+@pytest.fixture
+def world(console: Console) -> World:
+    return build_world(console)
+
+
+def call(client: TestClient, method: str, path: str, case: Case, key: str | None) -> Any:
+    headers = bearer(key) if key else {}
+    return client.request(method, path, headers=headers, json=case.body if method != "GET" else None)
+
+
+def ghost_ids(ids: dict[str, str]) -> dict[str, str]:
+    """Ids of the same shapes that name nothing at all."""
+    return {
+        name: "GPU-GHOST" if name == "gpu_uuid" else "987654321" if value.isdigit()
+        else str(uuid.uuid4())
+        for name, value in ids.items()
+    }
+
+
+@pytest.mark.parametrize(("method", "template"), sorted(ROUTES))
+def test_second_customer_sees_nothing_of_the_first(
+    client: TestClient, world: World, method: str, template: str
+) -> None:
+    case = ROUTES[(method, template)]
+    path = (template + case.query).format(**world.ids)
+    as_b = call(client, method, path, case, world.b_key)
+    if case.expect == Expect.HIDDEN:
+        # Indistinguishable from an object that does not exist, up to the id B itself sent.
+        ghosts = ghost_ids(world.ids)
+        as_ghost = call(client, method, (template + case.query).format(**ghosts), case, world.b_key)
+        echoed = as_b.text
+        for name, value in world.ids.items():
+            echoed = re.sub(rf"\b{re.escape(value)}\b", ghosts[name], echoed)
+        assert (as_b.status_code, echoed) == (as_ghost.status_code, as_ghost.text)
+    else:
+        leaked = [marker for marker in world.a_markers if marker in as_b.text]
+        assert not leaked, f"{method} {path} showed customer B {leaked}: {as_b.text[:300]}"
+    expected_b_status = {
+        Expect.HIDDEN: 404,
+        Expect.SCOPED: 200,
+        Expect.ADMIN_ONLY: 403,
+        Expect.NODE_ONLY: 403,
+        Expect.PUBLIC: 200,
+    }[case.expect]
+    assert as_b.status_code == expected_b_status, as_b.text
+    if case.expect in (Expect.HIDDEN, Expect.SCOPED):
+        # The same call with A's key finds A's data, so the case really exercised it.
+        as_a = call(client, method, path, case, world.a_key)
+        assert as_a.status_code == 200, as_a.text
+        assert any(marker in as_a.text for marker in world.a_markers), as_a.text[:300]

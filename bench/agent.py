@@ -1,0 +1,111 @@
+"""Agent cost benchmark: CPU time per GPU-second sampled and RSS, 8 and 64 simulated GPUs.
+
+Runs the real agent process (``python -m metering_agent --simulate N``) against a local sink
+that accepts every batch, and reads the agent's /proc/<pid>/stat and /proc/<pid>/status.
+CPU is measured over the steady state (after a warm-up that covers imports and start-up).
+Prints one line per run, then one final JSON line. Linux only.
+
+    .venv/bin/python bench/agent.py [--seconds 30] [--warmup 5] [--gpus 8 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class Sink(BaseHTTPRequestHandler):
+    """Accepts every ingest batch, like a healthy service."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"ok": true}')
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    return int(status["VmRSS"].split()[0]) / 1024, int(status["VmHWM"].split()[0]) / 1024
+
+
+def run(gpus: int, seconds: float, warmup: float, server_url: str) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as spool:
+        cmd = [
+            sys.executable, "-m", "metering_agent", "--server", server_url, "--token", "bench",
+            "--spool-dir", spool, "--simulate", str(gpus), "--seed", "1",
+            "--duration", str(warmup + seconds + 1), "--log-level", "warning",
+        ]  # fmt: skip
+        agent = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        time.sleep(warmup)
+        cpu0, t0 = cpu_seconds(agent.pid), time.monotonic()
+        time.sleep(seconds)
+        cpu1, t1 = cpu_seconds(agent.pid), time.monotonic()
+        rss, peak = rss_mib(agent.pid)
+        agent.wait(timeout=60)
+    cpu = cpu1 - cpu0
+    wall = t1 - t0
+    return {
+        "gpus": gpus,
+        "seconds": round(wall, 1),
+        "cpu_s": round(cpu, 3),
+        "cpu_percent_of_core": round(100 * cpu / wall, 3),
+        "cpu_ms_per_gpu_second": round(1000 * cpu / (gpus * wall), 4),
+        "rss_mib": round(rss, 1),
+        "peak_rss_mib": round(peak, 1),
+        "exit_code": agent.returncode,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--seconds", type=float, default=30)
+    p.add_argument("--warmup", type=float, default=5)
+    p.add_argument("--gpus", type=int, nargs="+", default=[8, 64])
+    args = p.parse_args()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    results = []
+    for gpus in args.gpus:
+        result = run(gpus, args.seconds, args.warmup, url)
+        results.append(result)
+        print(
+            f"{gpus:3d} GPUs: {result['cpu_percent_of_core']:.3f} % of a core, "
+            f"{result['cpu_ms_per_gpu_second']:.4f} ms CPU per GPU-second, "
+            f"RSS {result['rss_mib']:.1f} MiB (peak {result['peak_rss_mib']:.1f})",
+            flush=True,
+        )
+    server.shutdown()
+    eight = next((r for r in results if r["gpus"] == 8), None)
+    target = None
+    if eight is not None:
+        target = eight["cpu_percent_of_core"] < 1 and eight["peak_rss_mib"] < 80
+    print(json.dumps({"bench": "agent", "results": results, "target_8_gpus_met": target}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

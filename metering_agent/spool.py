@@ -103,7 +103,12 @@ class Spool:
         with contextlib.suppress(FileNotFoundError):
             ends.update(json.loads(self._state_path.read_text()))
         for path in self.batches():
-            for record in json.loads(path.read_bytes()).get("records", []):
+            try:
+                records = json.loads(path.read_bytes()).get("records", [])
+            except ValueError:
+                log.error("spool_batch_unreadable", batch=path.name)  # the service will 4xx it
+                continue
+            for record in records:
                 self._note_end(ends, record)
         return ends
 

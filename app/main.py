@@ -11,6 +11,7 @@ from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
 from app.customers.endpoints import router as customers_router
 from app.fleet.endpoints import router as fleet_router
+from app.metering.endpoints import router as metering_router
 from app.plans.endpoints import router as plans_router
 from app.rentals.endpoints import router as rentals_router
 
@@ -19,6 +20,7 @@ ROUTERS = [
     keys_router,
     customers_router,
     fleet_router,
+    metering_router,
     plans_router,
     rentals_router,
 ]

@@ -4,6 +4,7 @@ from app.auth.models import ApiKey, KeyKind
 from app.core.base import Base
 from app.customers.models import Customer
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
+from app.metering.models import HealthEventRow, MinuteMetrics, StateSegment
 from app.plans.models import PlanPrice, PricePlan
 from app.rentals.models import GpuAssignment, Migration, Rental
 
@@ -13,12 +14,15 @@ __all__ = [
     "Customer",
     "Gpu",
     "GpuAssignment",
+    "HealthEventRow",
     "KeyKind",
     "MaintenanceWindow",
+    "MinuteMetrics",
     "Migration",
     "Node",
     "PlanPrice",
     "Pool",
     "PricePlan",
     "Rental",
+    "StateSegment",
 ]

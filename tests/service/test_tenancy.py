@@ -75,6 +75,14 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/rentals/{rental_id}/assignments/{assignment_id}/end"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/rentals/{rental_id}/migrations"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/rentals/{rental_id}/migrations"): Case(Expect.HIDDEN),
+    ("POST", "/v1/ingest"): Case(Expect.NODE_ONLY, body={"batch_id": "b-1"}),
+    ("GET", "/v1/gpus/{gpu_uuid}/timeline"): Case(
+        Expect.HIDDEN, query="?start=2026-11-01T00:00:00Z&end=2026-11-02T00:00:00Z"
+    ),
+    ("GET", "/v1/gpus/{gpu_uuid}/metrics"): Case(
+        Expect.HIDDEN, query="?start=2026-11-01T00:00:00Z&end=2026-11-02T00:00:00Z&step=3600"
+    ),
+    ("GET", "/v1/fleet/health"): Case(Expect.ADMIN_ONLY),
 }
 
 A_CONTRACT_PRICE = "1.2345678901"

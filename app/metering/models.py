@@ -1,0 +1,76 @@
+"""Metering tables: state segments (billing), packed minute metrics (charts), health events.
+
+Time columns are integer UTC epoch seconds (BIGINT). See ``app.metering.service`` for how
+ingest writes them and how late data is marked for billing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, LargeBinary, String, func, text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.core.base import Base
+
+
+class StateSegment(Base):
+    """A maximal run ``[start, end)`` of one state of one GPU, extended in place while it holds.
+
+    ``received_at`` moves whenever telemetry creates or changes the row: billing re-rates a
+    finalized period when a segment overlapping it was received after the finalization.
+    Fillfactor leaves room on each page so extending ``end`` is a HOT update (no index write).
+    """
+
+    __tablename__ = "gpu_state_segments"
+    __table_args__ = (
+        CheckConstraint('"end" > start', name="end_after_start"),
+        # Fleet health lists recent failures; failed runs are rare, so the index stays small.
+        Index(
+            "ix_gpu_state_segments_failed_start", "start", postgresql_where=text("state = 'failed'")
+        ),
+        {"postgresql_with": {"fillfactor": 70}},
+    )
+
+    gpu_uuid: Mapped[str] = mapped_column(String(96), ForeignKey("gpus.uuid"), primary_key=True)
+    start: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    end: Mapped[int]
+    state: Mapped[str] = mapped_column(String(16))
+    # The health event (rule, XID, counter deltas) that started this run; None when unknown.
+    evidence: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    received_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class MinuteMetrics(Base):
+    """One GPU-hour of minute metrics: 60 fixed-size slots packed in ``slots`` (see packing).
+
+    One row per GPU per hour instead of per minute keeps a GPU-hour near 1.3 KB with its index.
+    The row keeps its size when a slot is filled, so updates stay HOT within the fillfactor.
+    """
+
+    __tablename__ = "gpu_minute_metrics"
+    __table_args__ = ({"postgresql_with": {"fillfactor": 85}},)
+
+    gpu_uuid: Mapped[str] = mapped_column(String(96), ForeignKey("gpus.uuid"), primary_key=True)
+    hour: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)  # epoch s, UTC
+    mem_total_mib: Mapped[int | None] = mapped_column(Integer)
+    slots: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class HealthEventRow(Base):
+    """A health event as the agent reported it (XID, counter jump, state change, clock jump)."""
+
+    __tablename__ = "health_events"
+    __table_args__ = (Index("ix_health_events_gpu_at", "gpu_uuid", "at"),)
+
+    event_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96), ForeignKey("gpus.uuid"))
+    at: Mapped[int]
+    kind: Mapped[str] = mapped_column(String(16))
+    code: Mapped[int | None] = mapped_column(Integer)
+    state: Mapped[str | None] = mapped_column(String(16))
+    rule: Mapped[str | None] = mapped_column(String(100))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    received_at: Mapped[datetime] = mapped_column(server_default=func.now())

@@ -1,0 +1,132 @@
+"""Minute metrics packed 60 to a GPU-hour row: fixed-size slots in one ``bytea``.
+
+Each minute is a 19-byte slot of small integers (struct ``SLOT``). Sums and counts rather than
+means, so several records of one minute (a state change mid-minute) combine exactly. Maxima and
+energy are stored as ``value + 1`` so that an all-zero slot means "nothing observed" and the
+maximum of two slots is the plain maximum. Values are clamped into their field's range.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+from metering_agent.protocol import MINUTE, UsageRecord
+
+HOUR = 3600
+SLOTS = HOUR // MINUTE
+# observed s, util n, util sum, util max+1, mem n, mem util sum, mem used max MiB+1,
+# energy dJ+1, power max dW+1, temperature max C+1
+SLOT = struct.Struct("<BBHBBHIIHB")
+ROW_BYTES = SLOT.size * SLOTS
+EMPTY_ROW = bytes(ROW_BYTES)
+_LIMITS = (0xFF, 0xFF, 0xFFFF, 0xFF, 0xFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFF, 0xFF)
+_SUMMED = (0, 1, 2, 4, 5)  # fields that add up; the others are maxima (energy: see combine)
+_ENERGY = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Minute:
+    """One minute of one GPU, decoded."""
+
+    start: int
+    observed_s: int
+    util_n: int
+    util_sum: int
+    util_max: int | None
+    mem_util_n: int
+    mem_util_sum: int
+    mem_used_max_mib: int | None
+    energy_j: float | None
+    power_max_w: float | None
+    temp_max_c: int | None
+
+    @property
+    def util_mean(self) -> float | None:
+        return self.util_sum / self.util_n if self.util_n else None
+
+
+def hour_of(second: int) -> int:
+    return second - second % HOUR
+
+
+def _clamp(value: float | None, limit: int, *, plus_one: bool = False) -> int:
+    if value is None or not math.isfinite(value):
+        return 0
+    return max(0, min(limit, round(value) + (1 if plus_one else 0)))
+
+
+def record_slot(r: UsageRecord) -> tuple[int, ...]:
+    """The slot fields one record contributes to its minute."""
+    n = r.sample_count
+    util_n = n if r.gpu_util_mean is not None else 0
+    mem_n = n if r.mem_util_mean is not None else 0
+    values = (
+        n,
+        util_n,
+        (r.gpu_util_mean or 0) * util_n,
+        None if r.gpu_util_max is None else r.gpu_util_max,
+        mem_n,
+        (r.mem_util_mean or 0) * mem_n,
+        r.mem_used_max_mib,
+        None if r.energy_j is None else r.energy_j * 10,
+        None if r.power_max_w is None else r.power_max_w * 10,
+        r.temp_max_c,
+    )
+    summed = set(_SUMMED)
+    return tuple(
+        _clamp(v, limit, plus_one=i not in summed)
+        for i, (v, limit) in enumerate(zip(values, _LIMITS, strict=True))
+    )
+
+
+def combine(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    out = []
+    for i, (x, y, limit) in enumerate(zip(a, b, _LIMITS, strict=True)):
+        if i in _SUMMED:
+            out.append(min(limit, x + y))
+        elif i == _ENERGY and x and y:  # both stored +1: add the values, keep one offset
+            out.append(min(limit, x + y - 1))
+        else:
+            out.append(max(x, y))
+    return tuple(out)
+
+
+def add_records(row: bytes, records: list[UsageRecord]) -> bytes:
+    """The row with each record (all of this row's hour) combined into its minute's slot."""
+    data = bytearray(row)
+    for r in records:
+        offset = (r.start % HOUR) // MINUTE * SLOT.size
+        current = SLOT.unpack_from(data, offset)
+        SLOT.pack_into(data, offset, *combine(current, record_slot(r)))
+    return bytes(data)
+
+
+def _opt(stored: int, scale: float = 1.0) -> float | None:
+    return None if stored == 0 else (stored - 1) / scale
+
+
+def minutes(hour: int, row: bytes) -> list[Minute]:
+    """The observed minutes of a row, in time order."""
+    out = []
+    for i, f in enumerate(SLOT.iter_unpack(row)):
+        if f[0] == 0:
+            continue
+        util_max, mem_max, temp = _opt(f[3]), _opt(f[6]), _opt(f[9])
+        out.append(
+            Minute(
+                start=hour + i * MINUTE,
+                observed_s=f[0],
+                util_n=f[1],
+                util_sum=f[2],
+                util_max=None if util_max is None else int(util_max),
+                mem_util_n=f[4],
+                mem_util_sum=f[5],
+                mem_used_max_mib=None if mem_max is None else int(mem_max),
+                energy_j=_opt(f[7], 10),
+                power_max_w=_opt(f[8], 10),
+                temp_max_c=None if temp is None else int(temp),
+            )
+        )
+    return out

@@ -1,0 +1,310 @@
+"""Metering queries. Writes are set-based (one statement per table per batch, over arrays).
+
+Billing reads segments and utilisation through ``segments_between``, ``minute_utilisation``
+and ``late_segments_since``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from app.metering import packing
+from app.metering.segments import Span
+from metering_agent.protocol import HealthEvent
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRow:
+    gpu_uuid: str
+    start: int
+    end: int
+    state: str
+    evidence: dict[str, Any] | None
+
+
+# Segments of each (gpu, lo, hi) that overlap or touch [lo, hi]: from the one containing or
+# preceding lo (an index probe), so the scan never walks a GPU's whole history.
+_SEGMENTS_NEAR = text("""
+SELECT q.gpu, s.start, s."end", s.state, s.evidence
+FROM unnest(CAST(:gpus AS text[]), CAST(:los AS bigint[]), CAST(:his AS bigint[])) AS q(gpu, lo, hi)
+JOIN LATERAL (
+    SELECT start, "end", state, evidence FROM gpu_state_segments
+    WHERE gpu_uuid = q.gpu AND start <= q.hi AND start >= COALESCE(
+        (SELECT max(start) FROM gpu_state_segments WHERE gpu_uuid = q.gpu AND start <= q.lo),
+        q.lo)
+) AS s ON true
+ORDER BY q.gpu, s.start
+""")
+
+
+def lock_node(session: Session, node_id: uuid.UUID) -> None:
+    """Serialise one node's batches: each GPU belongs to one node, so its writes don't race."""
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+        {"key": f"ingest:{node_id}"},
+    )
+
+
+def gpu_owners(session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID]:
+    rows = session.execute(
+        text("SELECT uuid, node_id FROM gpus WHERE uuid = ANY(CAST(:u AS text[]))"),
+        {"u": list(gpu_uuids)},
+    )
+    return {gpu: node for gpu, node in rows}
+
+
+def register_gpus(session: Session, node_id: uuid.UUID, models: dict[str, str]) -> None:
+    """Register GPUs to the node (pool ``rentable``); ones registered meanwhile are left as is."""
+    session.execute(
+        text("""
+        INSERT INTO gpus (uuid, node_id, model, pool)
+        SELECT u, :node, m, 'rentable'
+        FROM unnest(CAST(:u AS text[]), CAST(:m AS text[])) AS t(u, m)
+        ON CONFLICT (uuid) DO NOTHING
+        """),
+        {"node": node_id, "u": list(models), "m": list(models.values())},
+    )
+
+
+def touch_gpus(session: Session, latest: dict[str, tuple[str, str, int]]) -> None:
+    """Record each GPU's latest state and time (model fills one registered from events only)."""
+    gpus = list(latest)
+    session.execute(
+        text("""
+        UPDATE gpus g SET last_state = t.state, last_seen_at = to_timestamp(t.seen),
+            model = CASE WHEN g.model = 'unknown' THEN t.model ELSE g.model END
+        FROM unnest(CAST(:u AS text[]), CAST(:m AS text[]), CAST(:s AS text[]),
+                    CAST(:t AS bigint[])) AS t(uuid, model, state, seen)
+        WHERE g.uuid = t.uuid
+          AND (g.last_seen_at IS NULL OR g.last_seen_at <= to_timestamp(t.seen))
+        """),
+        {
+            "u": gpus,
+            "m": [latest[g][0] for g in gpus],
+            "s": [latest[g][1] for g in gpus],
+            "t": [latest[g][2] for g in gpus],
+        },
+    )
+
+
+def segments_near(session: Session, windows: dict[str, tuple[int, int]]) -> dict[str, list[Span]]:
+    gpus = list(windows)
+    rows = session.execute(
+        _SEGMENTS_NEAR,
+        {"gpus": gpus, "los": [windows[g][0] for g in gpus], "his": [windows[g][1] for g in gpus]},
+    )
+    out: dict[str, list[Span]] = defaultdict(list)
+    for gpu, start, end, state, evidence in rows:
+        out[gpu].append(Span(start, end, state, evidence))
+    return out
+
+
+def write_segments(
+    session: Session, upserts: list[tuple[str, Span]], deletes: list[tuple[str, int]]
+) -> None:
+    if deletes:
+        session.execute(
+            text("""
+            DELETE FROM gpu_state_segments s
+            USING unnest(CAST(:u AS text[]), CAST(:s AS bigint[])) AS d(gpu, start)
+            WHERE s.gpu_uuid = d.gpu AND s.start = d.start
+            """),
+            {"u": [g for g, _ in deletes], "s": [s for _, s in deletes]},
+        )
+    if upserts:
+        session.execute(
+            text("""
+            INSERT INTO gpu_state_segments (gpu_uuid, start, "end", state, evidence, received_at)
+            SELECT u, s, e, st, CAST(ev AS jsonb), now()
+            FROM unnest(CAST(:u AS text[]), CAST(:s AS bigint[]), CAST(:e AS bigint[]),
+                        CAST(:st AS text[]), CAST(:ev AS text[])) AS t(u, s, e, st, ev)
+            ON CONFLICT (gpu_uuid, start) DO UPDATE SET "end" = excluded."end",
+                state = excluded.state, received_at = excluded.received_at,
+                evidence = COALESCE(gpu_state_segments.evidence, excluded.evidence)
+            """),
+            {
+                "u": [g for g, _ in upserts],
+                "s": [s.start for _, s in upserts],
+                "e": [s.end for _, s in upserts],
+                "st": [s.state for _, s in upserts],
+                "ev": [None if s.evidence is None else json.dumps(s.evidence) for _, s in upserts],
+            },
+        )
+
+
+def attach_evidence(session: Session, keys: list[tuple[str, int]]) -> None:
+    """Give segments starting at these (gpu, second) the state-change event that began them."""
+    session.execute(
+        text("""
+        UPDATE gpu_state_segments s SET evidence = jsonb_build_object(
+            'event_id', e.event_id, 'rule', e.rule, 'code', e.code, 'at', e.at,
+            'detail', e.detail)
+        FROM unnest(CAST(:u AS text[]), CAST(:s AS bigint[])) AS k(gpu, start), health_events e
+        WHERE s.gpu_uuid = k.gpu AND s.start = k.start AND s.evidence IS NULL
+          AND e.gpu_uuid = k.gpu AND e.at = k.start AND e.kind = 'state_change'
+          AND e.state = s.state
+        """),
+        {"u": [g for g, _ in keys], "s": [s for _, s in keys]},
+    )
+
+
+def insert_events(session: Session, events: Sequence[HealthEvent]) -> int:
+    """Store events by id; return how many were new (the rest were stored before)."""
+    rows = session.execute(
+        text("""
+        INSERT INTO health_events (event_id, gpu_uuid, at, kind, code, state, rule, detail)
+        SELECT * FROM unnest(CAST(:id AS text[]), CAST(:u AS text[]), CAST(:at AS bigint[]),
+            CAST(:k AS text[]), CAST(:c AS int[]), CAST(:st AS text[]), CAST(:r AS text[]),
+            CAST(:d AS jsonb[]))
+        ON CONFLICT (event_id) DO NOTHING
+        RETURNING 1
+        """),
+        {
+            "id": [e.event_id for e in events],
+            "u": [e.gpu_uuid for e in events],
+            "at": [e.at for e in events],
+            "k": [str(e.kind) for e in events],
+            "c": [e.code for e in events],
+            "st": [None if e.state is None else str(e.state) for e in events],
+            "r": [e.rule for e in events],
+            "d": [json.dumps(e.detail) for e in events],
+        },
+    )
+    return len(rows.all())
+
+
+def metric_rows(session: Session, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
+    rows = session.execute(
+        text("""
+        SELECT m.gpu_uuid, m.hour, m.slots FROM gpu_minute_metrics m
+        JOIN unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
+          ON m.gpu_uuid = k.gpu AND m.hour = k.hour
+        """),
+        {"u": [g for g, _ in keys], "h": [h for _, h in keys]},
+    )
+    return {(gpu, hour): bytes(slots) for gpu, hour, slots in rows}
+
+
+def write_metric_rows(
+    session: Session, rows: dict[tuple[str, int], tuple[bytes, int | None]]
+) -> None:
+    keys = list(rows)
+    session.execute(
+        text("""
+        INSERT INTO gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots)
+        SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
+                             CAST(:d AS bytea[]))
+        ON CONFLICT (gpu_uuid, hour) DO UPDATE SET slots = excluded.slots,
+            mem_total_mib = COALESCE(excluded.mem_total_mib, gpu_minute_metrics.mem_total_mib)
+        """),
+        {
+            "u": [g for g, _ in keys],
+            "h": [h for _, h in keys],
+            "t": [rows[k][1] for k in keys],
+            "d": [rows[k][0] for k in keys],
+        },
+    )
+
+
+# --- reads (console and billing) ---------------------------------------------------------
+
+
+def segments_between(
+    session: Session, gpu_uuids: Sequence[str], start: int, end: int
+) -> dict[str, list[SegmentRow]]:
+    """Each GPU's segments overlapping ``[start, end)``, clipped to it, sorted by start."""
+    near = segments_near(session, dict.fromkeys(gpu_uuids, (start, end)))
+    out: dict[str, list[SegmentRow]] = {gpu: [] for gpu in gpu_uuids}
+    for gpu, spans in near.items():
+        out[gpu] = [
+            SegmentRow(gpu, max(s.start, start), min(s.end, end), s.state, s.evidence)
+            for s in spans
+            if s.start < end and s.end > start
+        ]
+    return out
+
+
+def minute_rows(
+    session: Session, gpu_uuids: Sequence[str], start: int, end: int
+) -> dict[str, list[packing.Minute]]:
+    """Each GPU's observed minutes whose start lies in ``[start, end)``, in time order."""
+    rows = session.execute(
+        text("""
+        SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics
+        WHERE gpu_uuid = ANY(CAST(:u AS text[])) AND hour >= :lo AND hour < :hi
+        ORDER BY gpu_uuid, hour
+        """),
+        {"u": list(gpu_uuids), "lo": packing.hour_of(start), "hi": end},
+    )
+    out: dict[str, list[packing.Minute]] = {gpu: [] for gpu in gpu_uuids}
+    for gpu, hour, slots in rows:
+        out[gpu].extend(m for m in packing.minutes(hour, bytes(slots)) if start <= m.start < end)
+    return out
+
+
+def minute_utilisation(
+    session: Session, gpu_uuids: Sequence[str], start: int, end: int
+) -> dict[str, list[tuple[int, float]]]:
+    """(minute start, mean GPU utilisation %) of each GPU's observed minutes in [start, end)."""
+    return {
+        gpu: [(m.start, m.util_mean) for m in mins if m.util_mean is not None]
+        for gpu, mins in minute_rows(session, gpu_uuids, start, end).items()
+    }
+
+
+def late_segments_since(
+    session: Session, gpu_uuids: Sequence[str], start: int, end: int, since: datetime
+) -> bool:
+    """Whether telemetry received after ``since`` created or changed a segment in [start, end)."""
+    return bool(
+        session.scalar(
+            text("""
+            SELECT EXISTS (SELECT 1 FROM gpu_state_segments
+                WHERE gpu_uuid = ANY(CAST(:u AS text[])) AND start < :end AND "end" > :start
+                  AND received_at > :since)
+            """),
+            {"u": list(gpu_uuids), "start": start, "end": end, "since": since},
+        )
+    )
+
+
+def events_between(session: Session, gpu_uuid: str, start: int, end: int) -> list[dict[str, Any]]:
+    rows = session.execute(
+        text("""
+        SELECT event_id, at, kind, code, state, rule, detail FROM health_events
+        WHERE gpu_uuid = :u AND at >= :start AND at < :end ORDER BY at, event_id
+        """),
+        {"u": gpu_uuid, "start": start, "end": end},
+    )
+    return [dict(row._mapping) for row in rows]
+
+
+def gpu_counts(session: Session) -> list[tuple[str | None, str, int]]:
+    """(last state, pool, GPUs) for the whole fleet."""
+    rows = session.execute(
+        text("SELECT last_state, pool::text, count(*) FROM gpus GROUP BY 1, 2 ORDER BY 1, 2")
+    )
+    return [(state, pool, n) for state, pool, n in rows]
+
+
+def failed_since(session: Session, since: int) -> list[dict[str, Any]]:
+    """Failed segments that began at or after ``since``, newest first, with their GPU's node."""
+    rows = session.execute(
+        text("""
+        SELECT s.gpu_uuid, g.node_id, g.model, s.start, s."end", s.evidence
+        FROM gpu_state_segments s JOIN gpus g ON g.uuid = s.gpu_uuid
+        WHERE s.state = 'failed' AND s.start >= :since
+        ORDER BY s.start DESC, s.gpu_uuid LIMIT 1000
+        """),
+        {"since": since},
+    )
+    return [dict(row._mapping) for row in rows]

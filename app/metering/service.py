@@ -1,0 +1,165 @@
+"""Ingest: validate a node's batch, then store it whole, in the request's one transaction.
+
+Per batch: checks (types by the schema, then semantics, then ownership) -> node lock ->
+register new GPUs -> judge records against stored segments (``segments``: duplicate / new /
+conflict) -> write segments, minute metrics, health events, and the GPUs' last state.
+Any error raises before anything is committed, so a batch is stored whole or not at all.
+
+Late data: segments carry ``received_at``, set to the transaction time whenever telemetry
+creates or changes the row (insert, extension, merge). A record that lands in a period whose
+invoice is already finalized therefore leaves a segment overlapping that period with
+``received_at`` after the finalization; the billing engine looks for exactly that
+(``repository.late_segments_since``), re-rates the period and bills the difference as an
+adjustment on the next invoice. Any age within ``ingest_retention_days`` is accepted.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+
+from sqlalchemy.orm import Session
+
+from app.core.errors import Conflict, Forbidden, PayloadTooLarge, Unprocessable
+from app.metering import packing, repository
+from app.metering.segments import Judgement, Span, changes, judge, merge
+from app.metering.validation import batch_errors
+from app.settings import Settings
+from metering_agent.protocol import FieldError, IngestBatch, IngestResult, UsageRecord
+
+UNKNOWN_MODEL = "unknown"  # a GPU first seen in an event; its first record names the model
+
+
+def ingest(
+    session: Session, node_id: uuid.UUID, batch: IngestBatch, settings: Settings
+) -> IngestResult:
+    check_batch(batch, settings, int(time.time()))
+    repository.lock_node(session, node_id)
+    _check_owners(session, node_id, batch)
+    judgement, created = _store_segments(session, batch.records)
+    if judgement.conflicts:
+        raise Conflict.many(
+            [
+                {"loc": ["body", "records", i], "msg": msg, "gpu_uuid": batch.records[i].gpu_uuid}
+                for i, msg in judgement.conflicts
+            ]
+        )
+    accepted = [batch.records[i] for i in judgement.accepted]
+    if accepted:
+        _store_metrics(session, accepted)
+    events_new = repository.insert_events(session, batch.events) if batch.events else 0
+    _attach_evidence(session, batch, created)
+    if batch.records:
+        repository.touch_gpus(session, _latest(batch.records))
+    return IngestResult(
+        batch_id=batch.batch_id,
+        accepted=len(accepted),
+        duplicates=len(judgement.duplicates),
+        events_accepted=events_new,
+        events_duplicate=len(batch.events) - events_new,
+    )
+
+
+def check_batch(batch: IngestBatch, settings: Settings, now: int) -> None:
+    """Raise listing every bad item (index and field) of a batch whose types already parsed."""
+    size = len(batch.records) + len(batch.events)
+    if size > settings.ingest_max_items:
+        raise PayloadTooLarge(
+            f"a batch may carry at most {settings.ingest_max_items} records plus events; "
+            f"this one has {size}; split it",
+            ["body"],
+        )
+    errors = batch_errors(batch, settings, now)
+    if errors:
+        raise Unprocessable.many(_items(errors))
+
+
+def _items(errors: Iterable[FieldError]) -> list[dict[str, object]]:
+    return [{"loc": ["body", *e.loc], "msg": e.msg} for e in errors]
+
+
+def _check_owners(session: Session, node_id: uuid.UUID, batch: IngestBatch) -> None:
+    """Register GPUs new to the service to this node; refuse GPUs of other nodes (403)."""
+    models = {r.gpu_uuid: r.model for r in batch.records}
+    models.update({e.gpu_uuid: UNKNOWN_MODEL for e in batch.events if e.gpu_uuid not in models})
+    owners = repository.gpu_owners(session, models)
+    new = {gpu: model for gpu, model in models.items() if gpu not in owners}
+    if new:
+        repository.register_gpus(session, node_id, new)
+        owners.update(repository.gpu_owners(session, new))  # another node may have won a race
+    foreign = {gpu for gpu, owner in owners.items() if owner != node_id}
+    if foreign:
+        raise Forbidden.many(_items(_foreign_items(batch, foreign)))
+
+
+def _foreign_items(batch: IngestBatch, foreign: set[str]) -> list[FieldError]:
+    items = [("records", i, r.gpu_uuid) for i, r in enumerate(batch.records)]
+    items += [("events", i, e.gpu_uuid) for i, e in enumerate(batch.events)]
+    return [
+        FieldError((kind, i, "gpu_uuid"), f"GPU {gpu} is registered to another node")
+        for kind, i, gpu in items
+        if gpu in foreign
+    ]
+
+
+def _store_segments(
+    session: Session, records: list[UsageRecord]
+) -> tuple[Judgement, list[tuple[str, int]]]:
+    """Judge the records; unless any conflicts, write the segments. Returns the new starts."""
+    by_gpu: dict[str, list[tuple[int, Span]]] = defaultdict(list)
+    for i, r in enumerate(records):
+        by_gpu[r.gpu_uuid].append((i, Span(r.start, r.end, str(r.state))))
+    for spans in by_gpu.values():
+        spans.sort(key=lambda item: item[1].start)
+    windows = {
+        gpu: (spans[0][1].start, max(s.end for _, s in spans)) for gpu, spans in by_gpu.items()
+    }
+    created: list[tuple[str, int]] = []
+    stored = repository.segments_near(session, windows) if windows else {}
+    judgement = Judgement()
+    upserts: list[tuple[str, Span]] = []
+    deletes: list[tuple[str, int]] = []
+    for gpu, spans in by_gpu.items():
+        before = stored.get(gpu, [])
+        delta = changes(before, merge(judge(before, spans, judgement)))
+        upserts += [(gpu, s) for s in delta.upserts]
+        deletes += [(gpu, start) for start in delta.deletes]
+        created += [(gpu, start) for start in delta.created]
+    if not judgement.conflicts:
+        repository.write_segments(session, upserts, deletes)
+    return judgement, created
+
+
+def _store_metrics(session: Session, records: list[UsageRecord]) -> None:
+    """Read-modify-write each touched GPU-hour row (safe: the node lock is held)."""
+    by_row: dict[tuple[str, int], list[UsageRecord]] = defaultdict(list)
+    for r in records:
+        by_row[(r.gpu_uuid, packing.hour_of(r.start))].append(r)
+    current = repository.metric_rows(session, list(by_row))
+    repository.write_metric_rows(
+        session,
+        {
+            key: (
+                packing.add_records(current.get(key, packing.EMPTY_ROW), rs),
+                next((r.mem_total_mib for r in rs if r.mem_total_mib is not None), None),
+            )
+            for key, rs in by_row.items()
+        },
+    )
+
+
+def _attach_evidence(session: Session, batch: IngestBatch, created: list[tuple[str, int]]) -> None:
+    """Link state-change events to the segments they began, whichever arrived first."""
+    keys = {(e.gpu_uuid, e.at) for e in batch.events if e.state is not None} | set(created)
+    if keys:
+        repository.attach_evidence(session, sorted(keys))
+
+
+def _latest(records: list[UsageRecord]) -> dict[str, tuple[str, str, int]]:
+    latest: dict[str, UsageRecord] = {}
+    for r in records:
+        if r.gpu_uuid not in latest or r.end > latest[r.gpu_uuid].end:
+            latest[r.gpu_uuid] = r
+    return {gpu: (r.model, str(r.state), r.end) for gpu, r in latest.items()}

@@ -1,0 +1,99 @@
+"""Semantic checks of an ingest batch, beyond the wire types: the protocol's own checks plus
+what the database needs (retention, lengths, ranges, no NUL characters)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+from app.settings import Settings
+from metering_agent.protocol import (
+    PROTOCOL_VERSION,
+    FieldError,
+    IngestBatch,
+    event_errors,
+    record_errors,
+)
+
+DAY = 86_400
+INT32_MAX = 2**31 - 1
+# Column widths (see models): longer strings are refused here, not by the database.
+MAX_LENGTHS = {"gpu_uuid": 96, "model": 100, "event_id": 200, "rule": 100}
+INT32_FIELDS = ("gpu_util_max", "mem_used_max_mib", "mem_total_mib", "temp_max_c", "code")
+FLOAT_FIELDS = ("gpu_util_mean", "mem_util_mean", "energy_j", "power_max_w")
+
+
+def batch_errors(batch: IngestBatch, settings: Settings, now: int) -> list[FieldError]:
+    oldest = now - settings.ingest_retention_days * DAY
+    skew = settings.max_clock_skew_s
+    errors: list[FieldError] = []
+    if batch.protocol_version != PROTOCOL_VERSION:
+        errors.append(
+            FieldError(
+                ("protocol_version",), f"unsupported; this service speaks {PROTOCOL_VERSION}"
+            )
+        )
+    errors += _field_errors(("batch_id",), batch.batch_id, 200)
+    for i, r in enumerate(batch.records):
+        errors += record_errors(r, i, now=now, max_skew_s=skew)
+        if r.start < oldest:
+            errors.append(
+                FieldError(
+                    ("records", i, "start"),
+                    f"start {r.start} is older than the retention of "
+                    f"{settings.ingest_retention_days} days",
+                )
+            )
+        errors += _item_errors(("records", i), r)
+    for i, e in enumerate(batch.events):
+        errors += event_errors(e, i, now=now, max_skew_s=skew)
+        if e.at < oldest:
+            errors.append(FieldError(("events", i, "at"), "older than the retention period"))
+        errors += _item_errors(("events", i), e)
+        if not _storable_json(e.detail):
+            errors.append(
+                FieldError(("events", i, "detail"), "must be plain JSON without NUL characters")
+            )
+    return errors
+
+
+def _item_errors(loc: tuple[str | int, ...], item: Any) -> Iterator[FieldError]:
+    for name, limit in MAX_LENGTHS.items():
+        value = getattr(item, name, None)
+        if value is not None:
+            yield from _field_errors((*loc, name), value, limit)
+    for name in INT32_FIELDS:
+        value = getattr(item, name, None)
+        if value is not None and not 0 <= value <= INT32_MAX:
+            yield FieldError((*loc, name), f"{value} is out of range 0..{INT32_MAX}")
+    for name in FLOAT_FIELDS:
+        value = getattr(item, name, None)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            yield FieldError((*loc, name), f"{value} must be a finite number >= 0")
+
+
+def _field_errors(loc: tuple[str | int, ...], value: str, limit: int) -> Iterator[FieldError]:
+    if not 1 <= len(value) <= limit:
+        yield FieldError(loc, f"length must be 1..{limit}, not {len(value)}")
+    if not _storable_text(value):
+        yield FieldError(loc, "must be valid UTF-8 text without NUL characters")
+
+
+def _storable_text(value: str) -> bool:
+    """Postgres text holds no NUL and only encodable characters (no lone surrogates)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in value
+
+
+def _storable_json(value: Any) -> bool:
+    """JSONB takes no NaN/Infinity and, like text, no NUL or lone surrogate."""
+    try:
+        dumped = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except ValueError:
+        return False
+    return "\\u0000" not in dumped and _storable_text(dumped)

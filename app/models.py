@@ -1,6 +1,7 @@
 """Every table's model, imported in one place for Alembic and the model/migration check."""
 
 from app.auth.models import ApiKey, KeyKind
+from app.billing.models import Invoice, InvoiceLineRow, InvoiceNumberCounter, VoucherEntryRow
 from app.core.base import Base
 from app.customers.models import Customer
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
@@ -15,14 +16,18 @@ __all__ = [
     "Gpu",
     "GpuAssignment",
     "HealthEventRow",
+    "Invoice",
+    "InvoiceLineRow",
+    "InvoiceNumberCounter",
     "KeyKind",
     "MaintenanceWindow",
-    "MinuteMetrics",
     "Migration",
+    "MinuteMetrics",
     "Node",
     "PlanPrice",
     "Pool",
     "PricePlan",
     "Rental",
     "StateSegment",
+    "VoucherEntryRow",
 ]

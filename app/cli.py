@@ -70,6 +70,7 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_create_key(args: argparse.Namespace) -> int:
+    import app.models  # noqa: F401 - registers every table, so foreign keys resolve
     from app.auth.models import KeyKind
     from app.auth.service import issue_key
     from app.core.db import get_engine, transaction

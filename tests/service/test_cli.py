@@ -1,0 +1,133 @@
+"""The `gpumeter` command as a user runs it: real processes, real Postgres."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine
+
+from app.main import create_app
+from app.settings import sqlalchemy_url
+
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            output = process.stderr.read().decode()[-3000:] if process.stderr else ""
+            raise AssertionError(f"the service exited before it was ready:\n{output}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"{url} was not ready within {timeout} s")
+
+
+def env_without_database() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "GPUMETER_DATABASE_URL"}
+
+
+def test_help_is_available_for_every_command() -> None:
+    for args in (["--help"], ["serve", "--help"], ["db", "upgrade", "--help"],
+                 ["admin", "create-key", "--help"]):
+        result = subprocess.run([BIN / "gpumeter", *args], capture_output=True, text=True, check=True)
+        assert "usage: gpumeter" in result.stdout
+
+
+def test_db_upgrade_and_create_key_on_a_configured_database(database_url: str, db: object) -> None:
+    env = {**os.environ, "GPUMETER_DATABASE_URL": database_url}
+    upgraded = subprocess.run([BIN / "gpumeter", "db", "upgrade"], env=env, capture_output=True, text=True)
+    assert upgraded.returncode == 0, upgraded.stderr
+    assert upgraded.stdout.strip() == "database migrated to head"
+    created = subprocess.run(
+        [BIN / "gpumeter", "admin", "create-key", "--kind", "admin", "--name", "ops"],
+        env=env, capture_output=True, text=True, check=True,
+    )
+    key = created.stdout.strip()
+    assert key.startswith("gm_admin_")
+    app = create_app(create_engine(sqlalchemy_url(database_url)))
+    with TestClient(app) as client:
+        response = client.get("/v1/keys", headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 200
+    assert [k["name"] for k in response.json()["items"]] == ["ops"]
+
+
+def test_readyz_is_503_on_an_unmigrated_database(pg_server_url: str) -> None:
+    from sqlalchemy.engine import make_url
+
+    admin = make_url(sqlalchemy_url(pg_server_url)).set(drivername="postgresql", database="postgres")
+    name = f"gpumeter_unmigrated_{os.getpid()}"
+    with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    engine = create_engine(sqlalchemy_url(pg_server_url), pool_pre_ping=True)
+    engine = create_engine(make_url(sqlalchemy_url(pg_server_url)).set(database=name))
+    try:
+        with TestClient(create_app(engine)) as client:
+            response = client.get("/readyz")
+        assert response.status_code == 503
+        assert "gpumeter db upgrade" in response.json()["reason"]
+    finally:
+        engine.dispose()
+        with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def test_readyz_is_503_when_the_database_is_unreachable() -> None:
+    engine = create_engine(
+        f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x", connect_args={"connect_timeout": 2}
+    )
+    with TestClient(create_app(engine)) as client:
+        response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["reason"].startswith("database unreachable")
+
+
+@pytest.mark.e2e
+def test_serve_without_a_url_runs_on_embedded_postgres_and_stops_it(tmp_path: Path) -> None:
+    port = free_port()
+    data_dir = tmp_path / "data"
+    env = env_without_database()
+    serve = subprocess.Popen(
+        [BIN / "gpumeter", "serve", "--port", str(port), "--workers", "2", "--data-dir", str(data_dir)],
+        env=env, stderr=subprocess.PIPE,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url, serve)
+        # A second command on the same data dir reuses the running server (the bootstrap path).
+        key = subprocess.run(
+            [BIN / "gpumeter", "admin", "create-key", "--name", "boot", "--data-dir", str(data_dir)],
+            env=env, capture_output=True, text=True, check=True,
+        ).stdout.strip()
+        response = httpx.get(f"{url}/v1/customers", headers={"Authorization": f"Bearer {key}"})
+        assert response.status_code == 200
+        pid_file = data_dir / "pgdata" / "postmaster.pid"
+        postgres_pid = int(pid_file.read_text().splitlines()[0])
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        _, stderr = serve.communicate(timeout=60)
+    assert serve.returncode == 0, stderr.decode()[-2000:]
+    assert not pid_file.exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(postgres_pid, 0)

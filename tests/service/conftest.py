@@ -62,9 +62,13 @@ class Console:
         return self.post("/v1/nodes", {"hostname": hostname, "datacenter": "fra1"})
 
     def gpu(self, node_id: str, uuid: str, pool: str = "rentable") -> dict[str, Any]:
-        return self.post("/v1/gpus", {"uuid": uuid, "node_id": node_id, "model": "H100", "pool": pool})
+        return self.post(
+            "/v1/gpus", {"uuid": uuid, "node_id": node_id, "model": "H100", "pool": pool}
+        )
 
-    def rental(self, customer_id: str, plan_id: str, gpu_count: int = 1, **fields: Any) -> dict[str, Any]:
+    def rental(
+        self, customer_id: str, plan_id: str, gpu_count: int = 1, **fields: Any
+    ) -> dict[str, Any]:
         body = {
             "customer_id": customer_id,
             "plan_id": plan_id,
@@ -75,7 +79,9 @@ class Console:
         }
         return self.post("/v1/rentals", body)
 
-    def assign(self, rental_id: str, gpu_uuid: str, start: str, status: int = 201, **fields: Any) -> dict[str, Any]:
+    def assign(
+        self, rental_id: str, gpu_uuid: str, start: str, status: int = 201, **fields: Any
+    ) -> dict[str, Any]:
         body = {"gpu_uuid": gpu_uuid, "start_at": start, **fields}
         return self.post(f"/v1/rentals/{rental_id}/assignments", body, status)
 

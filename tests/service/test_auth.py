@@ -46,7 +46,9 @@ def test_revoked_key_stops_working(console: Console) -> None:
 def test_customer_key_cannot_use_admin_routes(console: Console) -> None:
     customer = console.customer()
     issued = console.post(f"/v1/customers/{customer['id']}/keys", {"name": "ci"})
-    response = console.client.post("/v1/customers", json={"name": "x"}, headers=bearer(issued["key"]))
+    response = console.client.post(
+        "/v1/customers", json={"name": "x"}, headers=bearer(issued["key"])
+    )
     assert response.status_code == 403
     assert response.json()["detail"][0]["msg"] == "this endpoint needs a admin key"
 

@@ -48,20 +48,31 @@ def env_without_database() -> dict[str, str]:
 
 
 def test_help_is_available_for_every_command() -> None:
-    for args in (["--help"], ["serve", "--help"], ["db", "upgrade", "--help"],
-                 ["admin", "create-key", "--help"]):
-        result = subprocess.run([BIN / "gpumeter", *args], capture_output=True, text=True, check=True)
+    for args in (
+        ["--help"],
+        ["serve", "--help"],
+        ["db", "upgrade", "--help"],
+        ["admin", "create-key", "--help"],
+    ):
+        result = subprocess.run(
+            [BIN / "gpumeter", *args], capture_output=True, text=True, check=True
+        )
         assert "usage: gpumeter" in result.stdout
 
 
 def test_db_upgrade_and_create_key_on_a_configured_database(database_url: str, db: object) -> None:
     env = {**os.environ, "GPUMETER_DATABASE_URL": database_url}
-    upgraded = subprocess.run([BIN / "gpumeter", "db", "upgrade"], env=env, capture_output=True, text=True)
+    upgraded = subprocess.run(
+        [BIN / "gpumeter", "db", "upgrade"], env=env, capture_output=True, text=True
+    )
     assert upgraded.returncode == 0, upgraded.stderr
     assert upgraded.stdout.strip() == "database migrated to head"
     created = subprocess.run(
         [BIN / "gpumeter", "admin", "create-key", "--kind", "admin", "--name", "ops"],
-        env=env, capture_output=True, text=True, check=True,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     key = created.stdout.strip()
     assert key.startswith("gm_admin_")
@@ -75,7 +86,9 @@ def test_db_upgrade_and_create_key_on_a_configured_database(database_url: str, d
 def test_readyz_is_503_on_an_unmigrated_database(pg_server_url: str) -> None:
     from sqlalchemy.engine import make_url
 
-    admin = make_url(sqlalchemy_url(pg_server_url)).set(drivername="postgresql", database="postgres")
+    admin = make_url(sqlalchemy_url(pg_server_url)).set(
+        drivername="postgresql", database="postgres"
+    )
     name = f"gpumeter_unmigrated_{os.getpid()}"
     with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
@@ -95,7 +108,8 @@ def test_readyz_is_503_on_an_unmigrated_database(pg_server_url: str) -> None:
 
 def test_readyz_is_503_when_the_database_is_unreachable() -> None:
     engine = create_engine(
-        f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x", connect_args={"connect_timeout": 2}
+        f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x",
+        connect_args={"connect_timeout": 2},
     )
     with TestClient(create_app(engine)) as client:
         response = client.get("/readyz")
@@ -109,16 +123,37 @@ def test_serve_without_a_url_runs_on_embedded_postgres_and_stops_it(tmp_path: Pa
     data_dir = tmp_path / "data"
     env = env_without_database()
     serve = subprocess.Popen(
-        [BIN / "gpumeter", "serve", "--port", str(port), "--workers", "2", "--data-dir", str(data_dir)],
-        env=env, stderr=subprocess.PIPE,
+        [
+            BIN / "gpumeter",
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--data-dir",
+            str(data_dir),
+        ],
+        env=env,
+        stderr=subprocess.PIPE,
     )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, serve)
         # A second command on the same data dir reuses the running server (the bootstrap path).
         key = subprocess.run(
-            [BIN / "gpumeter", "admin", "create-key", "--name", "boot", "--data-dir", str(data_dir)],
-            env=env, capture_output=True, text=True, check=True,
+            [
+                BIN / "gpumeter",
+                "admin",
+                "create-key",
+                "--name",
+                "boot",
+                "--data-dir",
+                str(data_dir),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         response = httpx.get(f"{url}/v1/customers", headers={"Authorization": f"Bearer {key}"})
         assert response.status_code == 200

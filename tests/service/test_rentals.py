@@ -70,13 +70,17 @@ def test_migration_resuming_before_failing_is_422(console: Console, rental: dict
     assert "must not be before failed_at" in response.json()["detail"][0]["msg"]
 
 
-def test_ending_a_rental_closes_its_open_assignments(console: Console, rental: dict[str, Any]) -> None:
+def test_ending_a_rental_closes_its_open_assignments(
+    console: Console, rental: dict[str, Any]
+) -> None:
     console.assign(rental["id"], "GPU-A", "2026-11-01T00:00:00Z")
     ended = console.post(f"/v1/rentals/{rental['id']}/end", {"end_at": "2026-11-20T00:00:00Z"}, 200)
     assert ended["end_at"] == "2026-11-20T00:00:00Z"
     assert ended["assignments"][0]["end_at"] == "2026-11-20T00:00:00Z"
     again = console.client.post(
-        f"/v1/rentals/{rental['id']}/end", json={"end_at": "2026-11-21T00:00:00Z"}, headers=console.headers
+        f"/v1/rentals/{rental['id']}/end",
+        json={"end_at": "2026-11-21T00:00:00Z"},
+        headers=console.headers,
     )
     assert again.status_code == 409
 
@@ -94,9 +98,11 @@ def test_unassign_then_reassign_elsewhere(console: Console, rental: dict[str, An
 
 def test_rentals_filter_by_activity_window(console: Console, rental: dict[str, Any]) -> None:
     console.post(f"/v1/rentals/{rental['id']}/end", {"end_at": "2026-11-05T00:00:00Z"}, 200)
+
     def listed(query: str) -> list[str]:
         response = console.client.get(f"/v1/rentals?{query}", headers=console.headers)
         return [r["id"] for r in response.json()["items"]]
+
     assert listed("active_from=2026-11-04T00:00:00Z") == [rental["id"]]
     assert listed("active_from=2026-11-05T00:00:00Z") == []
     assert listed("active_to=2026-11-01T00:00:00Z") == []
@@ -107,7 +113,9 @@ def test_pagination_walks_every_item_once(console: Console) -> None:
     seen: list[str] = []
     offset: int | None = 0
     while offset is not None:
-        page = console.client.get(f"/v1/customers?limit=2&offset={offset}", headers=console.headers).json()
+        page = console.client.get(
+            f"/v1/customers?limit=2&offset={offset}", headers=console.headers
+        ).json()
         seen += [c["id"] for c in page["items"]]
         offset = page["next_offset"]
     assert sorted(seen) == sorted(ids)
@@ -122,7 +130,9 @@ def test_gpu_pool_changes_open_and_close_maintenance_windows(console: Console, d
     node = console.node()["node"]
     console.gpu(node["id"], "GPU-M")
     for pool in ("maintenance", "spare"):
-        response = console.client.patch("/v1/gpus/GPU-M", json={"pool": pool}, headers=console.headers)
+        response = console.client.patch(
+            "/v1/gpus/GPU-M", json={"pool": pool}, headers=console.headers
+        )
         assert response.json()["pool"] == pool
     with transaction(db) as session:
         [window] = session.scalars(select(MaintenanceWindow)).all()
@@ -142,8 +152,12 @@ def test_customer_contract_price_overrides_base_from_its_effective_time(
     plan = console.plan(price="2.49")
     console.post(
         f"/v1/plans/{plan['id']}/prices",
-        {"gpu_model": "H100", "price_per_hour": "1.99", "effective_from": "2026-06-01T00:00:00Z",
-         "customer_id": customer["id"]},
+        {
+            "gpu_model": "H100",
+            "price_per_hour": "1.99",
+            "effective_from": "2026-06-01T00:00:00Z",
+            "customer_id": customer["id"],
+        },
     )
     console.post(
         f"/v1/plans/{plan['id']}/prices",

@@ -104,8 +104,12 @@ def build_world(console: Console) -> World:
     shared_plan = console.plan("shared")
     console.post(
         f"/v1/plans/{shared_plan['id']}/prices",
-        {"gpu_model": "H100", "price_per_hour": A_CONTRACT_PRICE,
-         "effective_from": "2026-10-01T00:00:00Z", "customer_id": a["id"]},
+        {
+            "gpu_model": "H100",
+            "price_per_hour": A_CONTRACT_PRICE,
+            "effective_from": "2026-10-01T00:00:00Z",
+            "customer_id": a["id"],
+        },
     )
     node = console.node()["node"]
     console.gpu(node["id"], "GPU-A-1")
@@ -117,8 +121,12 @@ def build_world(console: Console) -> World:
     console.assign(b_rental["id"], "GPU-B-1", "2026-11-01T00:00:00Z")
     console.post(
         f"/v1/rentals/{a_rental['id']}/migrations",
-        {"from_gpu_uuid": "GPU-A-1", "to_gpu_uuid": "GPU-A-2",
-         "failed_at": "2026-11-02T00:00:00Z", "resumed_at": "2026-11-02T00:00:30Z"},
+        {
+            "from_gpu_uuid": "GPU-A-1",
+            "to_gpu_uuid": "GPU-A-2",
+            "failed_at": "2026-11-02T00:00:00Z",
+            "resumed_at": "2026-11-02T00:00:30Z",
+        },
     )
     a_key = console.post(f"/v1/customers/{a['id']}/keys", {"name": "a"})
     b_key = console.post(f"/v1/customers/{b['id']}/keys", {"name": "b"})
@@ -131,7 +139,14 @@ def build_world(console: Console) -> World:
         "assignment_id": str(assignment["id"]),
         "key_id": a_key["id"],
     }
-    markers = [a["id"], a_rental["id"], "GPU-A-1", a_key["prefix"], A_CONTRACT_PRICE, "a@example.com"]
+    markers = [
+        a["id"],
+        a_rental["id"],
+        "GPU-A-1",
+        a_key["prefix"],
+        A_CONTRACT_PRICE,
+        "a@example.com",
+    ]
     return World(ids=ids, a_key=a_key["key"], b_key=b_key["key"], a_markers=markers)
 
 
@@ -154,13 +169,18 @@ def world(console: Console) -> World:
 
 def call(client: TestClient, method: str, path: str, case: Case, key: str | None) -> Any:
     headers = bearer(key) if key else {}
-    return client.request(method, path, headers=headers, json=case.body if method != "GET" else None)
+    return client.request(
+        method, path, headers=headers, json=case.body if method != "GET" else None
+    )
 
 
 def ghost_ids(ids: dict[str, str]) -> dict[str, str]:
     """Ids of the same shapes that name nothing at all."""
     return {
-        name: "GPU-GHOST" if name == "gpu_uuid" else "987654321" if value.isdigit()
+        name: "GPU-GHOST"
+        if name == "gpu_uuid"
+        else "987654321"
+        if value.isdigit()
         else str(uuid.uuid4())
         for name, value in ids.items()
     }

@@ -34,7 +34,9 @@ def test_rental_ending_before_it_starts_is_422(console: Console, setup: dict[str
     }
     error = only_error(console.client.post("/v1/rentals", json=body, headers=console.headers), 422)
     assert error["loc"] == ["body"]
-    assert "end_at 2026-11-01T00:00:00+00:00 must be after 2026-11-02T00:00:00+00:00" in error["msg"]
+    assert (
+        "end_at 2026-11-01T00:00:00+00:00 must be after 2026-11-02T00:00:00+00:00" in error["msg"]
+    )
 
 
 def test_assignment_ending_before_it_starts_is_422(console: Console, setup: dict[str, Any]) -> None:
@@ -42,7 +44,11 @@ def test_assignment_ending_before_it_starts_is_422(console: Console, setup: dict
     error = only_error(
         console.client.post(
             f"/v1/rentals/{rental['id']}/assignments",
-            json={"gpu_uuid": "GPU-0", "start_at": "2026-11-03T00:00:00Z", "end_at": "2026-11-02T00:00:00Z"},
+            json={
+                "gpu_uuid": "GPU-0",
+                "start_at": "2026-11-03T00:00:00Z",
+                "end_at": "2026-11-02T00:00:00Z",
+            },
             headers=console.headers,
         ),
         422,
@@ -90,9 +96,9 @@ def test_database_trigger_refuses_overlap_even_past_the_service(
 
 def test_unknown_ids_are_404(console: Console, setup: dict[str, Any]) -> None:
     missing = "00000000-0000-4000-8000-000000000000"
-    assert only_error(console.client.get(f"/v1/customers/{missing}", headers=console.headers), 404)["msg"] == (
-        f"customer {missing} not found"
-    )
+    assert only_error(console.client.get(f"/v1/customers/{missing}", headers=console.headers), 404)[
+        "msg"
+    ] == (f"customer {missing} not found")
     assert console.client.get(f"/v1/rentals/{missing}", headers=console.headers).status_code == 404
     assert console.client.get("/v1/gpus/GPU-nope", headers=console.headers).status_code == 404
     body = {
@@ -120,10 +126,14 @@ def test_unknown_ids_are_404(console: Console, setup: dict[str, Any]) -> None:
     ("price", "fragment"),
     [("-0.01", "greater than or equal to 0"), ("1.12345678901", "no more than 10 decimal places")],
 )
-def test_negative_or_over_precise_prices_are_422(console: Console, price: str, fragment: str) -> None:
+def test_negative_or_over_precise_prices_are_422(
+    console: Console, price: str, fragment: str
+) -> None:
     body = {
         "name": "bad",
-        "prices": [{"gpu_model": "H100", "price_per_hour": price, "effective_from": "2026-01-01T00:00:00Z"}],
+        "prices": [
+            {"gpu_model": "H100", "price_per_hour": price, "effective_from": "2026-01-01T00:00:00Z"}
+        ],
     }
     error = only_error(console.client.post("/v1/plans", json=body, headers=console.headers), 422)
     assert error["loc"] == ["body", "prices", 0, "price_per_hour"]
@@ -152,7 +162,9 @@ def test_assigning_a_gpu_in_maintenance_is_409(console: Console, setup: dict[str
 
 def test_unknown_fields_and_bad_types_name_the_field(console: Console) -> None:
     response = console.client.post(
-        "/v1/customers", json={"name": "x", "currency": "XYZ", "colour": "red"}, headers=console.headers
+        "/v1/customers",
+        json={"name": "x", "currency": "XYZ", "colour": "red"},
+        headers=console.headers,
     )
     assert response.status_code == 422
     locs = {tuple(e["loc"]) for e in response.json()["detail"]}
@@ -161,12 +173,16 @@ def test_unknown_fields_and_bad_types_name_the_field(console: Console) -> None:
 
 def test_unknown_timezone_is_422(console: Console) -> None:
     response = console.client.post(
-        "/v1/customers", json={"name": "x", "billing_timezone": "Mars/Olympus"}, headers=console.headers
+        "/v1/customers",
+        json={"name": "x", "billing_timezone": "Mars/Olympus"},
+        headers=console.headers,
     )
     assert "unknown IANA time zone 'Mars/Olympus'" in only_error(response, 422)["msg"]
 
 
-def test_a_rental_cannot_hold_more_gpus_than_it_rents(console: Console, setup: dict[str, Any]) -> None:
+def test_a_rental_cannot_hold_more_gpus_than_it_rents(
+    console: Console, setup: dict[str, Any]
+) -> None:
     rental = console.rental(setup["customer"]["id"], setup["plan"]["id"], gpu_count=1)
     console.assign(rental["id"], "GPU-0", "2026-11-01T00:00:00Z")
     console.assign(rental["id"], "GPU-1", "2026-11-01T00:00:00Z", status=409)
@@ -184,7 +200,9 @@ def test_plan_without_a_price_for_the_model_is_422(console: Console, setup: dict
     assert error["loc"] == ["body", "gpu_model"]
 
 
-def test_naive_datetimes_are_refused(client: TestClient, console: Console, setup: dict[str, Any]) -> None:
+def test_naive_datetimes_are_refused(
+    client: TestClient, console: Console, setup: dict[str, Any]
+) -> None:
     body = {
         "customer_id": setup["customer"]["id"],
         "plan_id": setup["plan"]["id"],

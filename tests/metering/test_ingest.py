@@ -1,0 +1,247 @@
+"""POST /v1/ingest: validation, ownership, idempotency, conflicts, atomicity, aggregation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, select
+
+from app.core.db import transaction
+from app.fleet.models import Gpu
+from app.metering import endpoints
+from app.metering.models import StateSegment
+from app.settings import Settings
+from tests.metering.conftest import Agent, event, minute_ago, rec
+from tests.service.conftest import Console, bearer
+
+
+def segments(db: Engine, gpu: str) -> list[tuple[int, int, str]]:
+    with transaction(db) as session:
+        rows = session.scalars(
+            select(StateSegment).where(StateSegment.gpu_uuid == gpu).order_by(StateSegment.start)
+        )
+        return [(s.start, s.end, s.state) for s in rows]
+
+
+def locs(body: dict[str, Any]) -> list[list[Any]]:
+    return [item["loc"] for item in body["detail"]]
+
+
+def test_first_report_registers_the_gpu_to_the_node(agent: Agent, db: Engine) -> None:
+    t = minute_ago(3)
+    result = agent.post([rec("GPU-1", t, t + 60)])
+    assert result == {
+        "batch_id": "b-1",
+        "accepted": 1,
+        "duplicates": 0,
+        "events_accepted": 0,
+        "events_duplicate": 0,
+    }
+    with transaction(db) as session:
+        gpu = session.get(Gpu, "GPU-1")
+        assert (str(gpu.node_id), gpu.model, gpu.pool.value) == (agent.node_id, "H100", "rentable")
+        assert gpu.last_state == "healthy"
+
+
+def test_resending_is_counted_as_duplicates_and_changes_nothing(agent: Agent, db: Engine) -> None:
+    t = minute_ago(3)
+    batch = [rec("GPU-1", t, t + 60), rec("GPU-1", t + 60, t + 90)]
+    events = [event("GPU-1", t + 5, code=13)]
+    assert agent.post(batch, events)["accepted"] == 2
+    again = agent.post(batch, events)
+    assert (again["accepted"], again["duplicates"]) == (0, 2)
+    assert (again["events_accepted"], again["events_duplicate"]) == (0, 1)
+    assert segments(db, "GPU-1") == [(t, t + 90, "healthy")]
+
+
+def test_gpu_of_another_node_is_forbidden(agent: Agent, other_agent: Agent) -> None:
+    t = minute_ago(3)
+    agent.post([rec("GPU-1", t, t + 60)])
+    body = other_agent.post(
+        [rec("GPU-2", t, t + 60), rec("GPU-1", t + 60, t + 120)],
+        [event("GPU-1", t, code=13)],
+        status=403,
+    )
+    assert locs(body) == [["body", "records", 1, "gpu_uuid"], ["body", "events", 0, "gpu_uuid"]]
+
+
+def test_semantic_errors_list_every_bad_item(agent: Agent) -> None:
+    t = minute_ago(3)
+    future = minute_ago(-2)
+    body = agent.post(
+        [
+            rec("GPU-1", t, t + 60),
+            rec("GPU-1", t + 70, t + 70),  # start >= end
+            rec("GPU-1", t + 50, t + 70),  # crosses a minute boundary
+            rec("GPU-1", future, future + 10),  # in the future beyond the allowed skew
+            rec("GPU-1", 1_000, 1_010),  # older than the retention
+        ],
+        [event("GPU-1", t, code=None)],  # an xid event without its code
+        status=422,
+    )
+    assert locs(body) == [
+        ["body", "records", 1, "end"],
+        ["body", "records", 2, "end"],
+        ["body", "records", 3, "end"],
+        ["body", "records", 4, "start"],
+        ["body", "events", 0, "code"],
+    ]
+
+
+def test_type_errors_list_every_bad_item(agent: Agent) -> None:
+    t = minute_ago(3)
+    body = agent.post(
+        [rec("GPU-1", t, t + 60, state="sleepy"), {**rec("GPU-1", t, t + 60), "start": "soon"}],
+        status=422,
+    )
+    assert ["body", "records", 0, "state"] in locs(body)
+    assert ["body", "records", 1, "start"] in locs(body)
+
+
+def test_malformed_json_is_rejected(client: TestClient, agent: Agent) -> None:
+    response = client.post(
+        "/v1/ingest",
+        content=b'{"batch_id": "x", "records": [',
+        headers={**bearer(agent.token), "Content-Type": "application/json"},
+    )
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["type"] == "json_invalid"
+
+
+def test_batch_over_the_size_limit_is_rejected(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(endpoints, "get_settings", lambda: Settings(ingest_max_items=2))
+    t = minute_ago(3)
+    body = agent.post([rec("GPU-1", t + i, t + i + 1) for i in range(3)], status=413)
+    assert locs(body) == [["body"]]
+
+
+def test_conflicting_records_are_listed_and_nothing_is_stored(agent: Agent, db: Engine) -> None:
+    t = minute_ago(3)
+    agent.post([rec("GPU-1", t, t + 30)])
+    body = agent.post(
+        [
+            rec("GPU-1", t + 60, t + 120),  # new: would be stored, but the batch is atomic
+            rec("GPU-2", t, t + 60),  # a new GPU: not registered either
+            rec("GPU-1", t + 10, t + 20, "failed"),  # stored as healthy
+            rec("GPU-1", t + 20, t + 40),  # only partly stored
+        ],
+        status=409,
+    )
+    assert locs(body) == [["body", "records", 2], ["body", "records", 3]]
+    assert "'healthy'" in body["detail"][0]["msg"]
+    assert segments(db, "GPU-1") == [(t, t + 30, "healthy")]
+    with transaction(db) as session:
+        assert session.get(Gpu, "GPU-2") is None
+
+
+def test_segments_extend_merge_and_accept_late_records(agent: Agent, db: Engine) -> None:
+    t = minute_ago(10)
+    agent.post([rec("GPU-1", t, t + 60)])
+    agent.post([rec("GPU-1", t + 60, t + 100)])  # extends in place
+    agent.post([rec("GPU-1", t + 120, t + 180)])  # after a gap
+    agent.post([rec("GPU-1", t + 180, t + 200, "failed"), rec("GPU-1", t + 200, t + 240)])
+    assert segments(db, "GPU-1") == [
+        (t, t + 100, "healthy"),
+        (t + 120, t + 180, "healthy"),
+        (t + 180, t + 200, "failed"),
+        (t + 200, t + 240, "healthy"),
+    ]
+    agent.post([rec("GPU-1", t + 100, t + 120)])  # late: fills the gap and merges
+    agent.post([rec("GPU-1", t - 60, t)])  # late: before everything
+    assert segments(db, "GPU-1") == [
+        (t - 60, t + 180, "healthy"),
+        (t + 180, t + 200, "failed"),
+        (t + 200, t + 240, "healthy"),
+    ]
+
+
+def test_state_change_event_is_the_failed_segments_evidence(
+    agent: Agent, client: TestClient, console: Console
+) -> None:
+    t = minute_ago(5)
+    change = event(
+        "GPU-1",
+        t + 30,
+        "state_change",
+        state="failed",
+        rule="xid_79_fallen_off_bus",
+        detail={"from": "healthy"},
+    )
+    agent.post([rec("GPU-1", t, t + 30)], [event("GPU-1", t + 30, code=79), change])
+    agent.post([rec("GPU-1", t + 30, t + 60, "failed")])  # the record after its event
+    timeline = client.get(
+        f"/v1/gpus/GPU-1/timeline?start={t - 60}&end={t + 120}", headers=console.headers
+    ).json()
+    states = [(s["start_s"], s["end_s"], s["state"]) for s in timeline["segments"]]
+    assert states == [(t, t + 30, "healthy"), (t + 30, t + 60, "failed")]
+    evidence = timeline["segments"][1]["evidence"]
+    assert (evidence["rule"], evidence["event_id"]) == ("xid_79_fallen_off_bus", change["event_id"])
+    gaps = [(g["start_s"], g["end_s"]) for g in timeline["unmetered"]]
+    assert gaps == [(t - 60, t), (t + 60, t + 120)]
+    assert sorted(e["kind"] for e in timeline["events"]) == ["state_change", "xid"]
+    health = client.get("/v1/fleet/health", headers=console.headers).json()
+    assert health["recently_failed"][0]["gpu_uuid"] == "GPU-1"
+    assert health["by_state_and_pool"] == [{"state": "failed", "pool": "rentable", "gpus": 1}]
+
+
+def test_metrics_are_aggregated_per_step(
+    agent: Agent, client: TestClient, console: Console
+) -> None:
+    t = minute_ago(5) - minute_ago(5) % 120
+    agent.post(
+        [
+            rec("GPU-1", t, t + 30, gpu_util_mean=20.0, gpu_util_max=40, energy_j=3000.0),
+            rec(
+                "GPU-1",
+                t + 30,
+                t + 60,
+                "degraded",
+                gpu_util_mean=40.0,
+                gpu_util_max=60,
+                energy_j=3000.0,
+                temp_max_c=71,
+            ),
+            rec("GPU-1", t + 60, t + 120, gpu_util_mean=60.0, gpu_util_max=80, energy_j=6000.0),
+        ]
+    )
+    url = f"/v1/gpus/GPU-1/metrics?start={t}&end={t + 120}"
+    minutes = client.get(url, headers=console.headers).json()["points"]
+    assert [
+        (p["t_s"], p["observed_s"], p["gpu_util_mean"], p["gpu_util_max"]) for p in minutes
+    ] == [(t, 60, 30.0, 60), (t + 60, 60, 60.0, 80)]
+    assert minutes[0]["power_mean_w"] == 100.0 and minutes[0]["temp_max_c"] == 71
+    two = client.get(url + "&step=120", headers=console.headers).json()["points"]
+    assert [(p["observed_s"], p["gpu_util_mean"], p["energy_j"]) for p in two] == [
+        (120, 45.0, 12000.0)
+    ]
+    too_fine = client.get(url + "&step=30", headers=console.headers)
+    assert too_fine.status_code == 422
+
+
+def test_customer_sees_only_the_rented_interval(
+    agent: Agent, client: TestClient, console: Console
+) -> None:
+    t = minute_ago(10)
+    agent.post([rec("GPU-1", t + 60 * i, t + 60 * (i + 1)) for i in range(4)])
+    customer = console.customer()
+    plan = console.plan()
+    rental = console.rental(customer["id"], plan["id"], start_at=_iso(t + 60))
+    console.assign(rental["id"], "GPU-1", _iso(t + 60), end_at=_iso(t + 150))
+    key = console.post(f"/v1/customers/{customer['id']}/keys", {"name": "c"})["key"]
+    timeline = client.get(
+        f"/v1/gpus/GPU-1/timeline?start={t - 600}&end={t + 600}", headers=bearer(key)
+    ).json()
+    assert [(s["start_s"], s["end_s"]) for s in timeline["segments"]] == [(t + 60, t + 150)]
+    assert timeline["unmetered"] == []
+    points = client.get(f"/v1/gpus/GPU-1/metrics?start={t}&end={t + 600}", headers=bearer(key))
+    assert [p["t_s"] for p in points.json()["points"]] == [t + 60, t + 120]
+
+
+def _iso(second: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(second, UTC).isoformat()

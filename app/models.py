@@ -5,7 +5,7 @@ from app.billing.models import Invoice, InvoiceLineRow, InvoiceNumberCounter, Vo
 from app.core.base import Base
 from app.customers.models import Customer
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
-from app.metering.models import HealthEventRow, MinuteMetrics, StateSegment
+from app.metering.models import HealthEventRow, MinuteMetrics, OpenMinuteMetrics, StateSegment
 from app.plans.models import PlanPrice, PricePlan
 from app.rentals.models import GpuAssignment, Migration, Rental
 
@@ -24,6 +24,7 @@ __all__ = [
     "Migration",
     "MinuteMetrics",
     "Node",
+    "OpenMinuteMetrics",
     "PlanPrice",
     "Pool",
     "PricePlan",

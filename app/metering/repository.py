@@ -182,29 +182,38 @@ def insert_events(session: Session, events: Sequence[HealthEvent]) -> int:
     return len(rows.all())
 
 
-def metric_rows(session: Session, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], bytes]:
+def metric_rows(
+    session: Session, keys: Sequence[tuple[str, int]]
+) -> dict[tuple[str, int], tuple[bytes, bool]]:
+    """The stored (slots, closed) of these (gpu, hour) rows, from either table."""
     rows = session.execute(
         text("""
-        SELECT m.gpu_uuid, m.hour, m.slots FROM gpu_minute_metrics m
-        JOIN unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
+        SELECT m.gpu_uuid, m.hour, m.slots, m.closed FROM (
+            SELECT gpu_uuid, hour, slots, false AS closed FROM gpu_minute_metrics_open
+            UNION ALL SELECT gpu_uuid, hour, slots, true FROM gpu_minute_metrics
+        ) AS m JOIN unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
           ON m.gpu_uuid = k.gpu AND m.hour = k.hour
         """),
         {"u": [g for g, _ in keys], "h": [h for _, h in keys]},
     )
-    return {(gpu, hour): bytes(slots) for gpu, hour, slots in rows}
+    return {(gpu, hour): (bytes(slots), closed) for gpu, hour, slots, closed in rows}
 
 
 def write_metric_rows(
-    session: Session, rows: dict[tuple[str, int], tuple[bytes, int | None]]
+    session: Session, rows: dict[tuple[str, int], tuple[bytes, int | None]], *, closed: bool
 ) -> None:
+    """Upsert hour rows into the closed or the open table."""
+    if not rows:
+        return
     keys = list(rows)
+    table = "gpu_minute_metrics" if closed else "gpu_minute_metrics_open"
     session.execute(
-        text("""
-        INSERT INTO gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots)
+        text(f"""
+        INSERT INTO {table} (gpu_uuid, hour, mem_total_mib, slots)
         SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
                              CAST(:d AS bytea[]))
         ON CONFLICT (gpu_uuid, hour) DO UPDATE SET slots = excluded.slots,
-            mem_total_mib = COALESCE(excluded.mem_total_mib, gpu_minute_metrics.mem_total_mib)
+            mem_total_mib = COALESCE(excluded.mem_total_mib, {table}.mem_total_mib)
         """),
         {
             "u": [g for g, _ in keys],
@@ -212,6 +221,27 @@ def write_metric_rows(
             "t": [rows[k][1] for k in keys],
             "d": [rows[k][0] for k in keys],
         },
+    )
+
+
+def close_hours(session: Session, newest: dict[str, int]) -> None:
+    """Move each GPU's open hours before its newest reported hour into the closed table.
+
+    The closed table never has these keys: rows are written there only by this move, and
+    later writes to a key it holds go to it directly (the node lock orders them).
+    """
+    gpus = list(newest)
+    session.execute(
+        text("""
+        WITH moved AS (
+            DELETE FROM gpu_minute_metrics_open o
+            USING unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
+            WHERE o.gpu_uuid = k.gpu AND o.hour < k.hour
+            RETURNING o.gpu_uuid, o.hour, o.mem_total_mib, o.slots)
+        INSERT INTO gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots)
+        SELECT * FROM moved
+        """),
+        {"u": gpus, "h": [newest[g] for g in gpus]},
     )
 
 
@@ -239,7 +269,10 @@ def minute_rows(
     """Each GPU's observed minutes whose start lies in ``[start, end)``, in time order."""
     rows = session.execute(
         text("""
-        SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics
+        SELECT gpu_uuid, hour, slots FROM (
+            SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics
+            UNION ALL SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics_open
+        ) AS m
         WHERE gpu_uuid = ANY(CAST(:u AS text[])) AND hour >= :lo AND hour < :hi
         ORDER BY gpu_uuid, hour
         """),

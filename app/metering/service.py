@@ -133,21 +133,23 @@ def _store_segments(
 
 
 def _store_metrics(session: Session, records: list[UsageRecord]) -> None:
-    """Read-modify-write each touched GPU-hour row (safe: the node lock is held)."""
+    """Read-modify-write each touched GPU-hour row (safe: the node lock is held); then close
+    the hours each GPU has moved past."""
     by_row: dict[tuple[str, int], list[UsageRecord]] = defaultdict(list)
     for r in records:
         by_row[(r.gpu_uuid, packing.hour_of(r.start))].append(r)
     current = repository.metric_rows(session, list(by_row))
-    repository.write_metric_rows(
-        session,
-        {
-            key: (
-                packing.add_records(current.get(key, packing.EMPTY_ROW), rs),
-                next((r.mem_total_mib for r in rs if r.mem_total_mib is not None), None),
-            )
-            for key, rs in by_row.items()
-        },
-    )
+    rows: dict[bool, dict[tuple[str, int], tuple[bytes, int | None]]] = {True: {}, False: {}}
+    for key, rs in by_row.items():
+        slots, closed = current.get(key, (packing.EMPTY_ROW, False))
+        mem_total = next((r.mem_total_mib for r in rs if r.mem_total_mib is not None), None)
+        rows[closed][key] = (packing.add_records(slots, rs), mem_total)
+    for closed, changed in rows.items():
+        repository.write_metric_rows(session, changed, closed=closed)
+    newest: dict[str, int] = {}
+    for gpu, hour in by_row:
+        newest[gpu] = max(hour, newest.get(gpu, hour))
+    repository.close_hours(session, newest)
 
 
 def _attach_evidence(session: Session, batch: IngestBatch, created: list[tuple[str, int]]) -> None:

@@ -28,7 +28,18 @@ def upgrade() -> None:
             ["gpu_uuid"], ["gpus.uuid"], name=op.f("fk_gpu_minute_metrics_gpu_uuid_gpus")
         ),
         sa.PrimaryKeyConstraint("gpu_uuid", "hour", name=op.f("pk_gpu_minute_metrics")),
-        postgresql_with={"fillfactor": 85},
+    )
+    op.create_table(
+        "gpu_minute_metrics_open",
+        sa.Column("gpu_uuid", sa.String(length=96), nullable=False),
+        sa.Column("hour", sa.BigInteger(), autoincrement=False, nullable=False),
+        sa.Column("mem_total_mib", sa.Integer(), nullable=True),
+        sa.Column("slots", sa.LargeBinary(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["gpu_uuid"], ["gpus.uuid"], name=op.f("fk_gpu_minute_metrics_open_gpu_uuid_gpus")
+        ),
+        sa.PrimaryKeyConstraint("gpu_uuid", "hour", name=op.f("pk_gpu_minute_metrics_open")),
+        postgresql_with={"fillfactor": 50},
     )
     op.create_table(
         "gpu_state_segments",
@@ -90,4 +101,5 @@ def downgrade() -> None:
         postgresql_where=sa.text("state = 'failed'"),
     )
     op.drop_table("gpu_state_segments")
+    op.drop_table("gpu_minute_metrics_open")
     op.drop_table("gpu_minute_metrics")

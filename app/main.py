@@ -6,6 +6,8 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from app.auth.endpoints import router as keys_router
+from app.billing.endpoints import customer_router as billing_customer_router
+from app.billing.endpoints import router as invoices_router
 from app.core.db import get_engine
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
@@ -20,6 +22,8 @@ ROUTERS = [
     keys_router,
     customers_router,
     fleet_router,
+    invoices_router,
+    billing_customer_router,
     metering_router,
     plans_router,
     rentals_router,

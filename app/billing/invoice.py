@@ -1,12 +1,13 @@
 """Invoice assembly: rental lines, then vouchers, then one tax line.
 
 API:
-    build_invoice(invoice_id, customer_id, currency, rated_rentals, vouchers, as_of, tax_rate)
-        -> Invoice
+    build_invoice(invoice_id, customer_id, currency, rated_rentals, vouchers, as_of, tax_rate,
+                  adjustments=()) -> Invoice
 
-Rules: vouchers apply to the sum of the rental lines (never below zero) and each application
-is its own negative line; tax = tax_rate x (sum of lines after vouchers), rounded once;
-total = sum of all lines including tax. The voucher ledger entries the invoice implies come
+Rules: adjustment lines (late data for earlier periods) follow the rental lines; vouchers
+apply to the sum of both (never below zero) and each application is its own negative line;
+tax = tax_rate x (sum of lines after vouchers), rounded once; total = sum of all lines
+including tax. The voucher ledger entries the invoice implies come
 back with it, for the caller to persist in the same transaction.
 """
 
@@ -42,8 +43,10 @@ def build_invoice(
     vouchers: Sequence[OpenVoucher],
     as_of: int,
     tax_rate: Decimal,
+    adjustments: Iterable[InvoiceLine] = (),
 ) -> Invoice:
     lines = [line for rated in rated_rentals for line in rated.lines]
+    lines += adjustments
     if any(line.currency != currency for line in lines):
         raise ValueError(f"all rental lines must be in {currency}")
     applications, expirations = apply_vouchers(

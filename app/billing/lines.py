@@ -27,6 +27,7 @@ class LineKind(StrEnum):
     MIGRATION_CREDIT = "migration_credit"
     DEGRADED_CREDIT = "degraded_credit"
     CAP = "cap"
+    ADJUSTMENT = "adjustment"  # late data re-rated for an earlier finalized period
     VOUCHER = "voucher"
     TAX = "tax"
 
@@ -51,6 +52,8 @@ class InvoiceLine:
     seconds: int | None = None
     rate: Decimal | None = None  # price per GPU-hour (time lines) or tax rate (tax line)
     voucher_id: str | None = None
+    adjusts_invoice_id: str | None = None  # adjustment lines: the invoice they correct
+    adjusts_period: str | None = None  # ... and its period, "YYYY-MM"
     evidence: Evidence | None = field(default=None, hash=False)
 
 

@@ -70,7 +70,10 @@ class Invoice(Timestamped, Base):
     stripe_error: Mapped[str | None] = mapped_column(String(2000))
 
     lines: Mapped[list[InvoiceLineRow]] = relationship(
-        order_by="InvoiceLineRow.position", lazy="selectin", viewonly=True
+        foreign_keys="InvoiceLineRow.invoice_id",
+        order_by="InvoiceLineRow.position",
+        lazy="selectin",
+        viewonly=True,
     )
 
 
@@ -78,9 +81,7 @@ class InvoiceLineRow(Base):
     """One invoice line as the billing core produced it, in its order on the invoice."""
 
     __tablename__ = "invoice_lines"
-    __table_args__ = (
-        Index("ix_invoice_lines_adjusts", "adjusts_invoice_id", "rental_id"),
-    )
+    __table_args__ = (Index("ix_invoice_lines_adjusts", "adjusts_invoice_id", "rental_id"),)
 
     id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
     invoice_id: Mapped[uuid.UUID] = mapped_column(

@@ -7,6 +7,7 @@ API:
         -> list[RatedRental]        # builds each GPU's health timeline once for all rentals
     build_timeline(segments, maintenance) -> Timeline
     price_at(rental, time) -> Decimal
+    cap(rental) -> Decimal | None
     is_billed(bucket, plan) -> bool
 
 Rules (where the design left room):
@@ -367,13 +368,14 @@ def _lines(
         for i, s in sorted(charged.items())
     ]
     lines += credits
-    capped = cap_line(rental_id, sum_amounts(lines, plan.currency), _cap(rental), plan.currency)
+    capped = cap_line(rental_id, sum_amounts(lines, plan.currency), cap(rental), plan.currency)
     if capped:
         lines.append(capped)
     return tuple(lines)
 
 
-def _cap(rental: RentalInput) -> Decimal | None:
+def cap(rental: RentalInput) -> Decimal | None:
+    """The rental's monthly ceiling (all its GPUs), rounded to the currency; None: no cap."""
     cap_per_gpu = rental.plan.monthly_cap_per_gpu
     if cap_per_gpu is None:
         return None

@@ -1,0 +1,191 @@
+"""Invoice and voucher queries; writes are set-based (one statement per table per invoice)."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Collection, Sequence
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import Select, delete, func, insert, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from app.billing.lines import LineKind
+from app.billing.models import (
+    Invoice,
+    InvoiceLineRow,
+    InvoiceNumberCounter,
+    InvoiceStatus,
+    VoucherEntryRow,
+)
+from app.billing.vouchers import EntryKind
+from app.rentals.models import GpuAssignment
+
+# What a rental cost on its invoice: everything but vouchers, tax and adjustments of others.
+_RENTAL_KINDS = [
+    k.value for k in LineKind if k not in (LineKind.VOUCHER, LineKind.TAX, LineKind.ADJUSTMENT)
+]
+_LOCKED = (InvoiceStatus.FINALIZED, InvoiceStatus.PAID)
+
+
+def invoices_query(
+    *,
+    customer_id: uuid.UUID | None = None,
+    period: str | None = None,
+    status: InvoiceStatus | None = None,
+) -> Select[tuple[Invoice]]:
+    query = select(Invoice).order_by(Invoice.period.desc(), Invoice.customer_id, Invoice.id)
+    if customer_id is not None:
+        query = query.where(Invoice.customer_id == customer_id)
+    if period is not None:
+        query = query.where(Invoice.period == period)
+    if status is not None:
+        query = query.where(Invoice.status == status)
+    return query
+
+
+def lock_customer_period(session: Session, customer_id: uuid.UUID, period: str) -> None:
+    """Serialise runs over one customer and period, so concurrent runs never duplicate."""
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+        {"key": f"invoice:{customer_id}:{period}"},
+    )
+
+
+def live_invoice(session: Session, customer_id: uuid.UUID, period: str) -> Invoice | None:
+    """The customer's non-void invoice for the period, locked for this transaction."""
+    return session.scalar(
+        select(Invoice)
+        .where(
+            Invoice.customer_id == customer_id,
+            Invoice.period == period,
+            Invoice.status != InvoiceStatus.VOID,
+        )
+        .with_for_update()
+    )
+
+
+def replace_lines(session: Session, invoice_id: uuid.UUID, rows: list[dict[str, Any]]) -> None:
+    session.execute(delete(InvoiceLineRow).where(InvoiceLineRow.invoice_id == invoice_id))
+    if rows:
+        session.execute(insert(InvoiceLineRow), rows)
+
+
+def delete_provisional_entries(session: Session, invoice_id: uuid.UUID) -> None:
+    """The applied and expired entries a draft wrote last time it was generated."""
+    session.execute(
+        delete(VoucherEntryRow).where(
+            VoucherEntryRow.invoice_id == invoice_id, VoucherEntryRow.kind != EntryKind.ISSUED
+        )
+    )
+
+
+def voucher_entries(
+    session: Session, customer_id: uuid.UUID, currency: str | None = None
+) -> Sequence[VoucherEntryRow]:
+    query = select(VoucherEntryRow).where(VoucherEntryRow.customer_id == customer_id)
+    if currency is not None:
+        query = query.where(VoucherEntryRow.currency == currency)
+    return session.scalars(query.order_by(VoucherEntryRow.at, VoucherEntryRow.id)).all()
+
+
+def insert_entries(session: Session, rows: list[dict[str, Any]]) -> None:
+    """Append ledger entries; issuing an existing voucher id again changes nothing."""
+    if rows:
+        statement = pg_insert(VoucherEntryRow).on_conflict_do_nothing(
+            index_elements=["voucher_id"], index_where=text("kind = 'issued'")
+        )
+        session.execute(statement, rows)
+
+
+def next_number(session: Session, year: int) -> int:
+    """The year's next invoice number. The counter row stays locked (UPDATE takes the same
+    row lock as SELECT ... FOR UPDATE) until the finalizing transaction ends, so numbers are
+    handed out in commit order and a rolled-back finalization gives its number back."""
+    session.execute(
+        pg_insert(InvoiceNumberCounter)
+        .values(year=year, last_number=0)
+        .on_conflict_do_nothing(index_elements=["year"])
+    )
+    return session.execute(
+        text(
+            "UPDATE invoice_number_counters SET last_number = last_number + 1 "
+            "WHERE year = :year RETURNING last_number"
+        ),
+        {"year": year},
+    ).scalar_one()
+
+
+def earlier_finalized(
+    session: Session, customer_ids: Collection[uuid.UUID], before: datetime, after: datetime
+) -> dict[uuid.UUID, list[Invoice]]:
+    """Finalized or paid invoices whose periods ended in (after, before], oldest first."""
+    rows = session.scalars(
+        select(Invoice)
+        .where(
+            Invoice.customer_id.in_(customer_ids),
+            Invoice.status.in_(_LOCKED),
+            Invoice.period_end <= before,
+            Invoice.period_end > after,
+        )
+        .order_by(Invoice.period_start)
+    )
+    out: dict[uuid.UUID, list[Invoice]] = defaultdict(list)
+    for invoice in rows:
+        out[invoice.customer_id].append(invoice)
+    return out
+
+
+def billed_by_rental(session: Session, invoice: Invoice) -> dict[uuid.UUID, Decimal]:
+    """What each rental was billed for the invoice's period so far: its own lines there plus
+    the adjustments for that invoice already on other finalized or paid invoices."""
+    own = select(InvoiceLineRow.rental_id, InvoiceLineRow.amount).where(
+        InvoiceLineRow.invoice_id == invoice.id, InvoiceLineRow.kind.in_(_RENTAL_KINDS)
+    )
+    adjusted = (
+        select(InvoiceLineRow.rental_id, InvoiceLineRow.amount)
+        .join(Invoice, Invoice.id == InvoiceLineRow.invoice_id)
+        .where(InvoiceLineRow.adjusts_invoice_id == invoice.id, Invoice.status.in_(_LOCKED))
+    )
+    both = own.union_all(adjusted).subquery()
+    rows = session.execute(
+        select(both.c.rental_id, func.sum(both.c.amount)).group_by(both.c.rental_id)
+    )
+    return {rental_id: amount for rental_id, amount in rows if rental_id is not None}
+
+
+def customer_gpus(
+    session: Session, customer_id: uuid.UUID, start: datetime, end: datetime
+) -> list[str]:
+    """GPUs that served any of the customer's rentals during [start, end)."""
+    return list(
+        session.scalars(
+            select(GpuAssignment.gpu_uuid)
+            .distinct()
+            .where(
+                GpuAssignment.customer_id == customer_id,
+                GpuAssignment.start_at < end,
+                (GpuAssignment.end_at.is_(None)) | (GpuAssignment.end_at > start),
+            )
+        )
+    )
+
+
+def applied_entries(session: Session, invoice_id: uuid.UUID) -> Sequence[VoucherEntryRow]:
+    return session.scalars(
+        select(VoucherEntryRow).where(
+            VoucherEntryRow.invoice_id == invoice_id, VoucherEntryRow.kind == EntryKind.APPLIED
+        )
+    ).all()
+
+
+def issued_entries(session: Session, voucher_ids: Collection[str]) -> dict[str, VoucherEntryRow]:
+    rows = session.scalars(
+        select(VoucherEntryRow).where(
+            VoucherEntryRow.voucher_id.in_(voucher_ids), VoucherEntryRow.kind == EntryKind.ISSUED
+        )
+    )
+    return {row.voucher_id: row for row in rows}

@@ -1,0 +1,140 @@
+"""The invoice run: every customer's draft (and optionally its finalization) for one period.
+
+Idempotent: each customer's draft is rebuilt in place from current data, so running again
+gives the same drafts and never duplicates; finalized and paid invoices are left untouched.
+Customers are grouped by billing time zone (each zone has its own calendar month); each group
+loads its rating inputs in a few set-based queries. A customer whose configuration the core
+rejects (no price in effect, a plan in another currency) is reported and skipped; the rest of
+the run goes on. The caller owns the transaction (the CLI and the API: one per run).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.billing import repository
+from app.billing.loader import BillingPeriod, billing_period, load_inputs
+from app.billing.models import InvoiceStatus
+from app.billing.service import Draft, check_grace, finalize_invoice, lookback, refresh_draft
+from app.core.errors import Unprocessable, not_found
+from app.customers.models import Customer
+
+Progress = Callable[[int, int], None]  # (customers done, customers in the run)
+
+
+class Outcome(StrEnum):
+    DRAFTED = "drafted"
+    FINALIZED = "finalized"
+    UNCHANGED = "unchanged"  # already finalized or paid: never touched
+    EMPTY = "empty"  # nothing to bill
+    FAILED = "failed"
+
+
+@dataclass
+class RunSummary:
+    period: str
+    customers: int
+    counts: Counter[Outcome] = field(default_factory=Counter)
+    failures: dict[uuid.UUID, str] = field(default_factory=dict)
+    invoice_ids: list[uuid.UUID] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def done(self) -> int:
+        return sum(self.counts.values())
+
+    def line(self) -> str:
+        counts = ", ".join(f"{self.counts[o]} {o.value}" for o in Outcome)
+        return f"period {self.period}: {self.customers} customers: {counts} in {self.seconds:.2f} s"
+
+
+def run_invoices(
+    session: Session,
+    period: str,
+    now: datetime,
+    *,
+    customer_id: uuid.UUID | None = None,
+    finalize: bool = False,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> RunSummary:
+    started = time.perf_counter()
+    zones = _customers_by_zone(session, customer_id)
+    periods = {zone: _period(period, zone, now) for zone in zones}
+    if finalize:  # refuse the whole run up front, not customer by customer
+        for zone_period in periods.values():
+            check_grace(period, zone_period.end, now, force)
+    summary = RunSummary(period, customers=sum(len(c) for c in zones.values()))
+    for zone, customers in zones.items():
+        _run_zone(session, customers, periods[zone], now, finalize, force, summary, progress)
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def _run_zone(
+    session: Session,
+    customers: Sequence[Customer],
+    period: BillingPeriod,
+    now: datetime,
+    finalize: bool,
+    force: bool,
+    summary: RunSummary,
+    progress: Progress | None,
+) -> None:
+    ids = [c.id for c in customers]
+    inputs = load_inputs(session, ids, period.span)
+    earlier = repository.earlier_finalized(session, ids, period.start, lookback(now))
+    for customer in customers:
+        try:
+            with session.begin_nested():  # a rejected customer leaves nothing behind
+                draft = refresh_draft(
+                    session, customer, period, now, inputs, earlier.get(customer.id, [])
+                )
+                outcome = _outcome(draft)
+                if draft is not None and finalize and outcome is Outcome.DRAFTED:
+                    finalize_invoice(session, draft.invoice, now, rated=draft.rated, force=force)
+                    outcome = Outcome.FINALIZED
+        except Unprocessable as error:
+            outcome, draft = Outcome.FAILED, None
+            summary.failures[customer.id] = error.items[0]["msg"]
+        summary.counts[outcome] += 1
+        if draft is not None:
+            summary.invoice_ids.append(draft.invoice.id)
+        if progress:
+            progress(summary.done, summary.customers)
+
+
+def _outcome(draft: Draft | None) -> Outcome:
+    if draft is None:
+        return Outcome.EMPTY
+    return Outcome.DRAFTED if draft.invoice.status == InvoiceStatus.DRAFT else Outcome.UNCHANGED
+
+
+def _customers_by_zone(
+    session: Session, customer_id: uuid.UUID | None
+) -> dict[str, list[Customer]]:
+    query = select(Customer).order_by(Customer.billing_timezone, Customer.id)
+    if customer_id is not None:
+        query = query.where(Customer.id == customer_id)
+    zones: dict[str, list[Customer]] = defaultdict(list)
+    for customer in session.scalars(query):
+        zones[customer.billing_timezone].append(customer)
+    if customer_id is not None and not zones:
+        raise not_found("customer", customer_id, ("body", "customer_id"))
+    return zones
+
+
+def _period(period: str, timezone: str, now: datetime) -> BillingPeriod:
+    bounds = billing_period(period, timezone)
+    if bounds.start > now:
+        raise Unprocessable(f"period {period} has not started yet", ("body", "period"))
+    return bounds

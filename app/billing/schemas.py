@@ -1,0 +1,236 @@
+"""Invoice, voucher, usage and what-if bodies. Money is a string at the currency's minor unit
+("1852.56", "151"), rates are plain decimal strings; never a JSON float."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from pydantic import Field
+
+from app.billing.loader import PERIOD_PATTERN
+from app.billing.models import Invoice, InvoiceLineRow, InvoiceStatus, VoucherEntryRow
+from app.core.money import round_money
+from app.core.schemas import Amount, Schema
+
+Period = str  # "YYYY-MM", validated by PERIOD_PATTERN where it is input
+
+
+def money(amount: Decimal, currency: str) -> str:
+    """An exact stored amount (already rounded once) written at the currency's minor unit."""
+    return str(round_money(amount, currency))
+
+
+def plain(value: Decimal | None) -> str | None:
+    """A rate without trailing zeros and never in exponent form: 2.4900000000 -> "2.49"."""
+    return None if value is None else f"{value.normalize():f}"
+
+
+class InvoiceLineRead(Schema):
+    position: int
+    kind: str
+    amount: str
+    rental_id: uuid.UUID | None
+    gpu_model: str | None
+    gpu_uuid: str | None
+    start_at: datetime | None
+    end_at: datetime | None
+    seconds: int | None
+    rate: str | None = Field(description="Price per GPU-hour; the tax rate on the tax line.")
+    voucher_id: str | None
+    evidence: dict[str, Any] | None
+    adjusts_invoice_id: uuid.UUID | None
+    adjusts_period: str | None
+
+    @classmethod
+    def of(cls, line: InvoiceLineRow, currency: str) -> InvoiceLineRead:
+        return cls(
+            position=line.position,
+            kind=line.kind,
+            amount=money(line.amount, currency),
+            rental_id=line.rental_id,
+            gpu_model=line.gpu_model,
+            gpu_uuid=line.gpu_uuid,
+            start_at=line.start_at,
+            end_at=line.end_at,
+            seconds=line.seconds,
+            rate=plain(line.rate),
+            voucher_id=line.voucher_id,
+            evidence=line.evidence,
+            adjusts_invoice_id=line.adjusts_invoice_id,
+            adjusts_period=line.adjusts_period,
+        )
+
+
+class InvoiceSummary(Schema):
+    id: uuid.UUID
+    customer_id: uuid.UUID
+    number: str | None
+    period: str
+    period_start: datetime
+    period_end: datetime
+    timezone: str
+    currency: str
+    status: InvoiceStatus
+    subtotal: str
+    tax_rate: str
+    tax: str
+    total: str
+    generated_at: datetime
+    finalized_at: datetime | None
+    paid_at: datetime | None
+    voided_at: datetime | None
+    void_reason: str | None
+    stripe_invoice_id: str | None
+    stripe_hosted_url: str | None
+    stripe_status: str | None
+
+    @classmethod
+    def of(cls, invoice: Invoice) -> InvoiceSummary:
+        currency = invoice.currency
+        fields = {name: getattr(invoice, name) for name in cls.model_fields if name != "lines"}
+        return cls(
+            **{
+                **fields,
+                "subtotal": money(invoice.subtotal, currency),
+                "tax": money(invoice.tax, currency),
+                "total": money(invoice.total, currency),
+                "tax_rate": plain(invoice.tax_rate),
+            }
+        )
+
+
+class InvoiceRead(InvoiceSummary):
+    lines: list[InvoiceLineRead]
+
+    @classmethod
+    def of(cls, invoice: Invoice) -> InvoiceRead:
+        summary = InvoiceSummary.of(invoice).model_dump()
+        lines = [InvoiceLineRead.of(line, invoice.currency) for line in invoice.lines]
+        return cls(**summary, lines=lines)
+
+
+class RunCreate(Schema):
+    period: Period = Field(pattern=PERIOD_PATTERN, examples=["2026-10"])
+    customer_id: uuid.UUID | None = None
+    finalize: bool = False
+    force: bool = Field(default=False, description="Finalize before the grace time passed.")
+
+
+class RunFailure(Schema):
+    customer_id: uuid.UUID
+    msg: str
+
+
+class RunRead(Schema):
+    period: str
+    customers: int
+    counts: dict[str, int]
+    failures: list[RunFailure]
+    invoice_ids: list[uuid.UUID]
+    seconds: float
+
+
+class FinalizeBody(Schema):
+    force: bool = Field(default=False, description="Finalize before the grace time passed.")
+
+
+class VoidBody(Schema):
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class PaidBody(Schema):
+    paid_at: datetime | None = Field(default=None, description="Default: now.")
+
+
+class VoucherGrant(Schema):
+    amount: Amount
+    validity_days: int = Field(default=90, ge=1, le=3660)
+    reason: str = Field(min_length=1, max_length=500)
+
+
+class VoucherEntryRead(Schema):
+    voucher_id: str
+    kind: str
+    amount: str
+    at: datetime
+    expires_at: datetime | None
+    source: str | None
+    reason: str
+    invoice_id: uuid.UUID | None
+
+    @classmethod
+    def of(cls, entry: VoucherEntryRow) -> VoucherEntryRead:
+        fields = {name: getattr(entry, name) for name in cls.model_fields}
+        return cls(**{**fields, "amount": money(entry.amount, entry.currency)})
+
+
+class OpenVoucherRead(Schema):
+    voucher_id: str
+    expires_at: datetime
+    remaining: str
+
+
+class VoucherLedgerRead(Schema):
+    currency: str
+    balance: str = Field(description="Issued - applied - expired, over the whole ledger.")
+    usable: str = Field(description="What is left of vouchers not expired now.")
+    open: list[OpenVoucherRead]
+    entries: list[VoucherEntryRead]
+
+
+class EffectiveRead(Schema):
+    rented_s: int
+    credited_s: int
+    idle_s: int
+    effective_s: int
+    effective_gpu_hours: str
+
+
+class RentalUsageRead(Schema):
+    rental_id: uuid.UUID
+    gpu_model: str
+    gpu_count: int
+    running: bool
+    buckets_s: dict[str, int]
+    billed_s: int
+    effective: EffectiveRead
+    cost_to_date: str
+    forecast: str
+
+
+class UsageRead(Schema):
+    customer_id: uuid.UUID
+    period: str
+    period_start: datetime
+    period_end: datetime
+    as_of: datetime
+    currency: str
+    buckets_s: dict[str, int]
+    effective: EffectiveRead
+    cost_to_date: str = Field(description="Rental charges, credits and caps; before vouchers.")
+    forecast: str = Field(description="Cost to date plus running rentals extrapolated.")
+    vouchers: VoucherLedgerRead
+    rentals: list[RentalUsageRead]
+
+
+class WhatIfCellRead(Schema):
+    amount: str
+    billed_s: int
+
+
+class WhatIfRowRead(Schema):
+    increment_s: int
+    with_credits: WhatIfCellRead
+    without_credits: WhatIfCellRead
+    difference: str
+
+
+class WhatIfRead(Schema):
+    customer_id: uuid.UUID
+    period: str
+    currency: str
+    manual_recovery_s: int
+    rows: list[WhatIfRowRead]

@@ -1,0 +1,417 @@
+"""Invoices in the database: drafts from the rating core, finalization, void, vouchers.
+
+The rules live in the pure core (``rating``, ``invoice``, ``vouchers``); this module only
+loads its inputs, stores its outputs and owns the lifecycle. Services take the session and
+never commit: a run or a request is one transaction.
+
+Lifecycle: ``refresh_draft`` (re)builds a customer's draft for a period, replacing its lines
+and its provisional voucher entries, so generation is idempotent; ``finalize_invoice``
+numbers a just-refreshed draft and issues its tier vouchers; ``void_invoice`` and
+``mark_invoice_paid`` are the only later changes (the database refuses any other).
+
+Choices (documented where the design left room):
+* Invoice date = the period end: vouchers issued before it and still valid at it apply, and
+  vouchers that expired by then are written off on that invoice.
+* Numbers ``GM-<year>-<000001>``: the year is the UTC year of finalization (the date the
+  number is issued), gapless per year through a locked counter row.
+* Late data: for each earlier finalized or paid invoice whose period ended within the ingest
+  retention, if a segment of the customer's GPUs overlapping that period was received after
+  its finalization (minus ``LATE_MARGIN``, covering ingest transactions still in flight then),
+  the period is re-rated with today's data; each rental's difference to what was billed for it
+  (its lines there plus adjustments already finalized elsewhere) becomes an adjustment line.
+  Since the difference is taken against what was billed, nothing is ever billed twice.
+* Voiding returns the vouchers the invoice consumed as new vouchers with the same expiry
+  (the ledger stays append-only); tier vouchers it issued stay, and re-finalizing the period
+  cannot issue them twice (their ids are per rental and period).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.auth.service import Principal
+from app.billing import repository
+from app.billing.invoice import build_invoice
+from app.billing.lines import InvoiceLine, LineKind
+from app.billing.loader import BillingPeriod, PeriodInputs, epoch, from_epoch, load_inputs
+from app.billing.models import Invoice, InvoiceStatus, VoucherEntryRow
+from app.billing.rating import RatedRental, rate_rentals
+from app.billing.vouchers import (
+    EntryKind,
+    VoucherEntry,
+    issue_tier_vouchers,
+    issue_voucher,
+    open_vouchers,
+)
+from app.core.errors import Conflict, Unprocessable, not_found
+from app.core.money import minor_units, round_money
+from app.customers.models import Customer
+from app.metering.repository import late_segments_since
+from app.payments import service as payments_service
+from app.settings import get_settings
+
+LATE_MARGIN = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The period's invoice and, when it was (re)built as a draft now, the rated rentals it
+    was built from (finalization needs them); an invoice past draft is left untouched."""
+
+    invoice: Invoice
+    rated: list[RatedRental]
+
+
+def get_invoice(
+    session: Session, invoice_id: uuid.UUID, principal: Principal, *, lock: bool = False
+) -> Invoice:
+    """The invoice, if the caller may see it; 404 otherwise, so existence never leaks."""
+    invoice = session.get(Invoice, invoice_id, with_for_update=lock)
+    if invoice is None or not principal.may_read_customer(invoice.customer_id):
+        raise not_found("invoice", invoice_id)
+    return invoice
+
+
+def rate(inputs: PeriodInputs, customer_id: uuid.UUID) -> list[RatedRental]:
+    return rate_rentals(
+        inputs.rentals(customer_id),
+        inputs.assignments,
+        inputs.segments_by_gpu,
+        inputs.maintenance_by_gpu,
+        inputs.migrations,
+        inputs.span,
+    )
+
+
+def refresh_draft(
+    session: Session,
+    customer: Customer,
+    period: BillingPeriod,
+    now: datetime,
+    inputs: PeriodInputs | None = None,
+    earlier: Sequence[Invoice] | None = None,
+) -> Draft | None:
+    """Build or rebuild the customer's draft for ``period`` with current data.
+
+    A finalized or paid invoice of the period comes back untouched; None means there is
+    nothing to bill (no rentals, no adjustments, no draft). ``inputs`` and ``earlier`` may be
+    preloaded for many customers at once (the run does).
+    """
+    repository.lock_customer_period(session, customer.id, period.name)
+    invoice = repository.live_invoice(session, customer.id, period.name)
+    if invoice is not None and invoice.status != InvoiceStatus.DRAFT:
+        return Draft(invoice, [])
+    inputs = inputs or load_inputs(session, [customer.id], period.span)
+    if earlier is None:
+        earlier = repository.earlier_finalized(
+            session, [customer.id], period.start, lookback(now)
+        ).get(customer.id, [])
+    with core_errors(customer):
+        rated = rate(inputs, customer.id)
+        adjustments = [line for inv in earlier for line in _adjustments(session, customer, inv)]
+    if invoice is None and not rated and not adjustments:
+        return None
+    invoice = invoice or _new_invoice(session, customer, period)
+    _write_draft(session, invoice, rated, adjustments, now)
+    return Draft(invoice, rated)
+
+
+def finalize_invoice(
+    session: Session,
+    invoice: Invoice,
+    now: datetime,
+    *,
+    rated: Iterable[RatedRental],
+    force: bool = False,
+) -> Invoice:
+    """Number a draft refreshed in this transaction from ``rated``, issue its tier vouchers
+    and lock it. Refused before the period's grace time has passed unless ``force``."""
+    if invoice.status != InvoiceStatus.DRAFT:
+        raise Conflict(f"invoice {invoice.number} is already {invoice.status.value}", ("path",))
+    check_grace(invoice.period, invoice.period_end, now, force)
+    invoice.number = f"GM-{now.year:04d}-{repository.next_number(session, now.year):06d}"
+    invoice.status = InvoiceStatus.FINALIZED
+    invoice.finalized_at = now
+    session.flush()
+    span = (epoch(invoice.period_start), epoch(invoice.period_end))
+    tier = issue_tier_vouchers(rated, span, epoch(now))
+    repository.insert_entries(session, [_entry_row(e, invoice) for e in tier])
+    payments_service.queue_stripe_sync(session, invoice)
+    return invoice
+
+
+def refresh_and_finalize(
+    session: Session, invoice: Invoice, now: datetime, *, force: bool = False
+) -> Invoice:
+    """The single-invoice path (API): rebuild the draft with current data, then finalize."""
+    if invoice.status != InvoiceStatus.DRAFT:
+        raise Conflict(f"invoice {invoice.number} is already {invoice.status.value}", ("path",))
+    customer = session.get_one(Customer, invoice.customer_id)
+    period = BillingPeriod(
+        invoice.period, invoice.timezone, (epoch(invoice.period_start), epoch(invoice.period_end))
+    )
+    draft = refresh_draft(session, customer, period, now)
+    assert draft is not None  # the draft row exists, so there is something to refresh
+    return finalize_invoice(session, draft.invoice, now, rated=draft.rated, force=force)
+
+
+def void_invoice(session: Session, invoice: Invoice, now: datetime, reason: str) -> Invoice:
+    """Void a finalized invoice: it keeps its number; the vouchers it consumed come back."""
+    if invoice.status != InvoiceStatus.FINALIZED:
+        raise Conflict(
+            f"only a finalized invoice can be voided; this one is {invoice.status.value}",
+            ("path",),
+        )
+    invoice.status = InvoiceStatus.VOID
+    invoice.voided_at = now
+    invoice.void_reason = reason
+    session.flush()
+    applied = repository.applied_entries(session, invoice.id)
+    originals = repository.issued_entries(session, {e.voucher_id for e in applied})
+    returned = [
+        {
+            "customer_id": e.customer_id,
+            "voucher_id": f"reissue:{invoice.id}:{e.voucher_id}",
+            "kind": EntryKind.ISSUED.value,
+            "amount": e.amount,
+            "currency": e.currency,
+            "at": now,
+            "expires_at": originals[e.voucher_id].expires_at,
+            "source": "reissue",
+            "reason": f"returned from voided invoice {invoice.number}",
+            "invoice_id": invoice.id,
+        }
+        for e in applied
+    ]
+    repository.insert_entries(session, returned)
+    payments_service.queue_stripe_sync(session, invoice)
+    return invoice
+
+
+def mark_invoice_paid(session: Session, invoice: Invoice, paid_at: datetime) -> Invoice:
+    if invoice.status != InvoiceStatus.FINALIZED:
+        raise Conflict(
+            f"only a finalized invoice can be paid; this one is {invoice.status.value}", ("path",)
+        )
+    invoice.status = InvoiceStatus.PAID
+    invoice.paid_at = paid_at
+    session.flush()
+    return invoice
+
+
+def grant_voucher(
+    session: Session,
+    customer: Customer,
+    amount: Decimal,
+    validity_days: int,
+    reason: str,
+    now: datetime,
+    admin_key_id: uuid.UUID,
+) -> VoucherEntryRow:
+    """An admin's manual voucher, in the customer's currency."""
+    if round_money(amount, customer.currency) != amount:
+        raise Unprocessable(
+            f"a {customer.currency} amount has at most {minor_units(customer.currency)} decimals",
+            ("body", "amount"),
+        )
+    entry = issue_voucher(
+        f"manual:{uuid.uuid4()}",
+        str(customer.id),
+        amount,
+        epoch(now),
+        validity_days,
+        "manual",
+        reason,
+    )
+    row = VoucherEntryRow(**_entry_fields(entry, customer.currency), created_by=admin_key_id)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def check_grace(period: str, period_end: datetime, now: datetime, force: bool) -> None:
+    grace_end = period_end + timedelta(hours=get_settings().invoice_grace_hours)
+    if now < grace_end and not force:
+        raise Conflict(
+            f"period {period} may be finalized from {grace_end.isoformat()} (period end plus "
+            "the grace time for late telemetry); pass force to finalize earlier",
+            ("body", "force"),
+        )
+
+
+def ledger(entries: Iterable[VoucherEntryRow]) -> list[VoucherEntry]:
+    return [
+        VoucherEntry(
+            EntryKind(e.kind),
+            e.voucher_id,
+            str(e.customer_id),
+            e.amount,
+            epoch(e.at),
+            None if e.expires_at is None else epoch(e.expires_at),
+            e.source,
+            e.reason,
+            None if e.invoice_id is None else str(e.invoice_id),
+        )
+        for e in entries
+    ]
+
+
+# --- drafts -------------------------------------------------------------------------------
+
+
+@contextmanager
+def core_errors(customer: Customer) -> Iterator[None]:
+    """The core's ValueErrors are bad configuration (no price in effect, a plan in another
+    currency than the customer's): a 422 naming the customer, not a crash."""
+    try:
+        yield
+    except ValueError as error:
+        raise Unprocessable(f"customer {customer.id}: {error}", ("customer_id",)) from None
+
+
+def lookback(now: datetime) -> datetime:
+    """Telemetry older than the ingest retention is refused, so older periods cannot change."""
+    return now - timedelta(days=get_settings().ingest_retention_days)
+
+
+def _new_invoice(session: Session, customer: Customer, period: BillingPeriod) -> Invoice:
+    invoice = Invoice(
+        id=uuid.uuid4(),
+        customer_id=customer.id,
+        period=period.name,
+        period_start=period.start,
+        period_end=period.end,
+        timezone=period.timezone,
+        currency=customer.currency,
+        status=InvoiceStatus.DRAFT,
+        tax_rate=customer.tax_rate or Decimal(0),
+        subtotal=Decimal(0),
+        tax=Decimal(0),
+        total=Decimal(0),
+    )
+    session.add(invoice)
+    return invoice
+
+
+def _write_draft(
+    session: Session,
+    invoice: Invoice,
+    rated: Sequence[RatedRental],
+    adjustments: Sequence[InvoiceLine],
+    now: datetime,
+) -> None:
+    customer = session.get_one(Customer, invoice.customer_id)
+    invoice.tax_rate = customer.tax_rate or Decimal(0)
+    invoice.generated_at = now
+    session.flush()
+    repository.delete_provisional_entries(session, invoice.id)
+    as_of = epoch(invoice.period_end)
+    usable = [
+        e
+        for e in repository.voucher_entries(session, invoice.customer_id, invoice.currency)
+        if e.kind != EntryKind.ISSUED or epoch(e.at) < as_of
+    ]
+    with core_errors(customer):
+        built = build_invoice(
+            str(invoice.id),
+            str(invoice.customer_id),
+            invoice.currency,
+            rated,
+            open_vouchers(ledger(usable)),
+            as_of,
+            invoice.tax_rate,
+            adjustments,
+        )
+    rows = [_line_row(invoice, i, line) for i, line in enumerate(built.lines)]
+    repository.replace_lines(session, invoice.id, rows)
+    entries = [*built.voucher_applications, *built.voucher_expirations]
+    repository.insert_entries(session, [_entry_row(e, invoice) for e in entries])
+    tax = sum((line.amount for line in built.lines if line.kind is LineKind.TAX), Decimal(0))
+    invoice.total, invoice.tax, invoice.subtotal = built.total, tax, built.total - tax
+    session.expire(invoice, ["lines"])
+
+
+def _adjustments(session: Session, customer: Customer, earlier: Invoice) -> list[InvoiceLine]:
+    """Adjustment lines for late data in one earlier finalized invoice's period."""
+    assert earlier.finalized_at is not None
+    gpus = repository.customer_gpus(session, customer.id, earlier.period_start, earlier.period_end)
+    span = (epoch(earlier.period_start), epoch(earlier.period_end))
+    since = earlier.finalized_at - LATE_MARGIN
+    if not gpus or not late_segments_since(session, gpus, *span, since):
+        return []
+    billed = repository.billed_by_rental(session, earlier)
+    lines = []
+    for rated in rate(load_inputs(session, [customer.id], span), customer.id):
+        rental_id = uuid.UUID(rated.rental.rental_id)
+        invoiced = billed.get(rental_id, Decimal(0))
+        if rated.net == invoiced:
+            continue
+        lines.append(
+            InvoiceLine(
+                LineKind.ADJUSTMENT,
+                rated.net - invoiced,
+                earlier.currency,
+                rental_id=rated.rental.rental_id,
+                gpu_model=rated.rental.gpu_model,
+                start=span[0],
+                end=span[1],
+                adjusts_invoice_id=str(earlier.id),
+                adjusts_period=earlier.period,
+                evidence={
+                    "invoice_number": earlier.number,
+                    "billed": str(round_money(invoiced, earlier.currency)),
+                    "rerated": str(rated.net),
+                    "buckets_s": {str(b): s for b, s in rated.buckets.items() if s},
+                },
+            )
+        )
+    return lines
+
+
+def _line_row(invoice: Invoice, position: int, line: InvoiceLine) -> dict[str, Any]:
+    return {
+        "invoice_id": invoice.id,
+        "customer_id": invoice.customer_id,
+        "position": position,
+        "kind": line.kind.value,
+        "amount": line.amount,
+        "rental_id": None if line.rental_id is None else uuid.UUID(line.rental_id),
+        "gpu_model": line.gpu_model,
+        "gpu_uuid": line.gpu_uuid,
+        "start_at": None if line.start is None else from_epoch(line.start),
+        "end_at": None if line.end is None else from_epoch(line.end),
+        "seconds": line.seconds,
+        "rate": line.rate,
+        "voucher_id": line.voucher_id,
+        "evidence": None if line.evidence is None else dict(line.evidence),
+        "adjusts_invoice_id": None
+        if line.adjusts_invoice_id is None
+        else uuid.UUID(line.adjusts_invoice_id),
+        "adjusts_period": line.adjusts_period,
+    }
+
+
+def _entry_fields(entry: VoucherEntry, currency: str) -> dict[str, Any]:
+    return {
+        "customer_id": uuid.UUID(entry.customer_id),
+        "voucher_id": entry.voucher_id,
+        "kind": entry.kind.value,
+        "amount": entry.amount,
+        "currency": currency,
+        "at": from_epoch(entry.at),
+        "expires_at": None if entry.expires_at is None else from_epoch(entry.expires_at),
+        "source": entry.source,
+        "reason": entry.reason,
+    }
+
+
+def _entry_row(entry: VoucherEntry, invoice: Invoice) -> dict[str, Any]:
+    return {**_entry_fields(entry, invoice.currency), "invoice_id": invoice.id}

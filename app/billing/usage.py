@@ -1,0 +1,194 @@
+"""Live views for the dashboard: cost to date with buckets and effective GPU-hours, a month-end
+forecast, the voucher ledger, and the what-if table. Read-only; nothing here is stored.
+
+Forecast (per rental still running at ``as_of``): cost to date + cost to date / elapsed x
+remaining, where elapsed runs from the rental's start within the period to ``as_of`` and
+remaining from ``as_of`` to the rental's end within the period; the result is held to the
+rental's cap and rounded once. Finished rentals forecast their cost to date. So a steady
+rental forecasts its full month, and the forecast meets the invoice at period end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from decimal import Decimal
+from fractions import Fraction
+
+from sqlalchemy.orm import Session
+
+from app.billing import repository
+from app.billing.domain import Bucket
+from app.billing.effective import EffectiveUsage, effective_usage, idle_spans
+from app.billing.loader import BillingPeriod, billing_period, epoch, from_epoch, load_inputs
+from app.billing.rating import RatedRental, cap
+from app.billing.schemas import (
+    EffectiveRead,
+    OpenVoucherRead,
+    RentalUsageRead,
+    UsageRead,
+    VoucherEntryRead,
+    VoucherLedgerRead,
+    WhatIfCellRead,
+    WhatIfRead,
+    WhatIfRowRead,
+    money,
+)
+from app.billing.service import core_errors, ledger, rate
+from app.billing.vouchers import balance, open_vouchers
+from app.billing.whatif import WhatIfCell, what_if
+from app.core.errors import Unprocessable
+from app.core.money import round_money
+from app.customers.models import Customer
+from app.metering.repository import minute_utilisation
+from app.settings import get_settings
+
+
+def usage(session: Session, customer: Customer, period_name: str, now: datetime) -> UsageRead:
+    period, span = _to_date(customer, period_name, now)
+    inputs = load_inputs(session, [customer.id], span)
+    with core_errors(customer):
+        rated = rate(inputs, customer.id)
+    idle = _idle_by_gpu(session, inputs.gpus, span)
+    currency, zero = customer.currency, Decimal(0)
+    forecasts = [_forecast(r, span[1], period.span[1], currency) for r in rated]
+    total = sum((effective_usage(r, idle) for r in rated), EffectiveUsage(0, 0, 0))
+    return UsageRead(
+        customer_id=customer.id,
+        period=period.name,
+        period_start=period.start,
+        period_end=period.end,
+        as_of=from_epoch(span[1]),
+        currency=customer.currency,
+        buckets_s=_buckets(rated),
+        effective=_effective(total),
+        cost_to_date=money(sum((r.net for r in rated), zero), currency),
+        forecast=money(sum(forecasts, zero), currency),
+        vouchers=voucher_ledger(session, customer, now),
+        rentals=[_rental_usage(r, idle, f, span[1]) for r, f in zip(rated, forecasts, strict=True)],
+    )
+
+
+def what_if_table(
+    session: Session, customer: Customer, period_name: str, now: datetime
+) -> WhatIfRead:
+    period, span = _to_date(customer, period_name, now)
+    inputs = load_inputs(session, [customer.id], span)
+    recovery = get_settings().manual_recovery_s
+    with core_errors(customer):
+        table = what_if(
+            inputs.rentals(customer.id),
+            inputs.assignments,
+            inputs.segments_by_gpu,
+            inputs.maintenance_by_gpu,
+            inputs.migrations,
+            span,
+            manual_recovery_s=recovery,
+        )
+    currency = customer.currency
+
+    def cell(c: WhatIfCell) -> WhatIfCellRead:
+        return WhatIfCellRead(amount=money(c.amount, currency), billed_s=c.billed_s)
+
+    rows = [
+        WhatIfRowRead(
+            increment_s=row.increment_s,
+            with_credits=cell(row.with_credits),
+            without_credits=cell(row.without_credits),
+            difference=money(row.difference, currency),
+        )
+        for row in table.rows
+    ]
+    return WhatIfRead(
+        customer_id=customer.id,
+        period=period.name,
+        currency=currency,
+        manual_recovery_s=recovery,
+        rows=rows,
+    )
+
+
+def voucher_ledger(session: Session, customer: Customer, now: datetime) -> VoucherLedgerRead:
+    rows = repository.voucher_entries(session, customer.id, customer.currency)
+    entries = ledger(rows)
+    still_open = sorted(open_vouchers(entries), key=lambda v: (v.expires_at, v.voucher_id))
+    usable = sum((v.remaining for v in still_open if v.expires_at > epoch(now)), Decimal(0))
+    currency = customer.currency
+    return VoucherLedgerRead(
+        currency=currency,
+        balance=money(balance(entries), currency),
+        usable=money(usable, currency),
+        open=[
+            OpenVoucherRead(
+                voucher_id=v.voucher_id,
+                expires_at=from_epoch(v.expires_at),
+                remaining=money(v.remaining, currency),
+            )
+            for v in still_open
+        ],
+        entries=[VoucherEntryRead.of(row) for row in rows],
+    )
+
+
+def _to_date(
+    customer: Customer, period_name: str, now: datetime
+) -> tuple[BillingPeriod, tuple[int, int]]:
+    period = billing_period(period_name, customer.billing_timezone)
+    if period.start > now:
+        raise Unprocessable(f"period {period_name} has not started yet", ("query", "period"))
+    return period, (period.span[0], min(period.span[1], epoch(now)))
+
+
+def _idle_by_gpu(
+    session: Session, gpus: Sequence[str], span: tuple[int, int]
+) -> dict[str, list[tuple[int, int]]]:
+    tenths = round(get_settings().idle_util_threshold_percent * 10)
+    minutes = minute_utilisation(session, gpus, *span)
+    # Utilisation is a measurement (not money): tenths of a percent are precise enough.
+    return {
+        gpu: idle_spans({m: round(util * 10) for m, util in rows}, tenths)
+        for gpu, rows in minutes.items()
+    }
+
+
+def _rental_usage(
+    rated: RatedRental, idle: dict[str, list[tuple[int, int]]], forecast: Decimal, as_of: int
+) -> RentalUsageRead:
+    rental, currency = rated.rental, rated.rental.plan.currency
+    return RentalUsageRead(
+        rental_id=rental.rental_id,
+        gpu_model=rental.gpu_model,
+        gpu_count=rental.gpu_count,
+        running=rental.rental_end is None or rental.rental_end > as_of,
+        buckets_s={b.value: s for b, s in rated.buckets.items()},
+        billed_s=rated.billed_s,
+        effective=_effective(effective_usage(rated, idle)),
+        cost_to_date=money(rated.net, currency),
+        forecast=money(forecast, currency),
+    )
+
+
+def _forecast(rated: RatedRental, as_of: int, period_end: int, currency: str) -> Decimal:
+    rental, start = rated.rental, rated.bounds[0]
+    end = period_end if rental.rental_end is None else min(rental.rental_end, period_end)
+    elapsed, remaining = as_of - start, end - as_of
+    if elapsed <= 0 or remaining <= 0:
+        return rated.net
+    # cost + cost / elapsed x remaining, exact until the one rounding.
+    projected = round_money(Fraction(rated.net) * (elapsed + remaining) / elapsed, currency)
+    ceiling = cap(rental)
+    return projected if ceiling is None else min(projected, ceiling)
+
+
+def _buckets(rated: Sequence[RatedRental]) -> dict[str, int]:
+    return {b.value: sum(r.buckets[b] for r in rated) for b in Bucket}
+
+
+def _effective(usage: EffectiveUsage) -> EffectiveRead:
+    return EffectiveRead(
+        rented_s=usage.rented_s,
+        credited_s=usage.credited_s,
+        idle_s=usage.idle_s,
+        effective_s=usage.effective_s,
+        effective_gpu_hours=str(usage.effective_gpu_hours),
+    )

@@ -1,0 +1,173 @@
+"""An invoice end to end through the API: run, read, finalize, HTML, immutability, access."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
+
+from tests.billing.world import october_with_failure
+from tests.service.conftest import Console, bearer
+
+
+def _get(console: Console, path: str) -> Any:
+    response = console.client.get(path, headers=console.headers)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def _october(console: Console, db: Engine, **customer: Any) -> dict[str, Any]:
+    october_with_failure(console, db, **customer)
+    run = console.post("/v1/invoices/runs", {"period": "2026-10"}, 200)
+    [invoice_id] = run["invoice_ids"]
+    return _get(console, f"/v1/invoices/{invoice_id}")
+
+
+def test_october_invoice_with_a_47_minute_failure_and_a_30_s_migration(
+    console: Console, db: Engine, now: datetime
+) -> None:
+    invoice = _october(console, db)
+    lines = [(x["kind"], x["seconds"], x["amount"], x["gpu_uuid"]) for x in invoice["lines"]]
+    assert lines == [
+        # 31 days = 2,678,400 s x 2.49 / 3600 = 1852.56 (charged, then credited back below)
+        ("charge", 2_678_400, "1852.56", None),
+        ("failure_credit", 2820, "-1.95", "GPU-A"),  # 47 min: 1.9505
+        ("migration_credit", 30, "-0.02", "GPU-A"),  # 0.02075
+        ("tax", None, "351.61", None),  # 19 % of 1850.59 = 351.6121
+    ]
+    assert invoice["lines"][0]["rate"] == "2.49"
+    assert invoice["lines"][1]["evidence"]["code"] == 79
+    assert invoice["lines"][2]["evidence"]["reason"] == "XID 79"
+    totals = (invoice["subtotal"], invoice["tax"], invoice["total"])
+    assert totals == ("1850.59", "351.61", "2202.20")
+    assert (invoice["status"], invoice["number"]) == ("draft", None)
+
+
+def test_running_again_gives_the_same_draft(console: Console, db: Engine, now: datetime) -> None:
+    first = _october(console, db)
+    again = console.post("/v1/invoices/runs", {"period": "2026-10"}, 200)
+    assert again["invoice_ids"] == [first["id"]]
+    second = _get(console, f"/v1/invoices/{first['id']}")
+    assert _stable(second) == _stable(first)
+    assert len(_get(console, "/v1/invoices")["items"]) == 1
+
+
+def _stable(invoice: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in invoice.items() if k != "generated_at"}
+
+
+def test_finalize_numbers_locks_and_issues_the_30_day_tier_voucher(
+    console: Console, db: Engine, now: datetime
+) -> None:
+    draft = _october(console, db)
+    final = console.post(f"/v1/invoices/{draft['id']}/finalize", {}, 200)
+    assert (final["status"], final["number"]) == ("finalized", "GM-2026-000001")
+    assert final["lines"] == draft["lines"] and final["total"] == "2202.20"
+    ledger = _get(console, f"/v1/customers/{draft['customer_id']}/vouchers")
+    # 31-day rental at period end: 15 % of its net 1850.59 = 277.5885 -> 277.59
+    assert [(e["kind"], e["amount"], e["source"]) for e in ledger["entries"]] == [
+        ("issued", "277.59", "tier")
+    ]
+    assert ledger["balance"] == "277.59"
+    # A second run leaves the finalized invoice untouched.
+    again = console.post("/v1/invoices/runs", {"period": "2026-10", "finalize": True}, 200)
+    assert again["counts"] == {"unchanged": 1}
+    assert _get(console, f"/v1/invoices/{draft['id']}") == final
+
+
+def test_finalizing_before_the_grace_time_is_refused_unless_forced(
+    console: Console, db: Engine, now: datetime
+) -> None:
+    october_with_failure(console, db)
+    body = {"period": "2026-11", "finalize": True}
+    refused = console.post("/v1/invoices/runs", body, 409)
+    assert refused["detail"][0]["loc"] == ["body", "force"]
+    assert _get(console, "/v1/invoices")["items"] == []
+    forced = console.post("/v1/invoices/runs", {**body, "force": True}, 200)
+    assert forced["counts"] == {"finalized": 1}
+
+
+def test_the_database_refuses_to_change_a_finalized_invoice(
+    console: Console, db: Engine, now: datetime
+) -> None:
+    draft = _october(console, db)
+    console.post(f"/v1/invoices/{draft['id']}/finalize", {}, 200)
+    ident = {"id": draft["id"]}
+    for statement in (
+        "UPDATE invoices SET total = total - 1 WHERE id = :id",
+        "UPDATE invoices SET status = 'draft', number = NULL WHERE id = :id",
+        "UPDATE invoice_lines SET amount = 0 WHERE invoice_id = :id",
+        "DELETE FROM invoice_lines WHERE invoice_id = :id",
+        "DELETE FROM invoices WHERE id = :id",
+        "UPDATE voucher_entries SET amount = 1",
+    ):
+        with (
+            pytest.raises(DBAPIError, match=r"immutable|cannot be deleted|append-only"),
+            db.begin() as conn,
+        ):
+            conn.execute(text(statement), ident)
+    with db.begin() as conn:  # the Stripe mirror's columns stay writable
+        conn.execute(
+            text(
+                "UPDATE invoices SET stripe_invoice_id = 'in_1', stripe_status = 'open' "
+                "WHERE id = :id"
+            ),
+            ident,
+        )
+    paid = console.post(f"/v1/invoices/{draft['id']}/paid", {}, 200)
+    assert (paid["status"], paid["stripe_invoice_id"], paid["total"]) == ("paid", "in_1", "2202.20")
+    console.post(f"/v1/invoices/{draft['id']}/void", {"reason": "x"}, 409)
+
+
+def test_void_keeps_the_number_and_a_new_draft_replaces_it(
+    console: Console, db: Engine, now: datetime
+) -> None:
+    draft = _october(console, db)
+    final = console.post(f"/v1/invoices/{draft['id']}/finalize", {}, 200)
+    void = console.post(f"/v1/invoices/{draft['id']}/void", {"reason": "wrong tax id"}, 200)
+    assert (void["status"], void["number"], void["void_reason"]) == (
+        "void",
+        final["number"],
+        "wrong tax id",
+    )
+    rerun = console.post("/v1/invoices/runs", {"period": "2026-10"}, 200)
+    assert rerun["counts"] == {"drafted": 1} and rerun["invoice_ids"] != [draft["id"]]
+    second = console.post(f"/v1/invoices/{rerun['invoice_ids'][0]}/finalize", {}, 200)
+    assert second["number"] == "GM-2026-000002"  # gapless: the voided one keeps 000001
+    ledger = _get(console, f"/v1/customers/{draft['customer_id']}/vouchers")
+    assert [e["kind"] for e in ledger["entries"]] == ["issued"]  # the tier voucher, once
+
+
+def test_html_invoice_is_standalone_and_escaped(
+    console: Console, db: Engine, now: datetime
+) -> None:
+    draft = _october(console, db)
+    console.client.patch(
+        f"/v1/customers/{draft['customer_id']}",
+        json={"name": "<script>alert(1)</script> & Co"},
+        headers=console.headers,
+    )
+    final = console.post(f"/v1/invoices/{draft['id']}/finalize", {}, 200)
+    response = console.client.get(f"/v1/invoices/{draft['id']}/html", headers=console.headers)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    page = response.text
+    assert final["number"] in page and "2202.20" in page and "-1.95" in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; Co" in page and "<script>" not in page
+    assert "GPU-A" in page and "Failure credit" in page and "http" not in page
+
+
+def test_customers_see_only_their_own_invoices(console: Console, db: Engine, now: datetime) -> None:
+    draft = _october(console, db)
+    other = console.customer("Other")
+    own_key = console.post(f"/v1/customers/{draft['customer_id']}/keys", {"name": "a"})["key"]
+    other_key = console.post(f"/v1/customers/{other['id']}/keys", {"name": "b"})["key"]
+    client = console.client
+    assert client.get(f"/v1/invoices/{draft['id']}", headers=bearer(own_key)).status_code == 200
+    assert client.get(f"/v1/invoices/{draft['id']}", headers=bearer(other_key)).status_code == 404
+    assert client.get("/v1/invoices", headers=bearer(other_key)).json()["items"] == []
+    run = client.post("/v1/invoices/runs", json={"period": "2026-10"}, headers=bearer(own_key))
+    assert run.status_code == 403

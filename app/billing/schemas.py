@@ -174,6 +174,7 @@ class OpenVoucherRead(Schema):
 
 
 class VoucherLedgerRead(Schema):
+    customer_id: uuid.UUID
     currency: str
     balance: str = Field(description="Issued - applied - expired, over the whole ledger.")
     usable: str = Field(description="What is left of vouchers not expired now.")

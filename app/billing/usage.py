@@ -115,6 +115,7 @@ def voucher_ledger(session: Session, customer: Customer, now: datetime) -> Vouch
     usable = sum((v.remaining for v in still_open if v.expires_at > epoch(now)), Decimal(0))
     currency = customer.currency
     return VoucherLedgerRead(
+        customer_id=customer.id,
         currency=currency,
         balance=money(balance(entries), currency),
         usable=money(usable, currency),

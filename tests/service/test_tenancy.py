@@ -83,6 +83,19 @@ ROUTES: dict[tuple[str, str], Case] = {
         Expect.HIDDEN, query="?start=2026-11-01T00:00:00Z&end=2026-11-02T00:00:00Z&step=3600"
     ),
     ("GET", "/v1/fleet/health"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/invoices/runs"): Case(Expect.ADMIN_ONLY, body={"period": "2026-11"}),
+    ("GET", "/v1/invoices"): Case(Expect.SCOPED, query="?customer_id={customer_id}"),
+    ("GET", "/v1/invoices/{invoice_id}"): Case(Expect.HIDDEN),
+    ("GET", "/v1/invoices/{invoice_id}/html"): Case(Expect.HIDDEN),
+    ("POST", "/v1/invoices/{invoice_id}/finalize"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/invoices/{invoice_id}/void"): Case(Expect.ADMIN_ONLY, body={"reason": "x"}),
+    ("POST", "/v1/invoices/{invoice_id}/paid"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/customers/{customer_id}/usage"): Case(Expect.HIDDEN, query="?period=2026-11"),
+    ("GET", "/v1/customers/{customer_id}/what-if"): Case(Expect.HIDDEN, query="?period=2026-11"),
+    ("GET", "/v1/customers/{customer_id}/vouchers"): Case(Expect.HIDDEN),
+    ("POST", "/v1/customers/{customer_id}/vouchers"): Case(
+        Expect.ADMIN_ONLY, body={"amount": "1", "reason": "x"}
+    ),
 }
 
 A_CONTRACT_PRICE = "1.2345678901"
@@ -128,6 +141,8 @@ def build_world(console: Console) -> World:
             "resumed_at": "2026-11-02T00:00:30Z",
         },
     )
+    invoice_run = {"period": "2026-11", "customer_id": a["id"]}
+    [invoice_id] = console.post("/v1/invoices/runs", invoice_run, 200)["invoice_ids"]
     a_key = console.post(f"/v1/customers/{a['id']}/keys", {"name": "a"})
     b_key = console.post(f"/v1/customers/{b['id']}/keys", {"name": "b"})
     ids = {
@@ -138,6 +153,7 @@ def build_world(console: Console) -> World:
         "rental_id": a_rental["id"],
         "assignment_id": str(assignment["id"]),
         "key_id": a_key["id"],
+        "invoice_id": invoice_id,
     }
     markers = [
         a["id"],
@@ -146,6 +162,7 @@ def build_world(console: Console) -> World:
         a_key["prefix"],
         A_CONTRACT_PRICE,
         "a@example.com",
+        invoice_id,
     ]
     return World(ids=ids, a_key=a_key["key"], b_key=b_key["key"], a_markers=markers)
 

@@ -83,6 +83,7 @@ ROUTES: dict[tuple[str, str], Case] = {
         Expect.HIDDEN, query="?start=2026-11-01T00:00:00Z&end=2026-11-02T00:00:00Z&step=3600"
     ),
     ("GET", "/v1/fleet/health"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/customers/{customer_id}/portal-links"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/invoices/runs"): Case(Expect.ADMIN_ONLY, body={"period": "2026-11"}),
     ("GET", "/v1/invoices"): Case(Expect.SCOPED, query="?customer_id={customer_id}"),
     ("GET", "/v1/invoices/{invoice_id}"): Case(Expect.HIDDEN),

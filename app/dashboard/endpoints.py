@@ -1,0 +1,254 @@
+"""The customer dashboard (server-rendered HTML) and the admin's portal links.
+
+Pages take the same principals as the console API (an API key, or the session cookie the
+portal link or the sign-in form sets); a page that names another customer's object is a 404.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs, urlencode
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import RedirectResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from pydantic import Field
+from sqlalchemy.orm import Session
+
+from app.auth.deps import Admin, _bearer, current_principal
+from app.auth.models import KeyKind
+from app.auth.service import Principal, authenticate
+from app.billing.endpoints import Now
+from app.billing.loader import PERIOD_PATTERN, BillingPeriod
+from app.core.deps import DbSession
+from app.core.errors import Unauthorized
+from app.core.schemas import Schema
+from app.customers.service import get_customer
+from app.dashboard import formatting, invoices, pdf, service, sessions
+from app.dashboard.bands import ROW_H, WIDTH
+
+HERE = Path(__file__).parent
+STATIC = HERE / "static"
+TEMPLATES = Jinja2Templates(directory=HERE / "templates")
+TEMPLATES.env.globals.update(
+    hours=formatting.hours,
+    duration=formatting.duration,
+    shift_period=service.shift_period,
+    line_label=invoices.label,
+    line_detail=invoices.detail,
+    ROW_H=ROW_H,
+    WIDTH=WIDTH,
+)
+
+router = APIRouter(tags=["dashboard"])
+pages = APIRouter(prefix="/dashboard", include_in_schema=False)
+
+
+# --- portal links (JSON API) --------------------------------------------------------------
+
+
+class PortalLinkCreate(Schema):
+    ttl_s: int = Field(
+        default=sessions.PORTAL_LINK_TTL_S, ge=60, le=30 * 86_400, description="Link lifetime."
+    )
+
+
+class PortalLinkRead(Schema):
+    url: str
+    expires_at: datetime
+
+
+@router.post("/v1/customers/{customer_id}/portal-links", status_code=201)
+def create_portal_link(
+    customer_id: uuid.UUID,
+    request: Request,
+    session: DbSession,
+    admin: Admin,
+    body: PortalLinkCreate | None = None,
+) -> PortalLinkRead:
+    """A signed, expiring link that signs the customer into its dashboard (read-only)."""
+    get_customer(session, customer_id, admin)
+    link = sessions.portal_link(customer_id, (body or PortalLinkCreate()).ttl_s)
+    url = str(request.url_for("open_portal_link", token=link.token))
+    return PortalLinkRead(url=url, expires_at=datetime.fromtimestamp(link.expires_at, UTC))
+
+
+# --- sign-in ------------------------------------------------------------------------------
+
+
+def page_principal(
+    request: Request,
+    session: DbSession,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """The API's own principal; a browser without one is sent to the sign-in page."""
+    try:
+        principal = current_principal(request, session, credentials)
+    except Unauthorized:
+        target = request.url_for("sign_in_form").include_query_params(next=_local(request))
+        raise HTTPException(303, "sign in first", headers={"Location": str(target)}) from None
+    if principal.kind == KeyKind.NODE:
+        raise HTTPException(403, "node tokens cannot open the dashboard")
+    return principal
+
+
+PagePrincipal = Annotated[Principal, Depends(page_principal)]
+
+
+def _local(request: Request) -> str:
+    return request.url.path + (f"?{request.url.query}" if request.url.query else "")
+
+
+def _safe_next(target: str | None) -> str:
+    # Only paths on this site: never an open redirect to another host.
+    if target and target.startswith("/dashboard") and not target.startswith("//"):
+        return target
+    return "/dashboard"
+
+
+@pages.get("/portal/{token}", name="open_portal_link")
+def open_portal_link(token: str) -> Response:
+    session_token = sessions.session_from_portal(token)
+    if session_token is None:
+        raise HTTPException(401, "this portal link is invalid or has expired; ask for a new one")
+    response = RedirectResponse("/dashboard", status_code=303)
+    sessions.set_session_cookie(response, session_token)
+    return response
+
+
+@pages.get("/sign-in", name="sign_in_form")
+def sign_in_form(request: Request, next: str | None = None, error: str | None = None) -> Response:
+    return _render(request, "sign_in.html", next=_safe_next(next), error=error)
+
+
+async def _form(request: Request) -> dict[str, str]:
+    # A urlencoded form, parsed without python-multipart (the one form here has two fields).
+    body = (await request.body()).decode(errors="replace")
+    return {k: v[0] for k, v in parse_qs(body, max_num_fields=10).items()}
+
+
+@pages.post("/sign-in")
+def sign_in(session: DbSession, form: Annotated[dict[str, str], Depends(_form)]) -> Response:
+    target = _safe_next(form.get("next"))
+    principal = authenticate(session, form.get("api_key", "").strip()[:200])
+    if principal is None or principal.kind == KeyKind.NODE:
+        query = urlencode({"error": "invalid", "next": target})
+        return RedirectResponse(f"/dashboard/sign-in?{query}", status_code=303)
+    response = RedirectResponse(target, status_code=303)
+    sessions.set_session_cookie(response, sessions.session_from_key(principal))
+    return response
+
+
+@pages.post("/sign-out")
+def sign_out() -> Response:
+    response = RedirectResponse("/dashboard/sign-in", status_code=303)
+    sessions.clear_session_cookie(response)
+    return response
+
+
+# --- pages --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page request: the viewer (who looks at which customer) and the request's "now"."""
+
+    request: Request
+    session: Session
+    v: service.Viewer
+    now: datetime
+
+    def period(self, name: str | None) -> BillingPeriod:
+        return service.period_of(self.v.customer, name, self.now)
+
+    def render(self, template: str, **context: Any) -> Response:
+        current = service.current_period_of(self.v.customer, self.now)
+        return _render(self.request, template, v=self.v, current_period=current, **context)
+
+
+def page(
+    request: Request,
+    session: DbSession,
+    principal: PagePrincipal,
+    now: Now,
+    customer: Annotated[uuid.UUID | None, Query()] = None,
+) -> Page:
+    if customer is None and principal.is_admin:  # an admin first picks a customer
+        raise HTTPException(303, "choose a customer", headers={"Location": "/dashboard/customers"})
+    return Page(request, session, service.viewer(session, principal, customer), now)
+
+
+CustomerPage = Annotated[Page, Depends(page)]
+PeriodParam = Annotated[str | None, Query(pattern=PERIOD_PATTERN)]
+
+
+@pages.get("/customers", name="customers")
+def customers_page(request: Request, session: DbSession, admin: PagePrincipal) -> Response:
+    if not admin.is_admin:
+        return RedirectResponse("/dashboard", status_code=303)
+    return _render(request, "customers.html", customers=service.all_customers(session))
+
+
+@pages.get("", name="overview")
+def overview_page(p: CustomerPage, period: PeriodParam = None) -> Response:
+    billing_period = p.period(period)
+    data = service.overview(p.session, p.v, billing_period, p.now)
+    return p.render("overview.html", period=billing_period, o=data, u=data.usage)
+
+
+@pages.get("/rentals/{rental_id}", name="rental")
+def rental_page(p: CustomerPage, rental_id: uuid.UUID, period: PeriodParam = None) -> Response:
+    billing_period = p.period(period)
+    view = service.rental_page(p.session, p.v, rental_id, billing_period, p.now)
+    return p.render("rental.html", period=billing_period, page=view)
+
+
+@pages.get("/invoices", name="invoices")
+def invoices_page(p: CustomerPage) -> Response:
+    return p.render("invoices.html", invoices=service.invoices(p.session, p.v))
+
+
+@pages.get("/invoices/{invoice_id}", name="invoice")
+def invoice_page(p: CustomerPage, invoice_id: uuid.UUID) -> Response:
+    return p.render("invoice.html", inv=service.invoice(p.session, p.v, invoice_id))
+
+
+@pages.get("/invoices/{invoice_id}/pdf", name="invoice_pdf")
+def invoice_pdf(p: CustomerPage, invoice_id: uuid.UUID) -> Response:
+    inv = service.invoice(p.session, p.v, invoice_id)
+    name = f"invoice-{inv.number or 'draft-' + inv.period}.pdf"
+    return Response(
+        pdf.render(inv, p.v.customer, p.v.fmt),
+        media_type="application/pdf",
+        headers={"Content-Disposition": f'attachment; filename="{name}"', **_PRIVATE},
+    )
+
+
+@pages.get("/what-if", name="what_if")
+def what_if_page(p: CustomerPage, period: PeriodParam = None) -> Response:
+    billing_period = p.period(period)
+    table = service.what_if(p.session, p.v, billing_period, p.now)
+    return p.render("what_if.html", period=billing_period, table=table)
+
+
+# Pages show one customer's money: never let a shared cache keep them.
+_PRIVATE = {"Cache-Control": "private, no-store"}
+
+
+def _render(request: Request, template: str, **context: Any) -> Response:
+    values = {"v": None, "fmt": None, **context}
+    if values["v"] is not None:
+        values["fmt"] = values["v"].fmt
+    return TEMPLATES.TemplateResponse(request, template, values, headers=_PRIVATE)
+
+
+def install(app: FastAPI) -> None:
+    """What the dashboard needs besides its routers: its assets and the cookie session."""
+    app.mount("/dashboard/static", StaticFiles(directory=STATIC), name="dashboard_static")
+    app.add_middleware(sessions.SessionCookieMiddleware)

@@ -1,0 +1,70 @@
+"""How the dashboard and the PDF write money, durations and times for one customer.
+
+Money stays ``Decimal`` to the last character: amounts are shown at the currency's minor unit
+(rounded with the billing rounding only if an input ever carries more places).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from app.core.money import minor_units, round_money
+
+# Symbols printable in the PDF's core fonts (cp1252) too; others are written as the ISO code.
+_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥"}
+
+
+@dataclass(frozen=True)
+class Formatter:
+    currency: str
+    timezone: str
+
+    def money(self, amount: Decimal | str) -> str:
+        value = round_money(Decimal(amount), self.currency)
+        digits = f"{abs(value):,.{minor_units(self.currency)}f}"
+        symbol = _SYMBOLS.get(self.currency)
+        text = f"{symbol}{digits}" if symbol else f"{self.currency} {digits}"
+        return f"-{text}" if value < 0 else text
+
+    def local(self, moment: datetime | int) -> datetime:
+        if isinstance(moment, int):
+            moment = datetime.fromtimestamp(moment, UTC)
+        return moment.astimezone(ZoneInfo(self.timezone))
+
+    def datetime(self, moment: datetime | int) -> str:
+        return self.local(moment).strftime("%Y-%m-%d %H:%M %Z")
+
+    def datetime_s(self, moment: datetime | int) -> str:
+        return self.local(moment).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+    def date(self, moment: datetime | int) -> str:
+        return self.local(moment).strftime("%Y-%m-%d")
+
+
+def hours(seconds: int | float) -> str:
+    """GPU-hours with two decimals (display only; billing never uses this)."""
+    return f"{seconds / 3600:,.2f}"
+
+
+def duration(seconds: int) -> str:
+    minutes, s = divmod(int(seconds), 60)
+    h, m = divmod(minutes, 60)
+    if h:
+        return f"{h} h {m:02d} min"
+    return f"{m} min {s:02d} s" if m else f"{s} s"
+
+
+def facts(evidence: Mapping[str, Any] | None) -> str:
+    """Evidence as ``key=value`` pairs, nested mappings flattened, empty values left out."""
+    parts = []
+    for key, value in (evidence or {}).items():
+        if isinstance(value, Mapping):
+            parts += [f"{key}.{k}={v}" for k, v in value.items() if v not in (None, "", {})]
+        elif value not in (None, "", {}):
+            parts.append(f"{key}={value}")
+    return ", ".join(parts)

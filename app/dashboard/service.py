@@ -1,0 +1,165 @@
+"""View models of the dashboard pages, built from the other domains' services.
+
+Every number on a page comes from the same service function (and read model) as the JSON API
+the console calls, so the page and the API always agree; this module only picks, formats and
+arranges.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlencode
+
+from sqlalchemy.orm import Session
+
+from app.auth.service import Principal
+from app.billing import repository as billing_repository
+from app.billing import schemas as billing_schemas
+from app.billing import service as billing
+from app.billing import usage as billing_usage
+from app.billing.loader import BillingPeriod, billing_period, current_period
+from app.core.errors import NotFound, Unprocessable, not_found
+from app.customers.models import Customer
+from app.customers.repository import customers_query
+from app.customers.service import get_customer
+from app.dashboard import bands, repository
+from app.dashboard.formatting import Formatter
+from app.rentals.models import Rental
+from app.rentals.service import get_rental
+
+LATEST_EVENTS = 10
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who looks at which customer: a customer at itself, or an admin at any customer."""
+
+    principal: Principal
+    customer: Customer
+    fmt: Formatter
+
+    @property
+    def as_admin(self) -> bool:
+        return self.principal.is_admin
+
+    def url(self, path: str, **params: str | None) -> str:
+        """A dashboard link that keeps an admin on the customer it is looking at."""
+        query = {k: v for k, v in params.items() if v is not None}
+        if self.as_admin:
+            query = {"customer": str(self.customer.id), **query}
+        return f"{path}?{urlencode(query)}" if query else path
+
+
+def viewer(session: Session, principal: Principal, customer_id: uuid.UUID | None) -> Viewer:
+    """A customer sees itself (naming another customer is a 404); an admin names one."""
+    if customer_id is None:
+        if principal.customer_id is None:
+            raise NotFound("choose a customer: ?customer=<id>", ("query", "customer"))
+        customer_id = principal.customer_id
+    customer = get_customer(session, customer_id, principal)
+    return Viewer(principal, customer, Formatter(customer.currency, customer.billing_timezone))
+
+
+def current_period_of(customer: Customer, now: datetime) -> str:
+    return current_period(customer.billing_timezone, now)
+
+
+def period_of(customer: Customer, name: str | None, now: datetime) -> BillingPeriod:
+    """The named month (default: the current one) in the customer's time zone; not a future
+    one, which has nothing to show yet."""
+    name = name or current_period_of(customer, now)
+    if name > current_period_of(customer, now):
+        raise Unprocessable(f"period {name} has not started yet", ("query", "period"))
+    try:
+        return billing_period(name, customer.billing_timezone)
+    except ValueError as error:
+        raise Unprocessable(str(error), ("query", "period")) from None
+
+
+# --- overview ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Overview:
+    usage: billing_schemas.UsageRead
+    events: list[dict[str, Any]]
+
+    @property
+    def idle_share(self) -> Decimal | None:
+        rented = self.usage.effective.rented_s
+        return None if not rented else Decimal(self.usage.effective.idle_s) / rented
+
+    @property
+    def next_expiry(self) -> billing_schemas.OpenVoucherRead | None:
+        return min(self.usage.vouchers.open, key=lambda v: v.expires_at, default=None)
+
+
+def overview(session: Session, v: Viewer, period: BillingPeriod, now: datetime) -> Overview:
+    usage = billing_usage.usage(session, v.customer, period.name, now)
+    hi = min(period.span[1], int(now.timestamp()))
+    events = repository.latest_events(session, v.customer.id, period.span[0], hi, LATEST_EVENTS)
+    return Overview(usage, events)
+
+
+# --- rental -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RentalPage:
+    rental: Rental
+    chart: bands.BandChart | None  # None: nothing of the rental falls in the period yet
+    window: tuple[int, int]
+
+
+def rental_page(
+    session: Session, v: Viewer, rental_id: uuid.UUID, period: BillingPeriod, now: datetime
+) -> RentalPage:
+    rental = get_rental(session, rental_id, v.principal)
+    if rental.customer_id != v.customer.id:  # an admin's link naming two customers
+        raise not_found("rental", rental_id)
+    window = _rented_window(rental, period, now)
+    if window[0] >= window[1]:
+        return RentalPage(rental, None, window)
+    return RentalPage(rental, bands.build(session, rental, v.principal, v.fmt, window), window)
+
+
+def _rented_window(rental: Rental, period: BillingPeriod, now: datetime) -> tuple[int, int]:
+    end = rental.end_at or datetime.max.replace(tzinfo=UTC)
+    lo = max(period.span[0], int(rental.start_at.timestamp()))
+    hi = min(period.span[1], int(min(end, now).timestamp()))
+    return lo, hi
+
+
+# --- invoices and what-if -----------------------------------------------------------------
+
+
+def invoices(session: Session, v: Viewer) -> list[billing_schemas.InvoiceSummary]:
+    query = billing_repository.invoices_query(customer_id=v.customer.id)
+    return [billing_schemas.InvoiceSummary.of(i) for i in session.scalars(query)]
+
+
+def invoice(session: Session, v: Viewer, invoice_id: uuid.UUID) -> billing_schemas.InvoiceRead:
+    found = billing.get_invoice(session, invoice_id, v.principal)
+    if found.customer_id != v.customer.id:
+        raise not_found("invoice", invoice_id)
+    return billing_schemas.InvoiceRead.of(found)
+
+
+def what_if(
+    session: Session, v: Viewer, period: BillingPeriod, now: datetime
+) -> billing_schemas.WhatIfRead:
+    return billing_usage.what_if_table(session, v.customer, period.name, now)
+
+
+def all_customers(session: Session) -> list[Customer]:
+    """The admin's customer picker."""
+    return list(session.scalars(customers_query()))
+
+
+def shift_period(name: str, months: int) -> str:
+    index = int(name[:4]) * 12 + int(name[5:]) - 1 + months
+    return f"{index // 12:04d}-{index % 12 + 1:02d}"

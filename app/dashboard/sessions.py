@@ -1,0 +1,122 @@
+"""Dashboard sign-in: portal links and API keys become a signed session cookie.
+
+The cookie is ``HttpOnly; Secure; SameSite=Lax`` and holds a signed session (who, until when).
+``SessionCookieMiddleware`` turns it into ``request.state.principal``, which the API's own
+``current_principal`` honours, so the pages and the JSON API they fetch see the same caller.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.auth.models import ApiKey, KeyKind
+from app.auth.service import Principal
+from app.core.db import transaction
+from app.dashboard.tokens import Purpose, sign, verify
+from app.settings import get_settings
+
+COOKIE_NAME = "gpumeter_session"
+SESSION_TTL_S = 12 * 3600
+PORTAL_LINK_TTL_S = 7 * 86_400
+# A cookie is ambient authority: it only authenticates reads, so no other site can make a
+# signed-in browser change anything (POSTs need an explicit API key).
+_COOKIE_METHODS = frozenset({"GET", "HEAD"})
+
+
+@dataclass(frozen=True)
+class PortalLink:
+    token: str
+    expires_at: int
+
+
+def portal_link(customer_id: uuid.UUID, ttl_s: int = PORTAL_LINK_TTL_S) -> PortalLink:
+    expires_at = int(time.time()) + ttl_s
+    claims = {"cid": str(customer_id), "lid": str(uuid.uuid4())}
+    return PortalLink(sign(_secret(), Purpose.PORTAL, claims, expires_at), expires_at)
+
+
+def session_from_portal(token: str) -> str | None:
+    """A session token for a genuine, unexpired portal link; None otherwise."""
+    claims = verify(_secret(), Purpose.PORTAL, token)
+    if claims is None:
+        return None
+    # The link's own id stands in for a key id: it tells sessions from different links apart.
+    return _session(KeyKind.CUSTOMER, claims["lid"], claims["cid"], key_backed=False)
+
+
+def session_from_key(principal: Principal) -> str:
+    """A session for an API key: checked against revocation on every request."""
+    customer = None if principal.customer_id is None else str(principal.customer_id)
+    return _session(principal.kind, str(principal.key_id), customer, key_backed=True)
+
+
+def _session(kind: KeyKind, key_id: str, customer_id: str | None, *, key_backed: bool) -> str:
+    claims = {"kind": kind.value, "kid": key_id, "cid": customer_id, "key": key_backed}
+    return sign(_secret(), Purpose.SESSION, claims, int(time.time()) + SESSION_TTL_S)
+
+
+def set_session_cookie(response: Response, session_token: str) -> None:
+    response.set_cookie(
+        COOKIE_NAME,
+        session_token,
+        max_age=SESSION_TTL_S,
+        path="/",
+        secure=True,
+        httponly=True,
+        samesite="lax",
+    )
+
+
+def clear_session_cookie(response: Response) -> None:
+    response.delete_cookie(COOKIE_NAME, path="/", secure=True, httponly=True, samesite="lax")
+
+
+def principal_from_claims(claims: dict[str, Any], engine: Engine) -> Principal | None:
+    kind = KeyKind(claims["kind"])
+    if kind == KeyKind.NODE:
+        return None
+    key_id = uuid.UUID(claims["kid"])
+    if claims["key"] and not _key_active(engine, key_id):
+        return None
+    customer = None if claims["cid"] is None else uuid.UUID(claims["cid"])
+    return Principal(key_id, kind, customer)
+
+
+def _key_active(engine: Engine, key_id: uuid.UUID) -> bool:
+    with transaction(engine) as session:
+        key = session.get(ApiKey, key_id)
+        return key is not None and key.revoked_at is None
+
+
+def _secret() -> str:
+    return get_settings().secret_key
+
+
+class SessionCookieMiddleware:
+    """Sets ``request.state.principal`` from a valid session cookie on safe requests that carry
+    no ``Authorization`` header (an explicit key always wins)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in _COOKIE_METHODS:
+            request = Request(scope)
+            token = request.cookies.get(COOKIE_NAME)
+            if token and "authorization" not in request.headers:
+                claims = verify(_secret(), Purpose.SESSION, token)
+                if claims is not None:
+                    engine = request.app.state.engine
+                    principal = await run_in_threadpool(principal_from_claims, claims, engine)
+                    if principal is not None:
+                        scope.setdefault("state", {})["principal"] = principal
+        await self.app(scope, receive, send)

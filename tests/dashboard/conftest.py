@@ -1,0 +1,28 @@
+"""Dashboard tests: the API harness over https (the session cookie is Secure) and a seeded month."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from tests.dashboard import world
+from tests.service.conftest import Console, admin_key, app  # noqa: F401 - fixtures
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:  # noqa: F811
+    with TestClient(app, base_url="https://testserver") as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def console(client: TestClient, admin_key: str) -> Console:  # noqa: F811
+    return Console(client, admin_key)
+
+
+@pytest.fixture
+def seeded(console: Console) -> world.World:
+    return world.build(console)

@@ -1,0 +1,207 @@
+"""Server-side dashboard tests: sign-in, the pages' numbers against the API, PDF, tenancy."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+from decimal import Decimal
+
+import pytest
+from fastapi.testclient import TestClient
+from pypdf import PdfReader
+
+from app.dashboard import sessions, tokens
+from app.settings import get_settings
+from tests.dashboard.world import PERIOD, World
+from tests.service.conftest import Console, bearer
+
+PAGES = [
+    "/dashboard?period={period}",
+    "/dashboard/rentals/{rental}?period={period}",
+    "/dashboard/invoices",
+    "/dashboard/invoices/{invoice}",
+    "/dashboard/invoices/{invoice}/pdf",
+    "/dashboard/what-if?period={period}",
+]
+
+
+def paths(w: World) -> list[str]:
+    ids = {"period": PERIOD, "rental": w.acme.rental["id"], "invoice": w.invoice["id"]}
+    return [p.format(**ids) for p in PAGES]
+
+
+def portal_link(console: Console, customer_id: str) -> str:
+    return console.post(f"/v1/customers/{customer_id}/portal-links", {"ttl_s": 3600})["url"]
+
+
+def sign_in_with_link(client: TestClient, url: str) -> None:
+    response = client.get(url, follow_redirects=False)
+    assert response.status_code == 303 and response.headers["location"] == "/dashboard"
+    cookie = response.headers["set-cookie"]
+    for flag in ("HttpOnly", "Secure", "SameSite=lax"):
+        assert flag.lower() in cookie.lower(), cookie
+
+
+def raw(html: str, key: str) -> str:
+    match = re.search(rf'data-api="{re.escape(key)}"[^>]*data-raw="([^"]*)"', html)
+    assert match, f"{key} not on the page"
+    return match.group(1)
+
+
+def test_portal_link_signs_in_and_every_page_renders(
+    client: TestClient, console: Console, seeded: World
+) -> None:
+    sign_in_with_link(client, portal_link(console, seeded.acme.customer["id"]))
+    for path in paths(seeded):
+        response = client.get(path)
+        assert response.status_code == 200, (path, response.text[:300])
+        assert response.headers["cache-control"] == "private, no-store"
+
+
+def test_overview_numbers_equal_the_api(client: TestClient, seeded: World) -> None:
+    key = seeded.acme.key
+    api = client.get(
+        f"/v1/customers/{seeded.acme.customer['id']}/usage?period={PERIOD}", headers=bearer(key)
+    ).json()
+    html = client.get(f"/dashboard?period={PERIOD}", headers=bearer(key)).text
+    assert raw(html, "cost_to_date") == api["cost_to_date"]
+    assert raw(html, "forecast") == api["forecast"]
+    assert raw(html, "vouchers.usable") == api["vouchers"]["usable"]
+    for bucket in ("billable", "failure_credit", "migration_credit", "unmetered"):
+        assert int(raw(html, f"buckets_s.{bucket}")) == api["buckets_s"][bucket]
+    assert raw(html, "effective.effective_gpu_hours") == api["effective"]["effective_gpu_hours"]
+    assert api["buckets_s"]["failure_credit"] == 47 * 60 and api["buckets_s"]["migration_credit"]
+    assert "€" in html and "xid_79_fallen_off_bus" in html
+
+
+def test_rental_page_shows_the_failure_band_with_its_evidence(
+    client: TestClient, seeded: World
+) -> None:
+    path = f"/dashboard/rentals/{seeded.acme.rental['id']}?period={PERIOD}"
+    html = client.get(path, headers=bearer(seeded.acme.key)).text
+    failed = re.findall(r'<rect class="piece st-failed"[^>]*data-tip="([^"]*)"', html)
+    assert len(failed) == 1
+    assert (
+        "GPU-A-1" in failed[0] and "code=79" in failed[0] and "xid_79_fallen_off_bus" in failed[0]
+    )
+    # Times are the customer's (Berlin, CEST in October): 12:00 UTC is 14:00.
+    assert "2026-10-10 14:00:00 CEST" in failed[0]
+    assert 'class="piece st-migration"' in html and 'class="link"' in html
+
+
+def test_invoice_page_and_pdf_show_the_invoice_total(client: TestClient, seeded: World) -> None:
+    inv = seeded.invoice
+    headers = bearer(seeded.acme.key)
+    html = client.get(f"/dashboard/invoices/{inv['id']}", headers=headers).text
+    assert raw(html, "total") == inv["total"] and inv["number"] in html
+    response = client.get(f"/dashboard/invoices/{inv['id']}/pdf", headers=headers)
+    assert response.headers["content-type"] == "application/pdf"
+    text = "\n".join(p.extract_text() for p in PdfReader(io.BytesIO(response.content)).pages)
+    total = f"€{Decimal(inv['total']):,.2f}"
+    assert inv["number"] in text and total in text
+    assert "Failure credit" in text and "code=79" in text
+
+
+def test_what_if_equals_the_api(client: TestClient, seeded: World) -> None:
+    headers = bearer(seeded.acme.key)
+    api = client.get(
+        f"/v1/customers/{seeded.acme.customer['id']}/what-if?period={PERIOD}", headers=headers
+    ).json()
+    html = client.get(f"/dashboard/what-if?period={PERIOD}", headers=headers).text
+    shown = re.findall(r'class="num diff" data-raw="([^"]*)"', html)
+    assert shown == [row["difference"] for row in api["rows"]]
+    assert [r["increment_s"] for r in api["rows"]] == [1, 60, 3600]
+
+
+def test_another_customer_opens_none_of_the_pages(
+    client: TestClient, console: Console, seeded: World
+) -> None:
+    sign_in_with_link(client, portal_link(console, seeded.other.customer["id"]))
+    for path in paths(seeded):
+        if path.startswith(("/dashboard?", "/dashboard/what-if")) or path.endswith("invoices"):
+            continue  # their own pages: checked below for leaks
+        assert client.get(path).status_code == 404, path
+        named = path + ("&" if "?" in path else "?") + f"customer={seeded.acme.customer['id']}"
+        assert client.get(named).status_code == 404, named
+    markers = [seeded.acme.customer["id"], seeded.acme.rental["id"], "GPU-A-1", "Acme"]
+    for path in ("/dashboard", "/dashboard/invoices", "/dashboard/what-if"):
+        for query in ("", f"?customer={seeded.other.customer['id']}"):
+            html = client.get(path + query).text
+            assert not [m for m in markers if m in html], path
+        own = client.get(path + f"?customer={seeded.acme.customer['id']}")
+        assert own.status_code == 404
+    for asset in ("dashboard.css", "dashboard.js"):
+        body = client.get(f"/dashboard/static/{asset}").text
+        assert not [m for m in markers if m in body]
+
+
+def test_cookie_reads_the_json_api_but_never_writes(
+    client: TestClient, console: Console, seeded: World
+) -> None:
+    sign_in_with_link(client, portal_link(console, seeded.acme.customer["id"]))
+    gpu = client.get(
+        "/v1/gpus/GPU-A-1/metrics?start=2026-10-10T00:00:00Z&end=2026-10-11T00:00:00Z&step=3600"
+    )
+    assert gpu.status_code == 200 and gpu.json()["points"]
+    assert (
+        client.get(
+            "/v1/gpus/GPU-B-1/metrics?start=2026-10-10T00:00:00Z&end=2026-10-11T00:00:00Z"
+        ).status_code
+        == 404
+    )
+    assert client.post("/v1/keys", json={"name": "x"}).status_code == 401
+
+
+def test_bad_expired_and_swapped_tokens_are_refused(
+    client: TestClient, console: Console, seeded: World
+) -> None:
+    url = portal_link(console, seeded.acme.customer["id"])
+    token = url.rsplit("/", 1)[1]
+    secret = get_settings().secret_key
+    expired = tokens.sign(
+        secret, tokens.Purpose.PORTAL, {"cid": "x", "lid": "y"}, int(time.time()) - 1
+    )
+    forged = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
+    for bad in (expired, forged):
+        assert client.get(f"/dashboard/portal/{bad}", follow_redirects=False).status_code == 401
+    # A portal token is not a session, so it cannot be pasted in as the cookie.
+    client.cookies.set(sessions.COOKIE_NAME, token, domain="testserver")
+    response = client.get("/dashboard", follow_redirects=False)
+    assert response.status_code == 303 and "/dashboard/sign-in" in response.headers["location"]
+
+
+def test_api_key_sign_in_and_admin_view(client: TestClient, admin_key: str, seeded: World) -> None:
+    response = client.post(
+        "/dashboard/sign-in",
+        data={"api_key": "gm_customer_wrong", "next": "/dashboard"},
+        follow_redirects=False,
+    )
+    assert "error=invalid" in response.headers["location"]
+    response = client.post(
+        "/dashboard/sign-in",
+        data={"api_key": admin_key, "next": "https://evil.test/"},
+        follow_redirects=False,
+    )
+    assert response.headers["location"] == "/dashboard"
+    assert (
+        client.get("/dashboard", follow_redirects=False).headers["location"]
+        == "/dashboard/customers"
+    )
+    picker = client.get("/dashboard/customers").text
+    assert "Acme" in picker and "Other" in picker
+    acme = seeded.acme.customer["id"]
+    html = client.get(f"/dashboard?customer={acme}&period={PERIOD}").text
+    assert "admin view" in html and f"customer={acme}" in html
+
+
+def test_signed_out_browser_is_sent_to_sign_in(client: TestClient, seeded: World) -> None:
+    response = client.get(f"/dashboard/what-if?period={PERIOD}", follow_redirects=False)
+    assert response.status_code == 303
+    assert response.headers["location"].startswith("https://testserver/dashboard/sign-in?next=")
+    assert client.get("/dashboard/sign-in").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/dashboard?period=2026-13", "/dashboard?period=2099-01"])
+def test_bad_periods_are_422(client: TestClient, seeded: World, path: str) -> None:
+    assert client.get(path, headers=bearer(seeded.acme.key)).status_code == 422

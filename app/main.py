@@ -12,9 +12,10 @@ from app.core.db import get_engine
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
 from app.customers.endpoints import router as customers_router
-from app.dashboard import endpoints as dashboard
 from app.fleet.endpoints import router as fleet_router
 from app.metering.endpoints import router as metering_router
+from app.payments.endpoints import router as stripe_router
+from app.payments.stripe_mirror import stripe_sync_lifespan
 from app.plans.endpoints import router as plans_router
 from app.rentals.endpoints import router as rentals_router
 
@@ -22,14 +23,13 @@ ROUTERS = [
     health_router,
     keys_router,
     customers_router,
-    dashboard.router,
-    dashboard.pages,
     fleet_router,
     invoices_router,
     billing_customer_router,
     metering_router,
     plans_router,
     rentals_router,
+    stripe_router,
 ]
 
 
@@ -38,10 +38,10 @@ def create_app(engine: Engine | None = None) -> FastAPI:
         title="gpumeter",
         version="0.1.0",
         description="Per-second GPU metering and billing: console API, ingest, invoices.",
+        lifespan=stripe_sync_lifespan,  # the Stripe sync worker, when Stripe is configured
     )
     app.state.engine = engine or get_engine()
     install_error_handlers(app)
-    dashboard.install(app)
     for router in ROUTERS:
         app.include_router(router)
     return app

@@ -6,6 +6,7 @@ from app.core.base import Base
 from app.customers.models import Customer
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.metering.models import HealthEventRow, MinuteMetrics, OpenMinuteMetrics, StateSegment
+from app.payments.models import PaymentFailure, StripeOutbox, StripeWebhookEvent
 from app.plans.models import PlanPrice, PricePlan
 from app.rentals.models import GpuAssignment, Migration, Rental
 
@@ -25,10 +26,13 @@ __all__ = [
     "MinuteMetrics",
     "Node",
     "OpenMinuteMetrics",
+    "PaymentFailure",
     "PlanPrice",
     "Pool",
     "PricePlan",
     "Rental",
     "StateSegment",
+    "StripeOutbox",
+    "StripeWebhookEvent",
     "VoucherEntryRow",
 ]

@@ -44,6 +44,27 @@ class Settings(BaseSettings):
     )
     stripe_api_key: str | None = Field(default=None, description="Enables the Stripe mirror.")
     stripe_webhook_secret: str | None = Field(default=None, description="Verifies Stripe webhooks.")
+    stripe_api_base: str | None = Field(
+        default=None, description="Stripe API address; unset: Stripe's own (tests: a fake)."
+    )
+    stripe_max_network_retries: int = Field(
+        default=2, ge=0, description="Immediate SDK retries of one Stripe call (same key)."
+    )
+    stripe_retry_base_s: float = Field(
+        default=2.0, gt=0, description="First delay before the sync retries an invoice."
+    )
+    stripe_retry_max_s: float = Field(
+        default=300.0, gt=0, description="Longest delay between the sync's retries of an invoice."
+    )
+    stripe_poll_interval_s: float = Field(
+        default=5.0, gt=0, description="How often the Stripe sync worker polls its outbox."
+    )
+    stripe_sync_in_process: bool = Field(
+        default=True, description="Run the Stripe sync worker inside each service process."
+    )
+    stripe_lease_s: int = Field(
+        default=300, ge=1, description="How long a sync worker owns an outbox item it claimed."
+    )
     secret_key: str = Field(
         default="change-me-in-production",
         description="Signs customer portal links and session cookies.",

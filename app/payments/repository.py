@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import contextlib
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Select, or_, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from app.billing.models import Invoice
+from app.payments.models import PaymentFailure, StripeOutbox, StripeWebhookEvent, SyncState
+
+
+def claim_due(session: Session, now: datetime) -> StripeOutbox | None:
+    """The oldest due, unleased outbox row, locked; rows other workers hold are skipped."""
+    query = (
+        select(StripeOutbox)
+        .where(
+            StripeOutbox.state == SyncState.PENDING,
+            StripeOutbox.next_attempt_at <= now,
+            or_(StripeOutbox.leased_until.is_(None), StripeOutbox.leased_until < now),
+        )
+        .order_by(StripeOutbox.next_attempt_at, StripeOutbox.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    )
+    return session.scalars(query).first()
+
+
+def leased_item(session: Session, outbox_id: int, owner: str) -> StripeOutbox | None:
+    """The row, locked, if ``owner`` still holds its lease."""
+    query = (
+        select(StripeOutbox)
+        .where(StripeOutbox.id == outbox_id, StripeOutbox.lease_owner == owner)
+        .with_for_update()
+    )
+    return session.scalars(query).first()
+
+
+def outbox_for_invoice(session: Session, invoice_id: uuid.UUID) -> StripeOutbox | None:
+    query = select(StripeOutbox).where(StripeOutbox.invoice_id == invoice_id).with_for_update()
+    return session.scalars(query).first()
+
+
+def outbox_query(
+    *, state: SyncState | None = None, customer_id: uuid.UUID | None = None
+) -> Select[tuple[StripeOutbox]]:
+    query = select(StripeOutbox).order_by(StripeOutbox.id)
+    if state is not None:
+        query = query.where(StripeOutbox.state == state)
+    if customer_id is not None:
+        query = query.where(StripeOutbox.customer_id == customer_id)
+    return query
+
+
+def invoice_for_stripe(
+    session: Session, stripe_invoice_id: str, our_id: str | None
+) -> Invoice | None:
+    """Our invoice, by the Stripe id we stored or else by the id in the Stripe metadata."""
+    conditions = [Invoice.stripe_invoice_id == stripe_invoice_id]
+    with contextlib.suppress(ValueError):  # metadata not ours: match by Stripe id alone
+        conditions.append(Invoice.id == uuid.UUID(our_id or ""))
+    return session.scalars(select(Invoice).where(or_(*conditions)).with_for_update()).first()
+
+
+def insert_event(session: Session, event_id: str, type_: str, payload: dict[str, Any]) -> bool:
+    """Store the event unless its id is already in the inbox; True when it is new."""
+    statement = (
+        insert(StripeWebhookEvent)
+        .values(id=event_id, type=type_, payload=payload, outcome="received")
+        .on_conflict_do_nothing(index_elements=["id"])
+        .returning(StripeWebhookEvent.id)
+    )
+    return session.execute(statement).first() is not None
+
+
+def payment_failures_query(
+    *, customer_id: uuid.UUID | None = None, invoice_id: uuid.UUID | None = None
+) -> Select[tuple[PaymentFailure]]:
+    query = select(PaymentFailure).order_by(PaymentFailure.occurred_at, PaymentFailure.id)
+    if customer_id is not None:
+        query = query.where(PaymentFailure.customer_id == customer_id)
+    if invoice_id is not None:
+        query = query.where(PaymentFailure.invoice_id == invoice_id)
+    return query

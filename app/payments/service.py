@@ -1,0 +1,198 @@
+"""Stripe mirror bookkeeping: queueing invoices for the sync, and Stripe's webhook events.
+
+With no ``GPUMETER_STRIPE_API_KEY`` nothing is queued and invoices stay in gpumeter alone.
+Webhook handling never voids or reopens our invoices: gpumeter is the source of truth, so a
+Stripe-side change we did not ask for is recorded on the invoice (``stripe_error``) for an
+operator to act on.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import stripe
+from sqlalchemy import func
+from sqlalchemy.orm import Session
+
+from app.auth.service import Principal
+from app.billing import service as billing_service
+from app.billing.models import Invoice, InvoiceStatus
+from app.core.errors import ApiError, Conflict, not_found
+from app.payments import repository
+from app.payments.models import (
+    PaymentFailure,
+    StripeOutbox,
+    StripeWebhookEvent,
+    SyncState,
+    SyncTarget,
+)
+from app.payments.schemas import InvoiceStripeRead, PaymentFailureRead, SyncRead
+from app.payments.stripe_api import META_INVOICE, from_stripe_amount
+from app.settings import get_settings
+
+
+def stripe_enabled() -> bool:
+    return bool(get_settings().stripe_api_key)
+
+
+def queue_stripe_sync(session: Session, invoice: Invoice) -> None:
+    """Billing's hook after finalizing or voiding ``invoice``, in the same transaction."""
+    if not stripe_enabled() or invoice.status == InvoiceStatus.DRAFT:
+        return
+    target = SyncTarget.VOID if invoice.status == InvoiceStatus.VOID else SyncTarget.FINALIZED
+    item = repository.outbox_for_invoice(session, invoice.id)
+    if item is None:
+        if target == SyncTarget.VOID:
+            return  # never queued, so nothing exists in Stripe to void
+        item = StripeOutbox(invoice_id=invoice.id, customer_id=invoice.customer_id, target=target)
+        session.add(item)
+    elif item.target != target:
+        item.target = target
+        _requeue(item)
+    session.flush()
+
+
+def _requeue(item: StripeOutbox) -> None:
+    item.state = SyncState.PENDING
+    item.attempts = 0
+    item.next_attempt_at = func.now()
+    item.last_error = None
+
+
+def invoice_view(
+    session: Session, invoice_id: uuid.UUID, principal: Principal
+) -> InvoiceStripeRead:
+    invoice = billing_service.get_invoice(session, invoice_id, principal)
+    item = repository.outbox_for_invoice(session, invoice_id)
+    failures = session.scalars(repository.payment_failures_query(invoice_id=invoice_id)).all()
+    return InvoiceStripeRead(
+        invoice_id=invoice.id,
+        customer_id=invoice.customer_id,
+        stripe_invoice_id=invoice.stripe_invoice_id,
+        stripe_invoice_number=invoice.stripe_invoice_number,
+        stripe_hosted_url=invoice.stripe_hosted_url,
+        stripe_status=invoice.stripe_status,
+        stripe_error=invoice.stripe_error,
+        sync=SyncRead.model_validate(item) if item else None,
+        payment_failures=[PaymentFailureRead.model_validate(f) for f in failures],
+    )
+
+
+def retry_sync(session: Session, invoice_id: uuid.UUID) -> StripeOutbox:
+    """Send a failed (or waiting) sync to the worker again, now."""
+    item = repository.outbox_for_invoice(session, invoice_id)
+    if item is None:
+        raise not_found("Stripe sync of invoice", invoice_id)
+    if item.state == SyncState.SYNCED:
+        raise Conflict(
+            f"invoice {invoice_id} is already mirrored in Stripe", ("path", "invoice_id")
+        )
+    _requeue(item)
+    session.flush()
+    session.refresh(item)
+    return item
+
+
+# -- webhooks ---------------------------------------------------------------------------------
+
+
+class BadSignature(ApiError):
+    error_type = "invalid_signature"
+
+
+def receive_webhook(session: Session, payload: bytes, signature: str | None) -> tuple[str, bool]:
+    """Verify, store once and apply a Stripe event; (event id, whether it was a duplicate)."""
+    secret = get_settings().stripe_webhook_secret
+    if not secret:  # a 4xx: Stripe keeps redelivering until the secret is configured
+        raise BadSignature("no Stripe webhook secret is configured", ("header", "stripe-signature"))
+    try:
+        # The SDK checks the HMAC and the timestamp (stale beyond its default 300 s).
+        event = stripe.Webhook.construct_event(payload, signature, secret)
+    except stripe.SignatureVerificationError as error:
+        raise BadSignature(
+            f"invalid Stripe signature: {error}", ("header", "stripe-signature")
+        ) from None
+    except ValueError:
+        raise BadSignature("the body is not a Stripe event", ("body",)) from None
+    body: dict[str, Any] = json.loads(payload)
+    if not repository.insert_event(session, event.id, event.type, body):
+        return event.id, True
+    row = session.get_one(StripeWebhookEvent, event.id)
+    obj = body.get("data", {}).get("object", {})
+    handler = _HANDLERS.get(event.type)
+    invoice = _our_invoice(session, obj) if handler else None
+    row.stripe_object_id = obj.get("id")
+    row.invoice_id = invoice.id if invoice else None
+    if handler is None:
+        row.outcome = "ignored"
+    elif invoice is None:
+        row.outcome = "unknown_invoice"
+    else:
+        handler(session, invoice, obj, row)
+        row.outcome = "applied"
+    session.flush()
+    return event.id, False
+
+
+def _our_invoice(session: Session, obj: dict[str, Any]) -> Invoice | None:
+    if obj.get("object") != "invoice":
+        return None
+    return repository.invoice_for_stripe(
+        session, obj.get("id", ""), (obj.get("metadata") or {}).get(META_INVOICE)
+    )
+
+
+def _at(epoch: int | None) -> datetime | None:
+    return datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
+
+
+def _paid(
+    session: Session, invoice: Invoice, obj: dict[str, Any], event: StripeWebhookEvent
+) -> None:
+    invoice.stripe_status = "paid"
+    if invoice.status == InvoiceStatus.FINALIZED:
+        paid_at = _at(event.payload.get("created")) or datetime.now(UTC)
+        billing_service.mark_invoice_paid(session, invoice, paid_at)
+    elif invoice.status == InvoiceStatus.VOID:
+        invoice.stripe_error = "paid in Stripe although void in gpumeter: refund it in Stripe"
+
+
+def _payment_failed(
+    session: Session, invoice: Invoice, obj: dict[str, Any], event: StripeWebhookEvent
+) -> None:
+    session.add(
+        PaymentFailure(
+            event_id=event.id,
+            invoice_id=invoice.id,
+            customer_id=invoice.customer_id,
+            stripe_invoice_id=obj["id"],
+            amount_due=from_stripe_amount(int(obj.get("amount_due", 0)), invoice.currency),
+            currency=invoice.currency,
+            attempt_count=int(obj.get("attempt_count") or 0),
+            next_payment_attempt=_at(obj.get("next_payment_attempt")),
+            occurred_at=_at(event.payload.get("created")) or datetime.now(UTC),
+        )
+    )
+
+
+def _stripe_status(status: str, unexpected: str | None) -> Callable[..., None]:
+    """A handler recording Stripe's new status; ``unexpected`` flags it unless ours is void."""
+
+    def handler(_: Session, invoice: Invoice, obj: dict[str, Any], __: StripeWebhookEvent) -> None:
+        invoice.stripe_status = status
+        if unexpected and invoice.status != InvoiceStatus.VOID:
+            invoice.stripe_error = unexpected
+
+    return handler
+
+
+_HANDLERS: dict[str, Callable[[Session, Invoice, dict[str, Any], StripeWebhookEvent], None]] = {
+    "invoice.paid": _paid,
+    "invoice.payment_failed": _payment_failed,
+    "invoice.voided": _stripe_status("void", "voided in Stripe but not in gpumeter"),
+    "invoice.marked_uncollectible": _stripe_status("uncollectible", None),
+}

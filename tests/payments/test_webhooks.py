@@ -1,0 +1,156 @@
+"""POST /v1/stripe/webhook: signatures, the inbox, and each handled event's effect."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+
+from app.billing.models import InvoiceStatus
+from app.core.db import transaction
+from app.payments.models import PaymentFailure, StripeWebhookEvent
+from tests.payments.conftest import TOTAL_MINOR, Mirror, configure, event, signed
+from tests.payments.fake_stripe import FakeStripe
+from tests.service.conftest import Console
+
+WEBHOOK = "/v1/stripe/webhook"
+
+
+def deliver(client: TestClient, evt: dict[str, Any], timestamp: int | None = None) -> Any:
+    payload, headers = signed(evt, timestamp)
+    return client.post(WEBHOOK, content=payload, headers=headers)
+
+
+def mirrored(mirror: Mirror, fake: FakeStripe) -> tuple[uuid.UUID, dict[str, Any]]:
+    invoice_id = mirror.finalized()
+    mirror.sync()
+    return invoice_id, fake.invoices[mirror.invoice(invoice_id).stripe_invoice_id]
+
+
+def count(mirror: Mirror, model: type) -> int:
+    with transaction(mirror.engine) as session:
+        return session.scalar(select(func.count()).select_from(model)) or 0
+
+
+def test_valid_signature_is_accepted_and_stored(mirror: Mirror, client: TestClient) -> None:
+    evt = event("customer.created", {"id": "cus_x", "object": "customer"})
+    response = deliver(client, evt)
+    assert response.status_code == 200, response.text
+    assert response.json() == {"event_id": evt["id"], "duplicate": False}
+    with transaction(mirror.engine) as session:
+        assert session.get_one(StripeWebhookEvent, evt["id"]).outcome == "ignored"
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        pytest.param(
+            lambda h: h | {"Stripe-Signature": h["Stripe-Signature"][:-2] + "00"}, id="wrong-hmac"
+        ),
+        pytest.param(
+            lambda h: {k: v for k, v in h.items() if k != "Stripe-Signature"}, id="missing"
+        ),
+        pytest.param(lambda h: h | {"Stripe-Signature": "garbage"}, id="malformed"),
+    ],
+)
+def test_invalid_signature_is_rejected(mirror: Mirror, client: TestClient, tamper: Any) -> None:
+    payload, headers = signed(event("invoice.paid", {"id": "in_x", "object": "invoice"}))
+    response = client.post(WEBHOOK, content=payload, headers=tamper(headers))
+    assert response.status_code == 400, response.text
+    assert response.json()["detail"][0]["type"] == "invalid_signature"
+    assert count(mirror, StripeWebhookEvent) == 0
+
+
+def test_body_changed_after_signing_is_rejected(mirror: Mirror, client: TestClient) -> None:
+    payload, headers = signed(event("invoice.paid", {"id": "in_x", "object": "invoice"}))
+    response = client.post(WEBHOOK, content=payload.replace("in_x", "in_y"), headers=headers)
+    assert response.status_code == 400
+
+
+def test_stale_signature_is_rejected(mirror: Mirror, client: TestClient) -> None:
+    evt = event("invoice.paid", {"id": "in_x", "object": "invoice"})
+    assert deliver(client, evt, timestamp=int(time.time()) - 301).status_code == 400
+    assert deliver(client, evt, timestamp=int(time.time()) - 200).status_code == 200
+
+
+def test_webhook_is_off_without_a_secret(
+    mirror: Mirror, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUMETER_STRIPE_WEBHOOK_SECRET")
+    configure(monkeypatch)
+    response = deliver(client, event("invoice.paid", {"id": "in_x", "object": "invoice"}))
+    assert response.status_code == 400
+    assert "no Stripe webhook secret" in response.json()["detail"][0]["msg"]
+
+
+def test_paid_reaches_our_invoice(
+    mirror: Mirror, fake: FakeStripe, client: TestClient, console: Console
+) -> None:
+    invoice_id, theirs = mirrored(mirror, fake)
+    paid = fake.set_status(theirs["id"], "paid") | {"amount_paid": TOTAL_MINOR}
+    response = deliver(client, event("invoice.paid", paid))
+    assert response.status_code == 200, response.text
+
+    ours = mirror.invoice(invoice_id)
+    assert (ours.status, ours.stripe_status) == (InvoiceStatus.PAID, "paid")
+    assert ours.paid_at is not None
+    view = client.get(f"/v1/stripe/invoices/{invoice_id}", headers=console.headers).json()
+    assert view["stripe_status"] == "paid"
+
+
+def test_duplicate_delivery_is_a_no_op(
+    mirror: Mirror, fake: FakeStripe, client: TestClient, console: Console
+) -> None:
+    _, theirs = mirrored(mirror, fake)
+    failed = theirs | {"attempt_count": 1, "next_payment_attempt": int(time.time()) + 86400}
+    evt = event("invoice.payment_failed", failed)
+    first, second = deliver(client, evt), deliver(client, evt)
+    assert first.json()["duplicate"] is False
+    assert second.status_code == 200 and second.json()["duplicate"] is True
+    assert count(mirror, PaymentFailure) == 1
+    assert count(mirror, StripeWebhookEvent) == 1
+
+
+def test_payment_failure_is_visible_to_the_customer(
+    mirror: Mirror, fake: FakeStripe, client: TestClient, console: Console
+) -> None:
+    invoice_id, theirs = mirrored(mirror, fake)
+    deliver(client, event("invoice.payment_failed", theirs | {"attempt_count": 2}))
+    customer_id = mirror.invoice(invoice_id).customer_id
+    key = console.post(f"/v1/customers/{customer_id}/keys", {"name": "own"})["key"]
+    view = client.get(
+        f"/v1/stripe/invoices/{invoice_id}", headers={"Authorization": f"Bearer {key}"}
+    ).json()
+    (failure,) = view["payment_failures"]
+    assert (failure["attempt_count"], failure["amount_due"], failure["currency"]) == (
+        2,
+        "70.76",
+        "USD",
+    )
+    assert mirror.invoice(invoice_id).status == InvoiceStatus.FINALIZED  # still due
+
+
+def test_voided_and_uncollectible_are_recorded(
+    mirror: Mirror, fake: FakeStripe, client: TestClient
+) -> None:
+    invoice_id, theirs = mirrored(mirror, fake)
+    deliver(client, event("invoice.marked_uncollectible", theirs | {"status": "uncollectible"}))
+    assert mirror.invoice(invoice_id).stripe_status == "uncollectible"
+    deliver(client, event("invoice.voided", theirs | {"status": "void"}))
+    ours = mirror.invoice(invoice_id)
+    # gpumeter is the source of truth: a void made in Stripe alone is flagged, not copied.
+    assert (ours.status, ours.stripe_status) == (InvoiceStatus.FINALIZED, "void")
+    assert ours.stripe_error == "voided in Stripe but not in gpumeter"
+
+
+def test_event_for_an_unknown_invoice_is_stored_and_acknowledged(
+    mirror: Mirror, client: TestClient
+) -> None:
+    evt = event("invoice.paid", {"id": "in_nobody", "object": "invoice", "metadata": {}})
+    assert deliver(client, evt).status_code == 200
+    with transaction(mirror.engine) as session:
+        assert session.get_one(StripeWebhookEvent, evt["id"]).outcome == "unknown_invoice"

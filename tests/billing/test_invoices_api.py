@@ -19,8 +19,8 @@ def _get(console: Console, path: str) -> Any:
     return response.json()
 
 
-def _october(console: Console, db: Engine, **customer: Any) -> dict[str, Any]:
-    october_with_failure(console, db, **customer)
+def _october(console: Console, db: Engine) -> dict[str, Any]:
+    october_with_failure(console, db)
     run = console.post("/v1/invoices/runs", {"period": "2026-10"}, 200)
     [invoice_id] = run["invoice_ids"]
     return _get(console, f"/v1/invoices/{invoice_id}")

@@ -45,9 +45,16 @@ class World:
     rental: dict[str, Any]
 
 
-def october_with_failure(console: Console, db: Engine, **customer: Any) -> World:
-    acme = console.customer("Acme", tax_rate="0.19", **customer)
-    plan = console.plan("on-demand", price="2.49", voucher_tiers=TIERS)
+def october_with_failure(
+    console: Console,
+    db: Engine,
+    *,
+    plan_fields: dict[str, Any] | None = None,
+    gpu_b_gap: tuple[str, str] | None = None,
+) -> World:
+    """The world above; ``gpu_b_gap`` leaves GPU-B without telemetry over [start, end)."""
+    acme = console.customer("Acme", tax_rate="0.19")
+    plan = console.plan("on-demand", price="2.49", voucher_tiers=TIERS, **(plan_fields or {}))
     node = console.node()["node"]
     for gpu in ("GPU-A", "GPU-B"):
         console.gpu(node["id"], gpu)
@@ -72,5 +79,10 @@ def october_with_failure(console: Console, db: Engine, **customer: Any) -> World
             ("2026-10-10T12:00:00", "2026-10-10T12:47:00", "failed"),
         ],
     )
-    write_telemetry(db, "GPU-B", [("2026-10-10T12:47:30", "2026-11-30T00:00:00", "healthy")])
+    gap = gpu_b_gap or ("2026-11-30T00:00:00", "2026-11-30T00:00:00")
+    b_runs = [
+        ("2026-10-10T12:47:30", gap[0], "healthy"),
+        (gap[1], "2026-11-30T00:00:00", "healthy"),
+    ]
+    write_telemetry(db, "GPU-B", [run for run in b_runs if run[0] < run[1]])
     return World(acme, plan, rental)

@@ -1,0 +1,70 @@
+"""Live usage (buckets, effective GPU-hours, cost to date, forecast) and what-if, via the API."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine
+
+from tests.billing.world import october_with_failure
+from tests.service.conftest import Console
+
+
+def _get(console: Console, path: str) -> Any:
+    response = console.client.get(path, headers=console.headers)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_usage_of_a_closed_and_of_the_current_month(
+    console: Console, db: Engine, now: datetime
+) -> None:
+    customer = october_with_failure(console, db).customer["id"]
+    october = _get(console, f"/v1/customers/{customer}/usage?period=2026-10")
+    assert {k: v for k, v in october["buckets_s"].items() if v} == {
+        "billable": 2_675_550,
+        "failure_credit": 2820,
+        "migration_credit": 30,
+    }
+    assert october["effective"] == {
+        "rented_s": 2_678_400,
+        "credited_s": 2850,
+        "idle_s": 0,  # no minute metrics: unknown is not idle
+        "effective_s": 2_675_550,
+        "effective_gpu_hours": "743.208333",
+    }
+    assert (october["cost_to_date"], october["forecast"]) == ("1850.59", "1850.59")
+
+    # November to date (pinned at Nov 5 12:00): 4.5 days = 388,800 s -> 268.92; a steady
+    # rental forecasts the whole month: 268.92 x 2,592,000 / 388,800 = 1792.80.
+    november = _get(console, f"/v1/customers/{customer}/usage")
+    assert november["period"] == "2026-11" and november["as_of"] == "2026-11-05T12:00:00Z"
+    assert (november["cost_to_date"], november["forecast"]) == ("268.92", "1792.80")
+    assert november["rentals"][0]["running"] is True
+
+
+def test_what_if_at_1_60_and_3600_s_with_and_without_credits(
+    console: Console, db: Engine, now: datetime
+) -> None:
+    customer = october_with_failure(console, db).customer["id"]
+    table = _get(console, f"/v1/customers/{customer}/what-if?period=2026-10")
+    assert table["manual_recovery_s"] == 2820
+    rows = [
+        (
+            r["increment_s"],
+            r["with_credits"]["amount"],
+            r["with_credits"]["billed_s"],
+            r["without_credits"]["amount"],
+            r["without_credits"]["billed_s"],
+        )
+        for r in table["rows"]
+    ]
+    # Sessions: GPU-A 820,800 s billed (whole minutes and hours), GPU-B 1,854,750 s, which
+    # rounds up by 30 s to the minute and by 2,850 s to the hour. The failure plus the
+    # migration window (2,850 s) already exceed the 47-minute manual recovery: no top-up.
+    assert rows == [
+        (1, "1850.59", 2_675_550, "1852.56", 2_678_400),
+        (60, "1850.61", 2_675_580, "1852.58", 2_678_430),
+        (3600, "1852.56", 2_678_400, "1854.53", 2_681_250),
+    ]

@@ -86,6 +86,54 @@ def cmd_create_key(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from app.core import migrate
+    from app.simulate.command import print_report, simulate_fleet
+    from app.simulate.progress import Progress
+
+    progress = Progress()
+    with database_url(args.data_dir) as url:
+        migrate.upgrade(url)
+        report = simulate_fleet(
+            url,
+            args.gpus,
+            args.days,
+            failure_rate=args.failure_rate,
+            recovery=args.recovery,
+            manual_recovery_s=get_settings().manual_recovery_s,
+            seed=args.seed,
+            progress=progress,
+        )
+    print_report(report, progress)
+    return 0
+
+
+def cmd_stripe_sync(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    import app.models  # noqa: F401 - registers every table, so foreign keys resolve
+    from app.core.db import get_engine
+    from app.payments.stripe_api import make_client
+    from app.payments.stripe_mirror import run_forever, sync_due
+
+    settings = get_settings()
+    if not settings.stripe_api_key:
+        print("GPUMETER_STRIPE_API_KEY is not set: the Stripe mirror is off", file=sys.stderr)
+        return 2
+    with database_url(args.data_dir) as url:
+        engine, client = get_engine(url), make_client(settings)
+        if args.once:
+            worked = sync_due(engine, client, settings)
+            print(f"{worked} invoice(s) worked")
+            return 0
+        stop = threading.Event()
+        for stop_signal in (signal.SIGTERM, signal.SIGINT):  # finish the row in hand, then exit
+            signal.signal(stop_signal, lambda *_: stop.set())
+        run_forever(engine, client, settings, stop)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpumeter", description="Per-second GPU metering and billing service."
@@ -117,6 +165,40 @@ def build_parser() -> argparse.ArgumentParser:
     create_key.add_argument("--node", default=None, help="node id (for --kind node)")
     _add_data_dir(create_key)
     create_key.set_defaults(handler=cmd_create_key)
+
+    simulate = commands.add_parser(
+        "simulate", help="write a synthetic fleet's history (rentals, telemetry, failures)"
+    )
+    simulate.add_argument("--gpus", type=int, default=3000, help="GPUs to create (default 3000)")
+    simulate.add_argument(
+        "--days", type=float, default=30, help="days of history, ending now (default 30)"
+    )
+    simulate.add_argument(
+        "--failure-rate",
+        type=float,
+        default=0.0072,
+        help="failures per GPU per day (default 0.0072)",
+    )
+    simulate.add_argument(
+        "--recovery",
+        choices=["auto", "manual"],
+        default="auto",
+        help="auto: hit rentals move to a spare within seconds; manual: after "
+        "GPUMETER_MANUAL_RECOVERY_S (default auto)",
+    )
+    simulate.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    _add_data_dir(simulate)
+    simulate.set_defaults(handler=cmd_simulate)
+
+    stripe = commands.add_parser("stripe", help="the Stripe mirror").add_subparsers(
+        dest="stripe_command", required=True, metavar="STRIPE_COMMAND"
+    )
+    stripe_sync = stripe.add_parser(
+        "sync", help="mirror finalized and voided invoices into Stripe (polls until stopped)"
+    )
+    stripe_sync.add_argument("--once", action="store_true", help="work what is due now, then exit")
+    _add_data_dir(stripe_sync)
+    stripe_sync.set_defaults(handler=cmd_stripe_sync)
     return parser
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -134,6 +135,35 @@ def cmd_stripe_sync(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_invoices_run(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    import app.models  # noqa: F401 - registers every table, so foreign keys resolve
+    from app.billing.progress import ProgressBar
+    from app.billing.run import run_invoices
+    from app.core.db import get_engine, transaction
+    from app.core.errors import ApiError
+
+    try:  # one transaction for the whole run: all drafts change together or not at all
+        with database_url(args.data_dir) as url, transaction(get_engine(url)) as session:
+            summary = run_invoices(
+                session,
+                args.period,
+                datetime.now(UTC),
+                customer_id=args.customer,
+                finalize=args.finalize,
+                force=args.force,
+                progress=ProgressBar("customers"),
+            )
+    except ApiError as error:
+        print(f"gpumeter invoices run: {error}", file=sys.stderr)
+        return 2
+    for customer_id, message in summary.failures.items():
+        print(f"customer {customer_id} skipped: {message}", file=sys.stderr)
+    print(summary.line())
+    return 1 if summary.failures else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpumeter", description="Per-second GPU metering and billing service."
@@ -199,6 +229,22 @@ def build_parser() -> argparse.ArgumentParser:
     stripe_sync.add_argument("--once", action="store_true", help="work what is due now, then exit")
     _add_data_dir(stripe_sync)
     stripe_sync.set_defaults(handler=cmd_stripe_sync)
+    invoices = commands.add_parser("invoices", help="invoices").add_subparsers(
+        dest="invoices_command", required=True, metavar="INVOICES_COMMAND"
+    )
+    invoices_run = invoices.add_parser(
+        "run",
+        help="draft (and with --finalize, finalize) every customer's invoice for a period; "
+        "idempotent, finalized invoices are never touched",
+    )
+    invoices_run.add_argument("--period", required=True, help="billing month, YYYY-MM")
+    invoices_run.add_argument("--customer", type=uuid.UUID, default=None, help="one customer id")
+    invoices_run.add_argument("--finalize", action="store_true", help="number and lock them")
+    invoices_run.add_argument(
+        "--force", action="store_true", help="finalize before the period's grace time passed"
+    )
+    _add_data_dir(invoices_run)
+    invoices_run.set_defaults(handler=cmd_invoices_run)
     return parser
 
 

@@ -1,0 +1,147 @@
+"""The orchestrator's side of simulated failures: move each hit rental to a spare GPU.
+
+With ``auto`` recovery the rental resumes on a spare within seconds (a scheduler watching fleet
+health); with ``manual`` after the minutes a human process takes (``manual_recovery_s``).
+Migrations are recorded by the rentals service, exactly as ``POST /v1/rentals/{id}/migrations``
+does, so its checks (the GPU is free, same model, within the rental) hold for simulated data too.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from app.fleet.models import Gpu, Pool
+from app.rentals import service as rentals
+from app.rentals.models import GpuAssignment, Rental
+from app.rentals.schemas import MigrationCreate
+from app.simulate.history import Failure, SimGpu
+
+FOREVER = 2**62
+AUTO_WINDOW_S = (15, 90)
+
+
+class Recovery(StrEnum):
+    AUTO = "auto"
+    MANUAL = "manual"
+
+
+@dataclass(slots=True)
+class Held:
+    """An assignment as plain epoch seconds (``end`` FOREVER while open)."""
+
+    rental_id: object
+    start: int
+    end: int
+
+
+@dataclass(slots=True)
+class Ledger:
+    """Who holds which GPU when, kept in step with the migrations recorded."""
+
+    held: dict[str, list[Held]] = field(default_factory=lambda: defaultdict(list))
+
+    def holder(self, gpu: str, at: int) -> Held | None:
+        return next((h for h in self.held[gpu] if h.start < at < h.end), None)
+
+    def free(self, gpu: str, start: int, end: int) -> bool:
+        return all(h.end <= start or h.start >= end for h in self.held[gpu])
+
+
+def epoch(moment: datetime | None) -> int:
+    return FOREVER if moment is None else int(moment.timestamp())
+
+
+def utc(second: int) -> datetime:
+    return datetime.fromtimestamp(second, UTC)
+
+
+def load_ledger(session: Session, gpu_uuids: list[str], start: int) -> Ledger:
+    ledger = Ledger()
+    rows = session.scalars(
+        select(GpuAssignment).where(
+            GpuAssignment.gpu_uuid.in_(gpu_uuids),
+            or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > utc(start)),
+        )
+    )
+    for a in rows:
+        ledger.held[a.gpu_uuid].append(Held(a.rental_id, epoch(a.start_at), epoch(a.end_at)))
+    return ledger
+
+
+def spare_uuids(session: Session, gpu_uuids: list[str]) -> set[str]:
+    query = select(Gpu.uuid).where(Gpu.uuid.in_(gpu_uuids), Gpu.pool == Pool.SPARE)
+    return set(session.scalars(query))
+
+
+def resume_delay(recovery: Recovery, manual_s: int, rng: random.Random) -> int:
+    if recovery == Recovery.AUTO:
+        return rng.randint(*AUTO_WINDOW_S)
+    return round(manual_s * rng.uniform(0.8, 1.2))
+
+
+def migrate_failures(
+    session: Session,
+    gpus: list[SimGpu],
+    failures: list[Failure],
+    window_end: int,
+    delays: list[int],
+    ledger: Ledger,
+) -> int:
+    """Migrate every rental a failure hits to a free spare (or a repaired GPU) of its model.
+
+    ``delays[i]`` is how long failure ``i``'s rental waits; ``ledger`` follows the moves.
+    Returns the migrations recorded.
+    """
+    model = {g.uuid: g.model for g in gpus}
+    pool = spare_uuids(session, list(model))
+    down: dict[str, list[Failure]] = defaultdict(list)
+    for f in failures:
+        down[f.gpu_uuid].append(f)
+    migrated = 0
+    for f, delay in zip(failures, delays, strict=True):
+        held, resumed = ledger.holder(f.gpu_uuid, f.at), f.at + delay
+        if held is None or resumed >= min(held.end, window_end):
+            continue
+        target = _spare(ledger, pool, down, model, f.gpu_uuid, resumed, held.end)
+        if target is None:
+            continue  # no spare: the rental waits for the repair, credited as failure
+        rentals.migrate(
+            session,
+            session.get_one(Rental, held.rental_id),
+            MigrationCreate(
+                from_gpu_uuid=f.gpu_uuid,
+                to_gpu_uuid=target,
+                failed_at=utc(f.at),
+                resumed_at=utc(resumed),
+                reason=f"XID {f.xid} on {f.gpu_uuid}",
+            ),
+        )
+        ledger.held[target].append(Held(held.rental_id, resumed, held.end))
+        held.end = f.at
+        pool.add(f.gpu_uuid)  # once repaired, the failed GPU serves as a spare
+        migrated += 1
+    return migrated
+
+
+def _spare(
+    ledger: Ledger,
+    pool: set[str],
+    down: dict[str, list[Failure]],
+    model: dict[str, str],
+    failed: str,
+    start: int,
+    end: int,
+) -> str | None:
+    for gpu in sorted(pool):
+        if gpu == failed or model[gpu] != model[failed] or not ledger.free(gpu, start, end):
+            continue
+        if not any(f.at <= start < f.repaired_at for f in down[gpu]):
+            return gpu
+    return None

@@ -1,0 +1,177 @@
+"""A synthetic provider for ``gpumeter simulate``: nodes of 8 GPUs, customers, a plan, rentals.
+
+Plans and customers go through their services; nodes, GPUs, rentals and assignments (thousands
+of rows) are inserted in bulk, with the GPU-overlap trigger still checking every assignment.
+GPU UUIDs follow the agent simulator's scheme, so ``gpumeter-agent --simulate 8 --node-name
+HOST`` reports the same GPUs live.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import insert
+from sqlalchemy.orm import Session
+
+from app.customers.schemas import CustomerCreate
+from app.customers.service import create_customer
+from app.fleet.models import Gpu, Node, Pool
+from app.plans.schemas import PlanCreate
+from app.plans.service import create_plan
+from app.rentals.models import GpuAssignment, Rental
+from app.simulate.attribution import utc
+from app.simulate.history import DAY, SimGpu
+from metering_agent.nvml.simulated import sim_uuid
+
+GPUS_PER_NODE = 8
+# NVML model -> (share of the fleet's nodes, on-demand price per GPU-hour in USD)
+MODELS = {
+    "NVIDIA H100 80GB HBM3": (0.6, "2.49"),
+    "NVIDIA H200": (0.15, "3.29"),
+    "NVIDIA A100-SXM4-80GB": (0.15, "1.59"),
+    "NVIDIA L40S": (0.1, "0.99"),
+}
+# Long-rental vouchers and a monthly cap per GPU ("tier + cap"), shared with the demo.
+PLAN_TERMS: dict[str, Any] = {
+    "voucher_tiers": [{"min_days": 7, "percent": "5"}, {"min_days": 30, "percent": "15"}],
+    "voucher_validity_days": 90,
+    "monthly_cap_per_gpu": "1500.00",
+}
+SPARE_EVERY = 20  # one node in 20 of each model is a spare
+RENTED_SHARE = 0.88
+SPLITS = ([8], [8], [4, 4], [2, 2, 4], [1, 1, 2, 4])
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    gpus: list[SimGpu]
+    customers: int
+    rentals: int
+
+
+def plan_prices(effective_from: int) -> list[dict[str, str]]:
+    since = utc(effective_from).isoformat()
+    return [
+        {"gpu_model": m, "price_per_hour": price, "effective_from": since}
+        for m, (_, price) in MODELS.items()
+    ]
+
+
+def create_fleet(
+    session: Session, gpus: int, start: int, end: int, rng: random.Random, tag: str
+) -> Fleet:
+    """Nodes, GPUs, a plan, customers and rentals whose assignments cover ``[start, end)``."""
+    nodes = _nodes(math.ceil(gpus / GPUS_PER_NODE), rng, tag)
+    session.execute(insert(Node), [{k: v for k, v in n.items() if k != "model"} for n in nodes])
+    gpu_rows = _gpus(nodes, gpus)
+    session.execute(insert(Gpu), gpu_rows)
+    plan = create_plan(
+        session,
+        PlanCreate.model_validate(
+            {"name": f"sim-{tag}", "prices": plan_prices(start - 400 * DAY), **PLAN_TERMS}
+        ),
+    )
+    customers = [
+        create_customer(session, CustomerCreate(name=f"Customer {i + 1} ({tag})")).id
+        for i in range(max(3, gpus // 60))
+    ]
+    rentals, assignments = _rentals(gpu_rows, plan.id, customers, start, end, rng)
+    if rentals:
+        session.execute(insert(Rental), rentals)
+        session.execute(insert(GpuAssignment), assignments)
+    sims = [SimGpu(g["uuid"], g["model"]) for g in gpu_rows]
+    return Fleet(sims, len(customers), len(rentals))
+
+
+def _nodes(count: int, rng: random.Random, tag: str) -> list[dict[str, Any]]:
+    models = list(MODELS)
+    weights = [share for share, _ in MODELS.values()]
+    return [
+        {
+            "id": uuid.uuid4(),
+            "hostname": f"sim-{tag}-{i:05d}",
+            "datacenter": f"dc{i % 3 + 1}",
+            "topology_group": f"rack{i // 16:04d}",
+            "model": rng.choices(models, weights)[0],
+        }
+        for i in range(count)
+    ]
+
+
+def _gpus(nodes: list[dict[str, Any]], total: int) -> list[dict[str, Any]]:
+    seen: dict[str, int] = {}
+    rows = []
+    for node in nodes:
+        n = seen[node["model"]] = seen.get(node["model"], 0) + 1
+        pool = Pool.SPARE if n % SPARE_EVERY == 2 else Pool.RENTABLE  # 2nd, 22nd, ... node
+        for i in range(min(GPUS_PER_NODE, total - len(rows))):
+            uid = sim_uuid(node["hostname"], i)
+            rows.append({"uuid": uid, "node_id": node["id"], "model": node["model"], "pool": pool})
+    return rows
+
+
+def _rentals(
+    gpus: list[dict[str, Any]],
+    plan_id: uuid.UUID,
+    customers: list[uuid.UUID],
+    start: int,
+    end: int,
+    rng: random.Random,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    by_node: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    for g in gpus:
+        if g["pool"] == Pool.RENTABLE:
+            by_node.setdefault(g["node_id"], []).append(g)
+    rentals: list[dict[str, Any]] = []
+    assignments: list[dict[str, Any]] = []
+    for node_gpus in by_node.values():
+        if rng.random() >= RENTED_SHARE:
+            continue
+        cursor = 0
+        for size in rng.choice(SPLITS):
+            group = node_gpus[cursor : cursor + size]
+            cursor += size
+            if not group:
+                break
+            rental = _rental(plan_id, rng.choice(customers), group, start, end, rng)
+            rentals.append(rental)
+            assignments += [
+                {
+                    "rental_id": rental["id"],
+                    "customer_id": rental["customer_id"],
+                    "gpu_uuid": g["uuid"],
+                    "start_at": rental["start_at"],
+                    "end_at": rental["end_at"],
+                }
+                for g in group
+            ]
+    return rentals, assignments
+
+
+def _rental(
+    plan_id: uuid.UUID,
+    customer_id: uuid.UUID,
+    group: list[dict[str, Any]],
+    start: int,
+    end: int,
+    rng: random.Random,
+) -> dict[str, Any]:
+    """Half run from before the window (long rentals earn vouchers); some end inside it."""
+    if rng.random() < 0.5:
+        begin = start - rng.randrange(DAY, 60 * DAY)
+    else:
+        begin = rng.randrange(start, start + (end - start) * 9 // 10)
+    finish = begin + rng.randrange(3600, 25 * DAY) if rng.random() < 0.45 else None
+    return {
+        "id": uuid.uuid4(),
+        "customer_id": customer_id,
+        "plan_id": plan_id,
+        "gpu_model": group[0]["model"],
+        "gpu_count": len(group),
+        "start_at": utc(begin),
+        "end_at": None if finish is None or finish >= end else utc(finish),
+    }

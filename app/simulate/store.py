@@ -1,0 +1,100 @@
+"""Write simulated telemetry with the metering repository's own writers.
+
+Segments, health events, evidence links, the GPUs' last state and the open hour go through
+``app.metering.repository`` exactly as ingest calls it. Closed GPU-hours, the bulk of a month
+(~1.2 KB each, millions of rows), are streamed with binary COPY into the closed-hours table the
+repository writes them to, in key order, while the next rows are being built.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from itertools import islice
+
+from sqlalchemy.orm import Session
+
+from app.metering import repository
+from app.metering.segments import Span
+from app.simulate.history import SimGpu
+from app.simulate.progress import Counter
+from app.simulate.telemetry import HOUR, VARIANTS, cut_hour, steady_hour
+from metering_agent.nvml.simulated import model_for
+from metering_agent.protocol import HealthEvent
+
+CHUNK = 20_000
+IDLE_ONE_IN = 12  # a rented GPU-hour is idle (job finished, waiting for data) one time in 12
+COPY_CLOSED = (
+    "COPY gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots) FROM STDIN (FORMAT BINARY)"
+)
+
+Row = tuple[str, int, int | None, bytes]
+
+
+def _chunks(items: list, size: int = CHUNK) -> Iterator[list]:
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+def write_history(session: Session, runs: dict[str, list[Span]], events: list[HealthEvent]) -> None:
+    """Segments, events and their evidence links, and each GPU's last state."""
+    for chunk in _chunks(events):
+        repository.insert_events(session, chunk)
+    upserts = [(gpu, span) for gpu, spans in runs.items() for span in spans]
+    for chunk in _chunks(upserts):
+        repository.write_segments(session, chunk, [])
+    starts = sorted((gpu, span.start) for gpu, span in upserts)
+    for chunk in _chunks(starts):
+        repository.attach_evidence(session, chunk)
+
+
+def touch(session: Session, gpus: list[SimGpu], runs: dict[str, list[Span]], end: int) -> None:
+    latest = {g.uuid: (g.model, runs[g.uuid][-1].state, end) for g in gpus if runs[g.uuid]}
+    for chunk in _chunks(list(latest)):
+        repository.touch_gpus(session, {gpu: latest[gpu] for gpu in chunk})
+
+
+def hour_rows(
+    gpu: SimGpu, runs: list[Span], rented: list[tuple[int, int]], rng: random.Random
+) -> Iterator[Row]:
+    """Every GPU-hour row of ``runs`` (time order): steady hours shared, cut hours packed."""
+    start, end = runs[0].start, runs[-1].end
+    mem_total = model_for(gpu.model).mem_total_mib
+    i = 0
+    for hour in range(start - start % HOUR, end, HOUR):
+        while runs[i].end <= hour:
+            i += 1
+        pick = rng.randrange(VARIANTS * IDLE_ONE_IN)
+        busy = pick >= VARIANTS and any(a <= hour < b for a, b in rented)
+        run = runs[i]
+        if run.start <= hour and run.end >= hour + HOUR:
+            slots = steady_hour(gpu.model, run.state, busy, pick % VARIANTS)
+        else:
+            inside = [r for r in runs[i:] if r.start < hour + HOUR]
+            slots = cut_hour(gpu.uuid, gpu.model, hour, inside, busy, rng)
+        yield gpu.uuid, hour, mem_total, slots
+
+
+def write_metrics(session: Session, rows: Iterator[Row], counter: Counter) -> int:
+    """Closed hours by COPY; each GPU's newest hour into the open table, as ingest leaves it."""
+    raw = session.connection().connection.driver_connection
+    newest: dict[tuple[str, int], tuple[bytes, int | None]] = {}
+    written = 0
+    with raw.cursor() as cursor, cursor.copy(COPY_CLOSED) as copy:
+        copy.set_types(["text", "int8", "int4", "bytea"])
+        pending: Row | None = None
+        for row in rows:
+            if pending is not None and pending[0] == row[0]:
+                copy.write_row(pending)
+                written += 1
+            elif pending is not None:
+                newest[(pending[0], pending[1])] = (pending[3], pending[2])
+                counter.add()
+            pending = row
+        if pending is not None:
+            newest[(pending[0], pending[1])] = (pending[3], pending[2])
+            counter.add()
+    for chunk in _chunks(list(newest)):
+        repository.write_metric_rows(session, {k: newest[k] for k in chunk}, closed=False)
+    return written + len(newest)

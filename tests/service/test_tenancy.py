@@ -7,6 +7,8 @@ customer A's objects:
 - SCOPED: 200, with none of A's identifiers in the body, while A's key sees A's data;
 - ADMIN_ONLY / NODE_ONLY: 403 for any customer key;
 - PUBLIC: no authentication, no customer data.
+- SIGNED: authenticated by a signature (Stripe's webhook), not by keys: an API key alone
+  gets 400, and no customer data.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Expect(Enum):
     ADMIN_ONLY = "admin_only"
     NODE_ONLY = "node_only"
     PUBLIC = "public"
+    SIGNED = "signed"
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,10 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/customers/{customer_id}/vouchers"): Case(
         Expect.ADMIN_ONLY, body={"amount": "1", "reason": "x"}
     ),
+    ("POST", "/v1/stripe/webhook"): Case(Expect.SIGNED, body={"id": "evt_x", "type": "x"}),
+    ("GET", "/v1/stripe/sync"): Case(Expect.ADMIN_ONLY, query="?customer_id={customer_id}"),
+    ("GET", "/v1/stripe/invoices/{invoice_id}"): Case(Expect.HIDDEN),
+    ("POST", "/v1/stripe/invoices/{invoice_id}/retry"): Case(Expect.ADMIN_ONLY),
 }
 
 A_CONTRACT_PRICE = "1.2345678901"
@@ -228,6 +235,7 @@ def test_second_customer_sees_nothing_of_the_first(
         Expect.ADMIN_ONLY: 403,
         Expect.NODE_ONLY: 403,
         Expect.PUBLIC: 200,
+        Expect.SIGNED: 400,
     }[case.expect]
     assert as_b.status_code == expected_b_status, as_b.text
     if case.expect in (Expect.HIDDEN, Expect.SCOPED):

@@ -10,6 +10,7 @@ the run goes on. The caller owns the transaction (the CLI and the API: one per r
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -22,7 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.billing import repository
-from app.billing.loader import BillingPeriod, billing_period, load_inputs
+from app.billing.loader import PERIOD_PATTERN, BillingPeriod, billing_period, load_inputs
 from app.billing.models import InvoiceStatus
 from app.billing.service import Draft, check_grace, finalize_invoice, lookback, refresh_draft
 from app.core.errors import Unprocessable, not_found
@@ -68,6 +69,8 @@ def run_invoices(
     progress: Progress | None = None,
 ) -> RunSummary:
     started = time.perf_counter()
+    if not re.match(PERIOD_PATTERN, period):
+        raise Unprocessable(f"period must be YYYY-MM, got {period!r}", ("body", "period"))
     zones = _customers_by_zone(session, customer_id)
     periods = {zone: _period(period, zone, now) for zone in zones}
     if finalize:  # refuse the whole run up front, not customer by customer

@@ -164,6 +164,13 @@ def cmd_invoices_run(args: argparse.Namespace) -> int:
     return 1 if summary.failures else 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from app.demo.run import DemoOptions, run_demo
+
+    options = DemoOptions(data_dir=args.data_dir, duration=args.duration, port=args.port)
+    return run_demo(options, database_url)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpumeter", description="Per-second GPU metering and billing service."
@@ -219,6 +226,27 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     _add_data_dir(simulate)
     simulate.set_defaults(handler=cmd_simulate)
+
+    demo = commands.add_parser(
+        "demo",
+        help="the whole product on this machine: service, agents with a scripted GPU failure, "
+        "a backfilled month, invoices, the dashboard",
+    )
+    demo.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds to run once ready, then print the summary and exit (default: until Ctrl-C)",
+    )
+    demo.add_argument("--port", type=int, default=8000, help="port to serve on (default 8000)")
+    demo.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="keep the demo's database, logs and spools here (default: a temporary directory, "
+        "removed at exit)",
+    )
+    demo.set_defaults(handler=cmd_demo)
 
     stripe = commands.add_parser("stripe", help="the Stripe mirror").add_subparsers(
         dest="stripe_command", required=True, metavar="STRIPE_COMMAND"

@@ -1,0 +1,140 @@
+"""The demo provider, created through the console API as an operator would create it.
+
+Two nodes of four simulated H100s (the agents' UUID scheme, so the live agents report these
+GPUs), one spare; three customers on a plan with long-rental voucher tiers and a monthly cap;
+rentals that began last month, so last month's invoices have content and vouchers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+
+from app.simulate.fleet import PLAN_TERMS, plan_prices
+from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
+
+GPUS_PER_NODE = 4
+
+
+class ApiError(RuntimeError):
+    pass
+
+
+class Api:
+    """An admin's calls; any unexpected status stops the demo with the service's message."""
+
+    def __init__(self, base_url: str, key: str) -> None:
+        self.client = httpx.Client(
+            base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60
+        )
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None, **params: Any):
+        response = self.client.request(method, path, json=body, params=params or None)
+        if response.status_code >= 400:
+            raise ApiError(f"{method} {path}: {response.status_code} {response.text[:500]}")
+        return response.json()
+
+    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
+        return self.call("POST", path, body)
+
+    def get(self, path: str, **params: Any) -> Any:
+        return self.call("GET", path, **params)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@dataclass
+class DemoNode:
+    id: str
+    hostname: str
+    token: str
+    gpus: list[str]
+
+
+@dataclass
+class Provider:
+    plan_id: str
+    nodes: list[DemoNode]
+    customers: dict[str, str]  # name -> id
+    rentals: dict[str, str] = field(default_factory=dict)  # customer name -> rental id
+
+    @property
+    def gpus(self) -> list[str]:
+        return [g for n in self.nodes for g in n.gpus]
+
+    def locate(self, gpu: str) -> tuple[DemoNode, int]:
+        node = next(n for n in self.nodes if gpu in n.gpus)
+        return node, node.gpus.index(gpu)
+
+
+def iso(moment: datetime) -> str:
+    return moment.isoformat()
+
+
+def create_provider(api: Api, tag: str, month_start: datetime) -> Provider:
+    plan = api.post(
+        "/v1/plans",
+        {
+            "name": f"demo-{tag} on-demand",
+            "prices": [p for p in plan_prices(0) if p["gpu_model"] == DEFAULT_MODEL],
+            **PLAN_TERMS,
+        },
+    )
+    nodes = [_node(api, f"demo-{tag}-{name}") for name in ("a", "b")]
+    spare = nodes[1].gpus[-1]
+    api.call("PATCH", f"/v1/gpus/{spare}", {"pool": "spare"})
+    customers = {
+        name: api.post("/v1/customers", {"name": name, "email": email})["id"]
+        for name, email in (
+            ("Acme AI", "billing@acme.example"),
+            ("Globex Research", "ap@globex.example"),
+            ("Initech Labs", "finance@initech.example"),
+        )
+    }
+    provider = Provider(plan["id"], nodes, customers)
+    a, b = nodes[0].gpus, nodes[1].gpus
+    # Acme: a long rental (both voucher tiers); Globex: from the 10th; Initech: ended.
+    _rent(api, provider, "Acme AI", a, month_start - timedelta(days=20), None)
+    _rent(api, provider, "Globex Research", b[:2], month_start + timedelta(days=9), None)
+    end = month_start + timedelta(days=25)
+    _rent(api, provider, "Initech Labs", b[2:3], month_start + timedelta(days=12), end)
+    return provider
+
+
+def _node(api: Api, hostname: str) -> DemoNode:
+    created = api.post("/v1/nodes", {"hostname": hostname, "datacenter": "demo-1"})
+    node_id = created["node"]["id"]
+    gpus = [sim_uuid(hostname, i) for i in range(GPUS_PER_NODE)]
+    for gpu in gpus:
+        api.post("/v1/gpus", {"uuid": gpu, "node_id": node_id, "model": DEFAULT_MODEL})
+    return DemoNode(node_id, hostname, created["token"]["key"], gpus)
+
+
+def _rent(
+    api: Api,
+    provider: Provider,
+    customer: str,
+    gpus: list[str],
+    start: datetime,
+    end: datetime | None,
+) -> None:
+    rental = api.post(
+        "/v1/rentals",
+        {
+            "customer_id": provider.customers[customer],
+            "plan_id": provider.plan_id,
+            "gpu_model": DEFAULT_MODEL,
+            "gpu_count": len(gpus),
+            "start_at": iso(start),
+            "end_at": None if end is None else iso(end),
+        },
+    )
+    for gpu in gpus:
+        api.post(
+            f"/v1/rentals/{rental['id']}/assignments", {"gpu_uuid": gpu, "start_at": iso(start)}
+        )
+    provider.rentals[customer] = rental["id"]

@@ -9,38 +9,34 @@ from pydantic import AwareDatetime, Field, model_validator
 from app.core.schemas import Schema
 
 
-def _ends_after(start: datetime | None, end: datetime | None, end_field: str) -> None:
-    if start is not None and end is not None and end <= start:
-        raise ValueError(f"{end_field} {end.isoformat()} must be after {start.isoformat()}")
+class _Interval(Schema):
+    """[start_at, end_at); an open end (None) lasts until ended."""
 
-
-class RentalCreate(Schema):
-    customer_id: uuid.UUID
-    plan_id: uuid.UUID
-    gpu_model: str = Field(min_length=1, max_length=100)
-    gpu_count: int = Field(ge=1, le=100_000)
     start_at: AwareDatetime
     end_at: AwareDatetime | None = None
 
     @model_validator(mode="after")
     def _end_after_start(self) -> Self:
-        _ends_after(self.start_at, self.end_at, "end_at")
+        if self.end_at is not None and self.end_at <= self.start_at:
+            raise ValueError(
+                f"end_at {self.end_at.isoformat()} must be after {self.start_at.isoformat()}"
+            )
         return self
+
+
+class RentalCreate(_Interval):
+    customer_id: uuid.UUID
+    plan_id: uuid.UUID
+    gpu_model: str = Field(min_length=1, max_length=100)
+    gpu_count: int = Field(ge=1, le=100_000)
 
 
 class RentalEnd(Schema):
     end_at: AwareDatetime
 
 
-class AssignmentCreate(Schema):
+class AssignmentCreate(_Interval):
     gpu_uuid: str = Field(min_length=1, max_length=96)
-    start_at: AwareDatetime
-    end_at: AwareDatetime | None = None
-
-    @model_validator(mode="after")
-    def _end_after_start(self) -> Self:
-        _ends_after(self.start_at, self.end_at, "end_at")
-        return self
 
 
 class AssignmentEnd(Schema):

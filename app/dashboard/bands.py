@@ -149,6 +149,7 @@ def _mark_placed(m: Mark, lo: int, hi: int) -> Mark:
 
 
 def _ticks(lo: int, hi: int, fmt: Formatter, count: int = 5) -> list[tuple[float, str]]:
-    """Evenly spaced labels, as percentages of the width."""
+    """Evenly spaced labels, as percentages of the width; with hours when days would repeat."""
     step = (hi - lo) / count
-    return [(i * 100 / count, fmt.date(int(lo + i * step))) for i in range(count + 1)]
+    label = fmt.date if step >= 86_400 else fmt.datetime
+    return [(i * 100 / count, label(int(lo + i * step))) for i in range(count + 1)]

@@ -20,6 +20,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import TypeVar
 from zoneinfo import ZoneInfo
 
 from sqlalchemy import ColumnElement, or_, select
@@ -38,10 +39,12 @@ from app.billing.domain import (
 from app.billing.intervals import Span
 from app.fleet.models import MaintenanceWindow
 from app.metering.repository import segments_between
-from app.plans.models import PricePlan
+from app.plans.models import PlanPrice, PricePlan
 from app.plans.service import price_schedule
 from app.rentals.models import GpuAssignment, Rental
 from app.rentals.models import Migration as MigrationRow
+
+_T = TypeVar("_T", Assignment, Migration)
 
 PERIOD_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])$"
 
@@ -95,9 +98,18 @@ class PeriodInputs:
     segments_by_gpu: dict[str, list[Segment]] = field(default_factory=dict)
     maintenance_by_gpu: dict[str, list[Span]] = field(default_factory=dict)
     migrations: list[Migration] = field(default_factory=list)
+    # Rating one customer must not scan every customer's rows (quadratic over a run).
+    assignments_by_customer: dict[uuid.UUID, list[Assignment]] = field(default_factory=dict)
+    migrations_by_customer: dict[uuid.UUID, list[Migration]] = field(default_factory=dict)
 
     def rentals(self, customer_id: uuid.UUID) -> list[RentalInput]:
         return self.rentals_of.get(customer_id, [])
+
+    def assignments_of(self, customer_id: uuid.UUID) -> list[Assignment]:
+        return self.assignments_by_customer.get(customer_id, [])
+
+    def migrations_of(self, customer_id: uuid.UUID) -> list[Migration]:
+        return self.migrations_by_customer.get(customer_id, [])
 
     @property
     def gpus(self) -> list[str]:
@@ -115,7 +127,7 @@ def load_inputs(
     rentals = _rentals(session, customer_ids, span, rental_ids)
     if not rentals:
         return inputs
-    plans = _PlanBook(session)
+    plans = _PlanBook(session, customer_ids)
     for rental in rentals:
         inputs.rentals_of.setdefault(rental.customer_id, []).append(
             RentalInput(
@@ -131,6 +143,9 @@ def load_inputs(
     ids = [r.id for r in rentals]
     inputs.assignments = _assignments(session, ids, span)
     inputs.migrations = _migrations(session, ids, span)
+    customer_of = {str(r.id): r.customer_id for r in rentals}
+    inputs.assignments_by_customer = _group(inputs.assignments, customer_of)
+    inputs.migrations_by_customer = _group(inputs.migrations, customer_of)
     gpus = inputs.gpus
     inputs.segments_by_gpu = {
         gpu: [Segment(s.gpu_uuid, s.start, s.end, GpuState(s.state), s.evidence) for s in rows]
@@ -138,6 +153,13 @@ def load_inputs(
     }
     inputs.maintenance_by_gpu = _maintenance(session, gpus, span)
     return inputs
+
+
+def _group(items: Iterable[_T], customer_of: dict[str, uuid.UUID]) -> dict[uuid.UUID, list[_T]]:
+    groups: dict[uuid.UUID, list[_T]] = defaultdict(list)
+    for item in items:
+        groups[customer_of[item.rental_id]].append(item)
+    return dict(groups)
 
 
 def _overlapping(
@@ -226,16 +248,25 @@ def _maintenance(session: Session, gpus: Iterable[str], span: Span) -> dict[str,
 
 
 class _PlanBook:
-    """Plan terms per (plan, model, customer), each price schedule loaded once."""
+    """Plan terms per (plan, model, customer), each distinct price schedule loaded once:
+    customers without a contract price on a plan share its base schedule."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, customer_ids: Collection[uuid.UUID]) -> None:
         self._session = session
-        self._terms: dict[tuple[uuid.UUID, str, uuid.UUID], PlanTerms] = {}
+        self._terms: dict[tuple[uuid.UUID, str, uuid.UUID | None], PlanTerms] = {}
+        self._overridden = set(
+            session.execute(
+                select(PlanPrice.plan_id, PlanPrice.customer_id)
+                .distinct()
+                .where(PlanPrice.customer_id.in_(customer_ids))
+            ).tuples()
+        )
 
     def terms(self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID) -> PlanTerms:
-        key = (plan_id, gpu_model, customer_id)
+        own = customer_id if (plan_id, customer_id) in self._overridden else None
+        key = (plan_id, gpu_model, own)
         if key not in self._terms:
-            self._terms[key] = self._load(*key)
+            self._terms[key] = self._load(plan_id, gpu_model, customer_id)
         return self._terms[key]
 
     def _load(self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID) -> PlanTerms:

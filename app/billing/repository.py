@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import defaultdict
 from collections.abc import Collection, Sequence
@@ -9,7 +10,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Select, delete, func, insert, select, text
+from sqlalchemy import Select, delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -68,10 +69,25 @@ def live_invoice(session: Session, customer_id: uuid.UUID, period: str) -> Invoi
     )
 
 
+# One statement per invoice: the lines travel as one JSON array (amounts as exact strings).
+_INSERT_LINES = text("""
+INSERT INTO invoice_lines (invoice_id, customer_id, position, kind, amount, rental_id, gpu_model,
+    gpu_uuid, start_at, end_at, seconds, rate, voucher_id, evidence, adjusts_invoice_id,
+    adjusts_period)
+SELECT invoice_id, customer_id, position, kind, amount, rental_id, gpu_model, gpu_uuid,
+    start_at, end_at, seconds, rate, voucher_id, evidence, adjusts_invoice_id, adjusts_period
+FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(invoice_id uuid, customer_id uuid,
+    position int, kind text, amount numeric, rental_id uuid, gpu_model text, gpu_uuid text,
+    start_at timestamptz, end_at timestamptz, seconds bigint, rate numeric, voucher_id text,
+    evidence jsonb, adjusts_invoice_id uuid, adjusts_period text)
+""")
+
+
 def replace_lines(session: Session, invoice_id: uuid.UUID, rows: list[dict[str, Any]]) -> None:
     session.execute(delete(InvoiceLineRow).where(InvoiceLineRow.invoice_id == invoice_id))
     if rows:
-        session.execute(insert(InvoiceLineRow), rows)
+        # default=str: Decimal, UUID and datetime become their exact text forms.
+        session.execute(_INSERT_LINES, {"rows": json.dumps(rows, default=str)})
 
 
 def delete_provisional_entries(session: Session, invoice_id: uuid.UUID) -> None:

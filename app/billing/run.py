@@ -97,15 +97,14 @@ def _run_zone(
     inputs = load_inputs(session, ids, period.span)
     earlier = repository.earlier_finalized(session, ids, period.start, lookback(now))
     for customer in customers:
-        try:
-            with session.begin_nested():  # a rejected customer leaves nothing behind
-                draft = refresh_draft(
-                    session, customer, period, now, inputs, earlier.get(customer.id, [])
-                )
-                outcome = _outcome(draft)
-                if draft is not None and finalize and outcome is Outcome.DRAFTED:
-                    finalize_invoice(session, draft.invoice, now, rated=draft.rated, force=force)
-                    outcome = Outcome.FINALIZED
+        try:  # a customer the core rejects fails before anything of it is written
+            draft = refresh_draft(
+                session, customer, period, now, inputs, earlier.get(customer.id, [])
+            )
+            outcome = _outcome(draft)
+            if draft is not None and finalize and outcome is Outcome.DRAFTED:
+                finalize_invoice(session, draft.invoice, now, rated=draft.rated, force=force)
+                outcome = Outcome.FINALIZED
         except Unprocessable as error:
             outcome, draft = Outcome.FAILED, None
             summary.failures[customer.id] = error.items[0]["msg"]

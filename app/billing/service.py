@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.billing import repository
+from app.billing.invoice import Invoice as BuiltInvoice
 from app.billing.invoice import build_invoice
 from app.billing.lines import InvoiceLine, LineKind
 from app.billing.loader import BillingPeriod, PeriodInputs, epoch, from_epoch, load_inputs
@@ -83,10 +84,10 @@ def get_invoice(
 def rate(inputs: PeriodInputs, customer_id: uuid.UUID) -> list[RatedRental]:
     return rate_rentals(
         inputs.rentals(customer_id),
-        inputs.assignments,
+        inputs.assignments_of(customer_id),
         inputs.segments_by_gpu,
         inputs.maintenance_by_gpu,
-        inputs.migrations,
+        inputs.migrations_of(customer_id),
         inputs.span,
     )
 
@@ -119,8 +120,9 @@ def refresh_draft(
         adjustments = [line for inv in earlier for line in _adjustments(session, customer, inv)]
     if invoice is None and not rated and not adjustments:
         return None
-    invoice = invoice or _new_invoice(session, customer, period)
-    _write_draft(session, invoice, rated, adjustments, now)
+    invoice = invoice or _new_invoice(customer, period)
+    built = _build(session, customer, invoice, rated, adjustments)
+    _write_draft(session, invoice, built, customer.tax_rate or Decimal(0), now)
     return Draft(invoice, rated)
 
 
@@ -282,8 +284,8 @@ def lookback(now: datetime) -> datetime:
     return now - timedelta(days=get_settings().ingest_retention_days)
 
 
-def _new_invoice(session: Session, customer: Customer, period: BillingPeriod) -> Invoice:
-    invoice = Invoice(
+def _new_invoice(customer: Customer, period: BillingPeriod) -> Invoice:
+    return Invoice(
         id=uuid.uuid4(),
         customer_id=customer.id,
         period=period.name,
@@ -292,50 +294,52 @@ def _new_invoice(session: Session, customer: Customer, period: BillingPeriod) ->
         timezone=period.timezone,
         currency=customer.currency,
         status=InvoiceStatus.DRAFT,
-        tax_rate=customer.tax_rate or Decimal(0),
-        subtotal=Decimal(0),
-        tax=Decimal(0),
-        total=Decimal(0),
     )
-    session.add(invoice)
-    return invoice
 
 
-def _write_draft(
+def _build(
     session: Session,
+    customer: Customer,
     invoice: Invoice,
     rated: Sequence[RatedRental],
     adjustments: Sequence[InvoiceLine],
-    now: datetime,
-) -> None:
-    customer = session.get_one(Customer, invoice.customer_id)
-    invoice.tax_rate = customer.tax_rate or Decimal(0)
-    invoice.generated_at = now
-    session.flush()
-    repository.delete_provisional_entries(session, invoice.id)
+) -> BuiltInvoice:
+    """The core's invoice, computed before anything is written, so a customer the core rejects
+    leaves nothing behind. The draft's own provisional voucher entries are ignored: they are
+    replaced by what this build implies."""
     as_of = epoch(invoice.period_end)
     usable = [
         e
-        for e in repository.voucher_entries(session, invoice.customer_id, invoice.currency)
-        if e.kind != EntryKind.ISSUED or epoch(e.at) < as_of
+        for e in repository.voucher_entries(session, customer.id, invoice.currency)
+        if (e.invoice_id != invoice.id or e.kind == EntryKind.ISSUED)
+        and (e.kind != EntryKind.ISSUED or epoch(e.at) < as_of)
     ]
     with core_errors(customer):
-        built = build_invoice(
+        return build_invoice(
             str(invoice.id),
-            str(invoice.customer_id),
+            str(customer.id),
             invoice.currency,
             rated,
             open_vouchers(ledger(usable)),
             as_of,
-            invoice.tax_rate,
+            customer.tax_rate or Decimal(0),
             adjustments,
         )
+
+
+def _write_draft(
+    session: Session, invoice: Invoice, built: BuiltInvoice, tax_rate: Decimal, now: datetime
+) -> None:
+    tax = sum((line.amount for line in built.lines if line.kind is LineKind.TAX), Decimal(0))
+    invoice.total, invoice.tax, invoice.subtotal = built.total, tax, built.total - tax
+    invoice.tax_rate, invoice.generated_at = tax_rate, now
+    session.add(invoice)
+    session.flush()
+    repository.delete_provisional_entries(session, invoice.id)
     rows = [_line_row(invoice, i, line) for i, line in enumerate(built.lines)]
     repository.replace_lines(session, invoice.id, rows)
     entries = [*built.voucher_applications, *built.voucher_expirations]
     repository.insert_entries(session, [_entry_row(e, invoice) for e in entries])
-    tax = sum((line.amount for line in built.lines if line.kind is LineKind.TAX), Decimal(0))
-    invoice.total, invoice.tax, invoice.subtotal = built.total, tax, built.total - tax
     session.expire(invoice, ["lines"])
 
 

@@ -78,10 +78,10 @@ def what_if_table(
     with core_errors(customer):
         table = what_if(
             inputs.rentals(customer.id),
-            inputs.assignments,
+            inputs.assignments_of(customer.id),
             inputs.segments_by_gpu,
             inputs.maintenance_by_gpu,
-            inputs.migrations,
+            inputs.migrations_of(customer.id),
             span,
             manual_recovery_s=recovery,
         )

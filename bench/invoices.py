@@ -1,0 +1,248 @@
+"""Invoice-run benchmark: a synthetic month at 1x, 2x and 4x of 3,000 GPUs and 300 customers.
+
+Per scale: customers (three billing time zones), one plan, rentals of 2 GPUs each over the
+month (some start late), failures at 0.72 % per GPU per day (a failed segment of 5-60 min with
+XID evidence), each followed by a migration to a spare GPU 30 s later; telemetry as state
+segments with an occasional unmetered gap. All rows go into the real tables with COPY. Then
+``run_invoices`` drafts every customer's October invoice in one transaction, timed.
+
+Prints progress on stderr and one final JSON line on stdout. Creates and drops its own
+database on the server of GPUMETER_DATABASE_URL (default postgresql://postgres@127.0.0.1/postgres).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+
+from app.billing.loader import billing_period
+from app.billing.progress import ProgressBar
+from app.billing.run import run_invoices
+from app.core import migrate
+from app.core.db import transaction
+from app.settings import sqlalchemy_url
+
+GPUS, CUSTOMERS = 3000, 300
+FAILURES_PER_GPU_DAY = 0.0072
+PERIOD = "2026-10"
+ZONES = ("UTC", "Europe/Berlin", "America/New_York")
+NOW = datetime(2026, 11, 10, tzinfo=UTC)  # after every zone's October
+TABLES = (
+    "gpu_state_segments",
+    "rental_migrations",
+    "gpu_assignments",
+    "rentals",
+    "plan_prices",
+    "price_plans",
+    "gpus",
+    "nodes",
+    "customers",
+)
+
+
+def ts(epoch: int) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)
+
+
+class Fleet:
+    """The synthetic rows of one scale, as tuples ready for COPY."""
+
+    def __init__(self, scale: int, seed: int) -> None:
+        self.rng = random.Random(seed)
+        # Pad by a day: customers in other zones have months that start or end off UTC's.
+        start, end = billing_period(PERIOD, "UTC").span
+        self.start, self.end = start - 86400, end + 86400
+        self.rows: dict[str, list[tuple[Any, ...]]] = {table: [] for table in TABLES}
+        self.plan = uuid.uuid4()
+        self._plan()
+        self._customers_and_rentals(GPUS * scale, CUSTOMERS * scale)
+
+    def _plan(self) -> None:
+        tiers = json.dumps([{"min_days": 7, "percent": "5"}, {"min_days": 30, "percent": "15"}])
+        self.rows["price_plans"].append(
+            (self.plan, "bench", "USD", 1, 1, True, False, None, tiers, 90)
+        )
+        self.rows["plan_prices"].append((self.plan, "H100", "2.49", ts(self.start - 86400 * 30)))
+
+    def _customers_and_rentals(self, gpus: int, customers: int) -> None:
+        ids = [uuid.uuid4() for _ in range(customers)]
+        for i, cid in enumerate(ids):
+            zone = ZONES[i % len(ZONES)]
+            self.rows["customers"].append(
+                (cid, f"bench {i}", "USD", zone, "0.19", "send_invoice", 30)
+            )
+        node = None
+        spares: list[str] = []
+        for g in range(gpus // 2):
+            if g % 4 == 0:
+                node = uuid.uuid4()
+                self.rows["nodes"].append((node, f"bench-{node}", "bench"))
+            pair = [self._gpu(node, f"GPU-{g}-{k}") for k in range(2)]
+            self._rental(ids[g % customers], pair, spares, node)
+
+    def _gpu(self, node: uuid.UUID | None, name: str) -> str:
+        self.rows["gpus"].append((name, node, "H100", "rentable"))
+        return name
+
+    def _rental(
+        self, customer: uuid.UUID, gpus: list[str], spares: list[str], node: uuid.UUID | None
+    ) -> None:
+        rid = uuid.uuid4()
+        start = self.start if self.rng.random() < 0.8 else self.rng.randrange(self.start, self.end)
+        self.rows["rentals"].append((rid, customer, self.plan, "H100", 2, ts(start), None))
+        for gpu in gpus:
+            self._serve(rid, customer, gpu, start, node)
+
+    def _serve(
+        self, rid: uuid.UUID, customer: uuid.UUID, gpu: str, start: int, node: uuid.UUID | None
+    ) -> None:
+        """One GPU serves the rental from ``start``; each failure moves it to a new spare."""
+        while True:
+            failure = self._next_failure(start)
+            if failure is None:
+                self.rows["gpu_assignments"].append((rid, customer, gpu, ts(start), None))
+                self._segments(gpu, start, self.end, None)
+                return
+            failed_at = failure + self.rng.randrange(300, 3600)
+            self.rows["gpu_assignments"].append((rid, customer, gpu, ts(start), ts(failed_at)))
+            self._segments(gpu, start, failure, (failure, failed_at))
+            spare = self._gpu(node, f"SPARE-{uuid.uuid4().hex[:12]}")
+            resumed = failed_at + 30
+            self.rows["rental_migrations"].append(
+                (rid, customer, gpu, spare, ts(failed_at), ts(resumed), "bench failure")
+            )
+            gpu, start = spare, resumed
+
+    def _next_failure(self, start: int) -> int | None:
+        days = (self.end - start) / 86400
+        if self.rng.random() >= 1 - (1 - FAILURES_PER_GPU_DAY) ** days:
+            return None
+        return self.rng.randrange(start, self.end - 7200)
+
+    def _segments(self, gpu: str, start: int, end: int, failed: tuple[int, int] | None) -> None:
+        runs = []
+        if self.rng.random() < 0.05 and end - start > 7200:  # a gap: an hour never reported
+            gap = self.rng.randrange(start, end - 3600)
+            runs += [(start, gap, "healthy", None), (gap + 3600, end, "healthy", None)]
+        else:
+            runs.append((start, end, "healthy", None))
+        if failed:
+            xid = json.dumps({"rule": "xid", "code": 79, "event_id": f"ev-{gpu}-{failed[0]}"})
+            runs.append((failed[0], failed[1], "failed", xid))
+        for a, b, state, evidence in runs:
+            if a < b:
+                self.rows["gpu_state_segments"].append((gpu, a, b, state, evidence))
+
+
+COLUMNS = {
+    "customers": "id, name, currency, billing_timezone, tax_rate, collection_method, "
+    "days_until_due",
+    "nodes": "id, hostname, datacenter",
+    "gpus": "uuid, node_id, model, pool",
+    "price_plans": "id, name, currency, increment_s, minimum_s, bill_degraded, bill_unmetered, "
+    "monthly_cap_per_gpu, voucher_tiers, voucher_validity_days",
+    "plan_prices": "plan_id, gpu_model, price_per_hour, effective_from",
+    "rentals": "id, customer_id, plan_id, gpu_model, gpu_count, start_at, end_at",
+    "gpu_assignments": "rental_id, customer_id, gpu_uuid, start_at, end_at",
+    "rental_migrations": "rental_id, customer_id, from_gpu_uuid, to_gpu_uuid, failed_at, "
+    "resumed_at, reason",
+    "gpu_state_segments": 'gpu_uuid, start, "end", state, evidence',
+}
+
+
+def write(conninfo: str, fleet: Fleet) -> None:
+    order = ("customers", "nodes", "gpus", "price_plans", "plan_prices", "rentals")
+    order += ("gpu_assignments", "rental_migrations", "gpu_state_segments")
+    bar = ProgressBar("tables")
+    with psycopg.connect(conninfo) as conn:
+        for done, table in enumerate(order, 1):
+            with conn.cursor().copy(f"COPY {table} ({COLUMNS[table]}) FROM STDIN") as copy:
+                for row in fleet.rows[table]:
+                    copy.write_row(row)
+            bar(done, len(order))
+
+
+def truncate(conninfo: str) -> None:
+    with psycopg.connect(conninfo) as conn:
+        conn.execute(
+            "TRUNCATE invoice_lines, voucher_entries, invoices, invoice_number_counters, "
+            + ", ".join(TABLES)
+            + " RESTART IDENTITY CASCADE"
+        )
+
+
+def timed_run(url: str) -> tuple[float, dict[str, int]]:
+    engine = create_engine(sqlalchemy_url(url))
+    try:
+        started = time.perf_counter()
+        with transaction(engine) as session:
+            summary = run_invoices(session, PERIOD, NOW, progress=ProgressBar("customers"))
+        seconds = time.perf_counter() - started  # including the commit
+    finally:
+        engine.dispose()
+    if summary.failures:
+        raise SystemExit(f"invoice run failed for {len(summary.failures)} customers")
+    return seconds, {o.value: n for o, n in summary.counts.items()}
+
+
+@contextmanager
+def bench_database(server_url: str) -> Iterator[str]:
+    base = make_url(sqlalchemy_url(server_url))
+    admin = base.set(drivername="postgresql", database="postgres")
+    admin_info = admin.render_as_string(hide_password=False)
+    name = f"gpumeter_bench_invoices_{secrets.token_hex(4)}"
+    with psycopg.connect(admin_info, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield base.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(admin_info, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scales", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args(argv)
+    server = os.environ.get("GPUMETER_DATABASE_URL", "postgresql://postgres@127.0.0.1/postgres")
+    results: dict[str, Any] = {"gpus_1x": GPUS, "customers_1x": CUSTOMERS, "period": PERIOD}
+    with bench_database(server) as url:
+        migrate.upgrade(url)
+        conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
+        for scale in args.scales:
+            say(f"{scale}x: generating {GPUS * scale:,} GPUs, {CUSTOMERS * scale:,} customers")
+            fleet = Fleet(scale, args.seed)
+            truncate(conninfo)
+            write(conninfo, fleet)
+            counts = {t: len(rows) for t, rows in fleet.rows.items()}
+            say(f"{scale}x: wrote {counts}")
+            with psycopg.connect(conninfo, autocommit=True) as conn:
+                conn.execute("ANALYZE")
+            seconds, outcome = timed_run(url)
+            say(f"{scale}x: invoice run {seconds:.2f} s: {outcome}")
+            results[f"{scale}x"] = {"seconds": round(seconds, 3), "rows": counts, **outcome}
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -171,6 +171,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(options, database_url)
 
 
+def cmd_register_node(args: argparse.Namespace) -> int:
+    import app.models  # noqa: F401 - registers every table, so foreign keys resolve
+    from app.core.db import get_engine, transaction
+    from app.fleet import repository, service
+    from app.fleet.schemas import NodeCreate
+
+    with database_url(args.data_dir) as url, transaction(get_engine(url)) as session:
+        node = repository.node_by_hostname(session, args.hostname)
+        if node is None:
+            data = NodeCreate(hostname=args.hostname, datacenter=args.datacenter)
+            node, issued = service.register_node(session, data)
+        else:  # registered before (a restarted deployment): rotate its token
+            issued = service.issue_node_token(session, node)
+    if args.token_file is None:
+        print(issued.secret)
+    else:
+        args.token_file.write_text(issued.secret + "\n")
+        args.token_file.chmod(0o600)
+    print(f"# node {node.id} ({args.hostname}): agent token issued", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpumeter", description="Per-second GPU metering and billing service."
@@ -202,6 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
     create_key.add_argument("--node", default=None, help="node id (for --kind node)")
     _add_data_dir(create_key)
     create_key.set_defaults(handler=cmd_create_key)
+    register_node = admin.add_parser(
+        "register-node",
+        help="register a node (or rotate a registered node's token) and output its agent token",
+    )
+    register_node.add_argument("--hostname", required=True, help="the node's hostname")
+    register_node.add_argument("--datacenter", default="default", help="datacenter label")
+    register_node.add_argument(
+        "--token-file", type=Path, default=None, help="write the token here (default: stdout)"
+    )
+    _add_data_dir(register_node)
+    register_node.set_defaults(handler=cmd_register_node)
 
     simulate = commands.add_parser(
         "simulate", help="write a synthetic fleet's history (rentals, telemetry, failures)"

@@ -1,0 +1,112 @@
+"""`gpumeter demo --duration 60` as a user runs it: exit 0, a summary with a credit for the
+scripted failure, a dashboard link that opens in headless Chromium while the demo runs, and
+nothing it started left running afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from tests.dashboard.test_browser import ARGS, CHROMIUM
+from tests.service.test_cli import env_without_database, free_port
+
+pytestmark = pytest.mark.e2e
+
+from playwright.sync_api import sync_playwright  # noqa: E402
+
+GPUMETER = Path(sys.executable).parent / "gpumeter"
+LINK = re.compile(r"dashboard link \(Acme AI\): (\S+)")
+LIVE_CREDIT = re.compile(r"live failure credit \(GPU \S+\): USD (\d+\.\d{2})")
+LAST_MONTH = re.compile(r"\d{4}-\d{2}: (\d+) invoices \(finalized\), GPU-hours billed ([\d,.]+)")
+
+
+class Demo:
+    """The demo process, its output collected line by line as it comes."""
+
+    def __init__(self, data_dir: Path, env: dict[str, str]) -> None:
+        self.data_dir = data_dir
+        argv = [str(GPUMETER), "demo", "--duration", "60", "--port", str(free_port())]
+        self.process = subprocess.Popen(
+            [*argv, "--data-dir", str(data_dir)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self.link = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            if LINK.search(line):
+                self.link.set()
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def pids(self) -> dict[str, int]:
+        return json.loads((self.data_dir / "state.json").read_text())["pids"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
+
+
+def open_dashboard(link: str) -> str:
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page()
+            response = page.goto(link)
+            assert response is not None and response.ok, response and response.status
+            return page.content()
+        finally:
+            browser.close()
+
+
+@pytest.mark.parametrize("database", ["embedded", "configured"])
+def test_demo_runs_shows_the_dashboard_and_leaves_nothing_behind(
+    database: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    env = env_without_database()
+    if database == "configured":
+        env["GPUMETER_DATABASE_URL"] = request.getfixturevalue("database_url")
+    demo = Demo(tmp_path / "demo", env)
+    try:
+        assert demo.link.wait(180), f"no dashboard link printed:\n{demo.output}"
+        pids = demo.pids()
+        html = open_dashboard(LINK.search(demo.output).group(1))
+        assert "Acme AI" in html
+        assert demo.process.wait(240) == 0, demo.output
+    finally:
+        if demo.process.poll() is None:
+            demo.process.kill()
+    demo.reader.join(10)
+    output = demo.output
+    credit = LIVE_CREDIT.search(output)
+    assert credit and Decimal(credit.group(1)) > 0, output
+    invoices, billed = LAST_MONTH.search(output).groups()
+    assert int(invoices) == 3 and Decimal(billed.replace(",", "")) > 0
+    assert "all demo processes stopped" in output
+    assert {"server", *(n for n in pids if n.startswith("agent-"))} <= set(pids)
+    assert ("postgres" in pids) == (database == "embedded")
+    assert not [name for name, pid in pids.items() if alive(pid)], pids
+    assert not (demo.data_dir / "pgdata" / "postmaster.pid").exists()

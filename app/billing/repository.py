@@ -84,7 +84,11 @@ FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(invoice_id uuid, customer_id 
 
 
 def replace_lines(session: Session, invoice_id: uuid.UUID, rows: list[dict[str, Any]]) -> None:
-    session.execute(delete(InvoiceLineRow).where(InvoiceLineRow.invoice_id == invoice_id))
+    # No session sync: scanning the identity map per delete would make a run quadratic.
+    session.execute(
+        delete(InvoiceLineRow).where(InvoiceLineRow.invoice_id == invoice_id),
+        execution_options={"synchronize_session": False},
+    )
     if rows:
         # default=str: Decimal, UUID and datetime become their exact text forms.
         session.execute(_INSERT_LINES, {"rows": json.dumps(rows, default=str)})
@@ -95,7 +99,8 @@ def delete_provisional_entries(session: Session, invoice_id: uuid.UUID) -> None:
     session.execute(
         delete(VoucherEntryRow).where(
             VoucherEntryRow.invoice_id == invoice_id, VoucherEntryRow.kind != EntryKind.ISSUED
-        )
+        ),
+        execution_options={"synchronize_session": False},
     )
 
 

@@ -148,6 +148,7 @@ class SyncJob:
         return SyncState.SYNCED, None
 
     def _release(self, state: SyncState, error: str | None) -> None:
+        error = error[:2000] if error else None  # the columns' width
         with self._step() as (_, item, invoice):
             item.state, item.last_error = state, error
             item.lease_owner = item.leased_until = None
@@ -288,7 +289,8 @@ class SyncJob:
             _due(current, expected)
             invoice.stripe_invoice_number = current.number
             invoice.stripe_hosted_url = current.hosted_invoice_url
-            invoice.stripe_status = current.status
+            if invoice.stripe_status != "paid":  # an invoice.paid webhook may have come first
+                invoice.stripe_status = current.status
             _advance(item, SyncStep.FINALIZED)
 
     # -- voiding ----------------------------------------------------------------------------

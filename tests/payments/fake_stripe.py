@@ -79,8 +79,10 @@ class FakeStripe:
     invoices: dict[str, Obj] = field(default_factory=dict)
     items: dict[str, Obj] = field(default_factory=dict)
     log: list[Logged] = field(default_factory=list)
-    outage: str | None = None  # None, "503" or "drop"
+    # None; "503"; "drop" (connections closed unanswered); "lose" (POSTs done, answers lost)
+    outage: str | None = None
     url: str = ""
+    search_lags: bool = False  # True: search sees no new objects yet, as Stripe's may for a minute
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _numbers: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _idempotency: dict[str, tuple[tuple[str, str, str], Reply]] = field(default_factory=dict)
@@ -177,7 +179,7 @@ class FakeStripe:
             found = [
                 obj
                 for obj in store.values()
-                if all(obj["metadata"].get(k) == v for k, v in clauses)
+                if all(obj["metadata"].get(k) == v for k, v in clauses) and not self.search_lags
             ]
             return {
                 "object": "search_result",
@@ -332,6 +334,10 @@ def _handler_for(fake: FakeStripe) -> type[BaseHTTPRequestHandler]:
                 status, reply = fake.handle(self.command, split.path, params, self.headers)
             key = self.headers.get("Idempotency-Key")
             fake.log.append(Logged(self.command, split.path, params, key, status))
+            if fake.outage == "lose" and self.command == "POST":
+                self.close_connection = True  # done in Stripe, but the answer never arrives
+                self.connection.close()
+                return
             data = json.dumps(reply).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

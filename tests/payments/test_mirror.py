@@ -9,6 +9,7 @@ import pytest
 import stripe
 from sqlalchemy import Engine, func, select
 
+from app.billing.models import Invoice
 from app.core.db import transaction
 from app.customers.models import Customer
 from app.payments.models import StripeOutbox
@@ -117,6 +118,7 @@ def test_resume_after_keys_expired_finds_objects_by_metadata(
     fake._idempotency.clear()
     with mirror.engine.begin() as conn:  # as if the commits recording the ids had been lost
         conn.execute(Customer.__table__.update().values(stripe_customer_id=None))
+        conn.execute(Invoice.__table__.update().values(stripe_invoice_id=None))
     mirror.expire_leases()
 
     assert mirror.sync() == 1
@@ -128,7 +130,7 @@ def test_resume_after_keys_expired_finds_objects_by_metadata(
     assert mirror.invoice(invoice_id).stripe_invoice_id == stripe_invoice["id"]
 
 
-def test_retries_reuse_the_idempotency_key_and_stripe_replays(
+def test_dropped_connection_is_retried_later_under_the_same_key(
     mirror: Mirror, fake: FakeStripe
 ) -> None:
     invoice_id = mirror.finalized()
@@ -143,6 +145,29 @@ def test_retries_reuse_the_idempotency_key_and_stripe_replays(
     # Stripe saw the customer create twice (first dropped unanswered), under one key.
     keys = {post.idempotency_key for post in fake.posts("/v1/customers")}
     assert keys == {f"gpumeter-customer-{mirror.invoice(invoice_id).customer_id}"}
+
+
+def test_lost_answers_are_replayed_not_created_twice(mirror: Mirror, fake: FakeStripe) -> None:
+    """Stripe did the work but the answer was lost, and search does not show the object yet:
+    the retry's key gets Stripe's first answer instead of a second object."""
+    fake.search_lags = True
+    invoice_id = mirror.finalized()
+    with fake.down("lose"):
+        mirror.sync()  # the customer is created in Stripe; we never hear of it
+    assert mirror.row(invoice_id)["state"] == "pending" and len(fake.customers) == 1
+    for _ in range(len(LINES) + 3):  # every create is lost once, then replayed
+        mirror.make_due()
+        with fake.down("lose"):
+            mirror.sync()
+        mirror.make_due()
+        mirror.sync()
+        if mirror.row(invoice_id)["state"] == "synced":
+            break
+    assert mirror.row(invoice_id)["state"] == "synced"
+    assert (len(fake.customers), len(fake.invoices), len(fake.items)) == (1, 1, len(LINES))
+    per_key = Counter(p.idempotency_key for p in fake.posts("/v1/"))
+    customer_id = mirror.invoice(invoice_id).customer_id
+    assert per_key[f"gpumeter-customer-{customer_id}"] >= 2  # lost, then replayed
 
 
 @pytest.mark.e2e
@@ -297,10 +322,7 @@ def test_without_a_stripe_key_nothing_is_queued(
 ) -> None:
     monkeypatch.delenv("GPUMETER_STRIPE_API_KEY")
     configure(monkeypatch)
-    from tests.payments.conftest import Mirror as Helper
-
-    helper = Helper(db, settings, None)  # type: ignore[arg-type]
-    helper.finalized()
+    Mirror(db, settings, None).finalized()  # type: ignore[arg-type]
     with transaction(db) as session:
         assert session.scalar(select(func.count()).select_from(StripeOutbox)) == 0
     assert fake.log == []

@@ -254,13 +254,14 @@ class _PlanBook:
     def __init__(self, session: Session, customer_ids: Collection[uuid.UUID]) -> None:
         self._session = session
         self._terms: dict[tuple[uuid.UUID, str, uuid.UUID | None], PlanTerms] = {}
-        self._overridden = set(
-            session.execute(
+        self._overridden = {
+            (plan, customer)
+            for plan, customer in session.execute(
                 select(PlanPrice.plan_id, PlanPrice.customer_id)
                 .distinct()
                 .where(PlanPrice.customer_id.in_(customer_ids))
-            ).tuples()
-        )
+            )
+        }
 
     def terms(self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID) -> PlanTerms:
         own = customer_id if (plan_id, customer_id) in self._overridden else None

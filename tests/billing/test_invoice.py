@@ -2,7 +2,7 @@ from decimal import Decimal
 
 from app.billing.domain import Assignment, PlanTerms, PricePoint
 from app.billing.invoice import build_invoice
-from app.billing.lines import LineKind
+from app.billing.lines import InvoiceLine, LineKind
 from app.billing.rating import rate_rental
 from app.billing.vouchers import issue_voucher, open_vouchers
 
@@ -55,3 +55,20 @@ def test_jpy_invoice_has_no_decimals() -> None:
     invoice = build_invoice("inv", "c1", "JPY", [rated], [], MONTH[1], Decimal("0.10"))
     assert [str(line.amount) for line in invoice.lines] == ["151", "15"]  # tax 15.1 -> 15
     assert str(invoice.total) == "166"
+
+
+def test_adjustments_follow_rental_lines_and_count_towards_vouchers_and_tax() -> None:
+    adjustment = InvoiceLine(
+        LineKind.ADJUSTMENT, Decimal("-1.25"), "USD", rental_id="r1", adjusts_period="2026-10"
+    )
+    vouchers = open_vouchers([issue_voucher("v1", "c1", Decimal("2000"), 0, 90, "manual", "x")])
+    invoice = build_invoice(
+        "inv", "c1", "USD", [_month_on_a()], vouchers, MONTH[1], Decimal("0.19"), [adjustment]
+    )
+    assert [(line.kind, line.amount) for line in invoice.lines] == [
+        (LineKind.CHARGE, Decimal("1792.80")),
+        (LineKind.FAILURE_CREDIT, Decimal("-0.01")),
+        (LineKind.ADJUSTMENT, Decimal("-1.25")),
+        (LineKind.VOUCHER, Decimal("-1791.54")),  # never below zero, adjustment included
+        (LineKind.TAX, Decimal("0.00")),
+    ]

@@ -184,7 +184,9 @@ async def drive(base_url: str, tokens: list[str], args: argparse.Namespace) -> t
     stats = Stats()
     hours = int(args.duration * 40_000 / len(tokens) / args.gpus_per_node / 60) + 2
     start = (int(time.time()) // HOUR - hours) * HOUR  # walk forward from `hours` ago
-    limits = httpx.Limits(max_connections=args.concurrency)
+    # A fresh connection per batch, as the agent's urllib uploads do: the kernel then spreads
+    # connections over the workers (a few kept-alive ones all landed on one worker).
+    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=0)
     in_flight = asyncio.Semaphore(args.concurrency)
     async with httpx.AsyncClient(base_url=base_url, timeout=60, limits=limits) as client:
         began = time.monotonic()

@@ -12,6 +12,7 @@ from app.core.db import get_engine
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
 from app.customers.endpoints import router as customers_router
+from app.dashboard import endpoints as dashboard
 from app.fleet.endpoints import router as fleet_router
 from app.metering.endpoints import router as metering_router
 from app.payments.endpoints import router as stripe_router
@@ -23,6 +24,8 @@ ROUTERS = [
     health_router,
     keys_router,
     customers_router,
+    dashboard.router,
+    dashboard.pages,
     fleet_router,
     invoices_router,
     billing_customer_router,
@@ -42,6 +45,7 @@ def create_app(engine: Engine | None = None) -> FastAPI:
     )
     app.state.engine = engine or get_engine()
     install_error_handlers(app)
+    dashboard.install(app)
     for router in ROUTERS:
         app.include_router(router)
     return app

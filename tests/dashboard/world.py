@@ -120,7 +120,9 @@ def build(console: Console) -> World:
     for gpu in ("GPU-A-1", "GPU-A-2", "GPU-B-1"):
         console.gpu(node["id"], gpu)
     tz = {"currency": "EUR", "billing_timezone": "Europe/Berlin", "tax_rate": "0.19"}
-    acme = _tenant(console, "Acme", plan["id"], ["GPU-A-1", "GPU-A-2"], email="ops@acme.example.com", **tz)
+    acme = _tenant(
+        console, "Acme", plan["id"], ["GPU-A-1", "GPU-A-2"], email="ops@acme.example.com", **tz
+    )
     other = _tenant(console, "Other", plan["id"], ["GPU-B-1"], email="it@other.example.com", **tz)
     console.post(
         f"/v1/rentals/{acme.rental['id']}/migrations",

@@ -43,10 +43,37 @@ TABLES = (
 )
 RECORD = (
     '{{"gpu_uuid":"{gpu}","model":"H100 80GB HBM3","start":{start},"end":{end},'
-    '"state":"{state}","sample_count":{n},"gpu_util_mean":{util},"gpu_util_max":{umax},'
-    '"mem_util_mean":31.5,"mem_used_max_mib":61440,"mem_total_mib":81559,"energy_j":{energy},'
-    '"power_max_w":512.3,"temp_max_c":64,"sm_clock_mean_mhz":1980}}'
+    '"state":"{state}","sample_count":{n},{readings},"mem_total_mib":81559,'
+    '"sm_clock_mean_mhz":1980}}'
 )
+READINGS = (
+    '"gpu_util_mean":{util},"gpu_util_max":{umax},"mem_util_mean":{mem},'
+    '"mem_used_max_mib":{mem_used},"energy_j":{energy},"power_max_w":{power},"temp_max_c":{temp}'
+)
+
+
+def readings_pool(n: int, rng: random.Random, size: int = 4096) -> list[str]:
+    """Pre-formatted readings of an n-second record, each varying from the others (so that
+    compressed storage is not flattered), drawn at random per record: cheap for the client."""
+    pool = []
+    for _ in range(size):
+        util = rng.uniform(0, 100)
+        power = 80 + 6 * util + rng.uniform(-20, 20)
+        pool.append(
+            READINGS.format(
+                util=round(util, 2),
+                umax=min(100, round(util) + rng.randint(0, 5)),
+                mem=round(rng.uniform(0, 60), 2),
+                mem_used=rng.randint(1_000, 80_000),
+                energy=round(n * power * 0.95, 1),
+                power=round(power + rng.uniform(0, 40), 1),
+                temp=rng.randint(35 + int(util) // 4, 45 + int(util) // 3),
+            )
+        )
+    return pool
+
+
+POOLS = {n: readings_pool(n, random.Random(n)) for n in (30, 60)}
 
 
 def parse_args() -> argparse.Namespace:
@@ -78,13 +105,12 @@ def batch_body(
         t = start + 60 * m
         for g in range(gpus):
             gpu = f"GPU-bench-{node:04d}-{g:03d}"
-            util = rng.randint(0, 100)
             if rng.random() < change_rate:
-                records.append(_record(gpu, t, t + 30, "healthy", util))
-                records.append(_record(gpu, t + 30, t + 60, "degraded", util))
+                records.append(_record(gpu, t, t + 30, "healthy", rng))
+                records.append(_record(gpu, t + 30, t + 60, "degraded", rng))
                 events.append(_event(gpu, t + 30))
             else:
-                records.append(_record(gpu, t, t + 60, "healthy", util))
+                records.append(_record(gpu, t, t + 60, "healthy", rng))
     body = (
         f'{{"batch_id":"{secrets.token_hex(8)}","protocol_version":1,'
         f'"records":[{",".join(records)}],"events":[{",".join(events)}]}}'
@@ -92,18 +118,10 @@ def batch_body(
     return body.encode(), len(records), gpus * minutes * 60
 
 
-def _record(gpu: str, start: int, end: int, state: str, util: int) -> str:
+def _record(gpu: str, start: int, end: int, state: str, rng: random.Random) -> str:
     n = end - start
-    return RECORD.format(
-        gpu=gpu,
-        start=start,
-        end=end,
-        state=state,
-        n=n,
-        util=float(util),
-        umax=min(100, util + 5),
-        energy=round(n * 400.5, 1),
-    )
+    readings = POOLS[n][rng.getrandbits(12)]
+    return RECORD.format(gpu=gpu, start=start, end=end, state=state, n=n, readings=readings)
 
 
 def _event(gpu: str, at: int) -> str:

@@ -43,8 +43,17 @@ class StateSegment(Base):
     received_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
 
-class _HourRow:
-    """One GPU-hour of minute metrics: 60 fixed-size slots packed in ``slots`` (see packing)."""
+class MinuteMetrics(Base):
+    """Closed hours of minute metrics: one GPU-hour's 60 fixed-size slots packed in ``slots``
+    (see packing). Written once when a GPU reports a later hour: dense, no update bloat.
+
+    Rewriting a 1.2 KB row on every batch in one big table left ~7 KB per GPU-hour of dead
+    versions (measured), hence the split. Late data for a closed hour updates it in place.
+    Slots are compressed (lz4, ``toast_tuple_target`` 128; set by migration 0005).
+    """
+
+    __tablename__ = "gpu_minute_metrics"
+    __table_args__ = ({"postgresql_with": {"toast_tuple_target": 128}},)
 
     gpu_uuid: Mapped[str] = mapped_column(String(96), ForeignKey("gpus.uuid"), primary_key=True)
     hour: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)  # epoch s, UTC
@@ -52,22 +61,21 @@ class _HourRow:
     slots: Mapped[bytes] = mapped_column(LargeBinary)
 
 
-class OpenMinuteMetrics(_HourRow, Base):
-    """Hours still being filled: rewritten in place once per batch, so this table is kept
-    small (about one row per GPU) with room on every page for HOT updates."""
+class OpenMinuteMetrics(Base):
+    """Each GPU's newest hour, still being filled: one row per GPU, rewritten once per batch.
 
-    __tablename__ = "gpu_minute_metrics_open"
-    __table_args__ = ({"postgresql_with": {"fillfactor": 50}},)
-
-
-class MinuteMetrics(_HourRow, Base):
-    """Closed hours, written once when a GPU reports a later hour: dense, no update bloat.
-
-    Rewriting a 1.2 KB row on every batch in one big table left ~7 KB per GPU-hour of dead
-    versions (measured), hence the split. Late data for a closed hour updates it in place.
+    Keyed by GPU alone, so that moving to the next hour (the old one goes to the closed table)
+    changes no indexed column: every rewrite is a HOT update into the page's free space, which
+    pruning reclaims without VACUUM, and the table stays at its working set.
     """
 
-    __tablename__ = "gpu_minute_metrics"
+    __tablename__ = "gpu_minute_metrics_open"
+    __table_args__ = ({"postgresql_with": {"fillfactor": 50, "toast_tuple_target": 128}},)
+
+    gpu_uuid: Mapped[str] = mapped_column(String(96), ForeignKey("gpus.uuid"), primary_key=True)
+    hour: Mapped[int]  # epoch s, UTC
+    mem_total_mib: Mapped[int | None] = mapped_column(Integer)
+    slots: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class HealthEventRow(Base):

@@ -1,7 +1,7 @@
 """Metering queries. Writes are set-based (one statement per table per batch, over arrays).
 
-Billing reads segments and utilisation through ``segments_between``, ``minute_utilisation``
-and ``late_segments_since``.
+Billing reads segments and idle time through ``segments_between``, ``idle_minutes`` and
+``late_segments_since``.
 """
 
 from __future__ import annotations
@@ -182,66 +182,72 @@ def insert_events(session: Session, events: Sequence[HealthEvent]) -> int:
     return len(rows.all())
 
 
-def metric_rows(
-    session: Session, keys: Sequence[tuple[str, int]]
-) -> dict[tuple[str, int], tuple[bytes, bool]]:
-    """The stored (slots, closed) of these (gpu, hour) rows, from either table."""
+@dataclass(frozen=True, slots=True)
+class StoredMetrics:
+    """What a batch's minute metrics land on: its GPUs' open rows and its closed keys."""
+
+    open: dict[str, tuple[int, bytes, int | None]]  # gpu -> (hour, slots, mem_total_mib)
+    closed: dict[tuple[str, int], bytes]  # (gpu, hour) -> slots
+
+
+def metric_rows(session: Session, keys: Sequence[tuple[str, int]]) -> StoredMetrics:
+    """The open rows of the keys' GPUs and the closed rows of the keys, in one round trip."""
     rows = session.execute(
         text("""
-        SELECT m.gpu_uuid, m.hour, m.slots, m.closed FROM (
-            SELECT gpu_uuid, hour, slots, false AS closed FROM gpu_minute_metrics_open
-            UNION ALL SELECT gpu_uuid, hour, slots, true FROM gpu_minute_metrics
-        ) AS m JOIN unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
+        SELECT gpu_uuid, hour, slots, mem_total_mib, true FROM gpu_minute_metrics_open
+        WHERE gpu_uuid = ANY(CAST(:g AS text[]))
+        UNION ALL
+        SELECT m.gpu_uuid, m.hour, m.slots, m.mem_total_mib, false FROM gpu_minute_metrics m
+        JOIN unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
           ON m.gpu_uuid = k.gpu AND m.hour = k.hour
         """),
-        {"u": [g for g, _ in keys], "h": [h for _, h in keys]},
+        {
+            "g": list({g for g, _ in keys}),
+            "u": [g for g, _ in keys],
+            "h": [h for _, h in keys],
+        },
     )
-    return {(gpu, hour): (bytes(slots), closed) for gpu, hour, slots, closed in rows}
+    stored = StoredMetrics({}, {})
+    for gpu, hour, slots, mem_total, is_open in rows:
+        if is_open:
+            stored.open[gpu] = (hour, bytes(slots), mem_total)
+        else:
+            stored.closed[(gpu, hour)] = bytes(slots)
+    return stored
 
 
 def write_metric_rows(
     session: Session, rows: dict[tuple[str, int], tuple[bytes, int | None]], *, closed: bool
 ) -> None:
-    """Upsert hour rows into the closed or the open table."""
+    """Upsert hour rows into the closed table, or GPUs' open rows (at most one key per GPU;
+    it replaces the GPU's open hour, which the caller has moved to the closed table)."""
     if not rows:
         return
     keys = list(rows)
-    table = "gpu_minute_metrics" if closed else "gpu_minute_metrics_open"
-    session.execute(
-        text(f"""
-        INSERT INTO {table} (gpu_uuid, hour, mem_total_mib, slots)
+    if closed:
+        statement = """
+        INSERT INTO gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots)
         SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
                              CAST(:d AS bytea[]))
         ON CONFLICT (gpu_uuid, hour) DO UPDATE SET slots = excluded.slots,
-            mem_total_mib = COALESCE(excluded.mem_total_mib, {table}.mem_total_mib)
-        """),
+            mem_total_mib = COALESCE(excluded.mem_total_mib, gpu_minute_metrics.mem_total_mib)
+        """
+    else:
+        statement = """
+        INSERT INTO gpu_minute_metrics_open (gpu_uuid, hour, mem_total_mib, slots)
+        SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
+                             CAST(:d AS bytea[]))
+        ON CONFLICT (gpu_uuid) DO UPDATE SET hour = excluded.hour, slots = excluded.slots,
+            mem_total_mib = excluded.mem_total_mib
+        """
+    session.execute(
+        text(statement),
         {
             "u": [g for g, _ in keys],
             "h": [h for _, h in keys],
             "t": [rows[k][1] for k in keys],
             "d": [rows[k][0] for k in keys],
         },
-    )
-
-
-def close_hours(session: Session, newest: dict[str, int]) -> None:
-    """Move each GPU's open hours before its newest reported hour into the closed table.
-
-    The closed table never has these keys: rows are written there only by this move, and
-    later writes to a key it holds go to it directly (the node lock orders them).
-    """
-    gpus = list(newest)
-    session.execute(
-        text("""
-        WITH moved AS (
-            DELETE FROM gpu_minute_metrics_open o
-            USING unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
-            WHERE o.gpu_uuid = k.gpu AND o.hour < k.hour
-            RETURNING o.gpu_uuid, o.hour, o.mem_total_mib, o.slots)
-        INSERT INTO gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots)
-        SELECT * FROM moved
-        """),
-        {"u": gpus, "h": [newest[g] for g in gpus]},
     )
 
 
@@ -263,10 +269,10 @@ def segments_between(
     return out
 
 
-def minute_rows(
+def _metric_rows(
     session: Session, gpu_uuids: Sequence[str], start: int, end: int
-) -> dict[str, list[packing.Minute]]:
-    """Each GPU's observed minutes whose start lies in ``[start, end)``, in time order."""
+) -> Iterable[tuple[str, int, bytes]]:
+    """(GPU, hour, packed slots) of the hours overlapping ``[start, end)``, closed and open."""
     rows = session.execute(
         text("""
         SELECT gpu_uuid, hour, slots FROM (
@@ -278,20 +284,29 @@ def minute_rows(
         """),
         {"u": list(gpu_uuids), "lo": packing.hour_of(start), "hi": end},
     )
+    return ((gpu, hour, bytes(slots)) for gpu, hour, slots in rows)
+
+
+def minute_rows(
+    session: Session, gpu_uuids: Sequence[str], start: int, end: int
+) -> dict[str, list[packing.Minute]]:
+    """Each GPU's observed minutes whose start lies in ``[start, end)``, in time order."""
     out: dict[str, list[packing.Minute]] = {gpu: [] for gpu in gpu_uuids}
-    for gpu, hour, slots in rows:
-        out[gpu].extend(m for m in packing.minutes(hour, bytes(slots)) if start <= m.start < end)
+    for gpu, hour, slots in _metric_rows(session, gpu_uuids, start, end):
+        out[gpu].extend(m for m in packing.minutes(hour, slots) if start <= m.start < end)
     return out
 
 
-def minute_utilisation(
-    session: Session, gpu_uuids: Sequence[str], start: int, end: int
-) -> dict[str, list[tuple[int, float]]]:
-    """(minute start, mean GPU utilisation %) of each GPU's observed minutes in [start, end)."""
-    return {
-        gpu: [(m.start, m.util_mean) for m in mins if m.util_mean is not None]
-        for gpu, mins in minute_rows(session, gpu_uuids, start, end).items()
-    }
+def idle_minutes(
+    session: Session, gpu_uuids: Sequence[str], start: int, end: int, threshold_tenths: int
+) -> dict[str, list[int]]:
+    """Starts of each GPU's observed minutes in [start, end) with mean utilisation below
+    ``threshold_tenths`` tenths of a percent, in time order."""
+    out: dict[str, list[int]] = {gpu: [] for gpu in gpu_uuids}
+    for gpu, hour, slots in _metric_rows(session, gpu_uuids, start, end):
+        minutes = packing.idle_minutes(hour, slots, threshold_tenths)
+        out[gpu].extend(m for m in minutes if start <= m < end)
+    return out
 
 
 def late_segments_since(

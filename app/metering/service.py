@@ -133,23 +133,35 @@ def _store_segments(
 
 
 def _store_metrics(session: Session, records: list[UsageRecord]) -> None:
-    """Read-modify-write each touched GPU-hour row (safe: the node lock is held); then close
-    the hours each GPU has moved past."""
+    """Combine the records into their GPU-hour rows (read-modify-write; safe: the node lock is
+    held). Each GPU's newest hour not yet closed is its open row; an open row of an older hour
+    moves to the closed table, as do records of older hours."""
     by_row: dict[tuple[str, int], list[UsageRecord]] = defaultdict(list)
     for r in records:
         by_row[(r.gpu_uuid, packing.hour_of(r.start))].append(r)
-    current = repository.metric_rows(session, list(by_row))
-    rows: dict[bool, dict[tuple[str, int], tuple[bytes, int | None]]] = {True: {}, False: {}}
-    for key, rs in by_row.items():
-        slots, closed = current.get(key, (packing.EMPTY_ROW, False))
-        mem_total = next((r.mem_total_mib for r in rs if r.mem_total_mib is not None), None)
-        rows[closed][key] = (packing.add_records(slots, rs), mem_total)
-    for closed, changed in rows.items():
-        repository.write_metric_rows(session, changed, closed=closed)
-    newest: dict[str, int] = {}
-    for gpu, hour in by_row:
-        newest[gpu] = max(hour, newest.get(gpu, hour))
-    repository.close_hours(session, newest)
+    stored = repository.metric_rows(session, list(by_row))
+    # Per GPU: hour -> (slots, mem_total) as they will be written, starting from its open row.
+    rows: dict[str, dict[int, tuple[bytes, int | None]]] = defaultdict(dict)
+    for gpu, (hour, slots, mem_total) in stored.open.items():
+        rows[gpu][hour] = (slots, mem_total)
+    for (gpu, hour), rs in by_row.items():
+        slots, mem_total = rows[gpu].get(hour) or (stored.closed.get((gpu, hour)), None)
+        mem_new = next((r.mem_total_mib for r in rs if r.mem_total_mib is not None), None)
+        rows[gpu][hour] = (
+            packing.add_records(slots or packing.EMPTY_ROW, rs),
+            mem_total if mem_new is None else mem_new,
+        )
+    opened: dict[tuple[str, int], tuple[bytes, int | None]] = {}
+    closed: dict[tuple[str, int], tuple[bytes, int | None]] = {}
+    for gpu, hours in rows.items():
+        newest = max((h for h in hours if (gpu, h) not in stored.closed), default=None)
+        for hour, row in hours.items():
+            if hour != newest:
+                closed[(gpu, hour)] = row
+            elif (gpu, hour) in by_row:  # an open row that stays and got nothing is left as is
+                opened[(gpu, hour)] = row
+    repository.write_metric_rows(session, closed, closed=True)
+    repository.write_metric_rows(session, opened, closed=False)
 
 
 def _attach_evidence(session: Session, batch: IngestBatch, created: list[tuple[str, int]]) -> None:

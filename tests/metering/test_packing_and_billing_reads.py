@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import Engine
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import Engine, text
 
 from app.core.db import transaction
 from app.metering import packing, repository
@@ -72,8 +74,12 @@ def test_billing_reads_clip_and_report_late_data(agent: Agent, db: Engine) -> No
             (t + 60, t + 80, "failed"),
         ]
         assert rows["GPU-X"] == []
-        util = repository.minute_utilisation(session, ["GPU-1"], t, t + 600)
-        assert util == {"GPU-1": [(t, 25.0), (t + 60, 0.0)]}
+        # 1 % threshold: the failed minute (0 %) is idle, the 25 % one is not.
+        assert repository.idle_minutes(session, ["GPU-1"], t, t + 600, 10) == {"GPU-1": [t + 60]}
+        assert repository.idle_minutes(session, ["GPU-1"], t, t + 600, 260) == {
+            "GPU-1": [t, t + 60]
+        }
+        assert repository.idle_minutes(session, ["GPU-1"], t + 60, t + 600, 0) == {"GPU-1": []}
         finalized = datetime.now(UTC)
     agent.post([rec("GPU-1", t - 60, t)])  # late: extends the first segment backwards
     with transaction(db) as session:
@@ -81,3 +87,54 @@ def test_billing_reads_clip_and_report_late_data(agent: Agent, db: Engine) -> No
         assert not repository.late_segments_since(session, ["GPU-1"], t + 60, t + 90, finalized)
         later = finalized + timedelta(hours=1)
         assert not repository.late_segments_since(session, ["GPU-1"], t - 60, t + 90, later)
+
+
+@given(
+    slots=st.lists(
+        # A utilisation count never exceeds the seconds observed in the minute.
+        st.tuples(st.integers(0, 60), st.integers(0, 60), st.integers(0, 6000)).map(
+            lambda s: (max(s[0], s[1]), s[1], s[2])
+        ),
+        min_size=packing.SLOTS,
+        max_size=packing.SLOTS,
+    ),
+    threshold_tenths=st.integers(0, 1000),
+)
+def test_idle_scan_agrees_with_the_full_decoder(
+    slots: list[tuple[int, int, int]], threshold_tenths: int
+) -> None:
+    row = b"".join(
+        packing.SLOT.pack(observed, n, total, 0, 0, 0, 0, 0, 0, 0) for observed, n, total in slots
+    )
+    decoded = [
+        m.start
+        for m in packing.minutes(7200, row)
+        if m.util_n and 10 * m.util_sum < threshold_tenths * m.util_n
+    ]
+    assert packing.idle_minutes(7200, row, threshold_tenths) == decoded
+
+
+def test_each_gpu_keeps_one_open_hour_and_late_minutes_reach_closed_hours(
+    agent: Agent, db: Engine
+) -> None:
+    now = minute_ago(0)
+    hour = packing.hour_of(now) - 3 * packing.HOUR
+    agent.post([rec("GPU-1", hour + 60, hour + 120, mem_total_mib=80)])
+    agent.post([rec("GPU-1", hour + packing.HOUR, hour + packing.HOUR + 60)])
+    agent.post([rec("GPU-1", hour, hour + 60), rec("GPU-1", hour + 2 * packing.HOUR, hour + 7260)])
+    with transaction(db) as session:
+        open_rows = session.execute(
+            text("SELECT gpu_uuid, hour FROM gpu_minute_metrics_open")
+        ).all()
+        closed = session.execute(
+            text("SELECT hour, mem_total_mib FROM gpu_minute_metrics ORDER BY hour")
+        ).all()
+        minutes = repository.minute_rows(session, ["GPU-1"], hour, hour + 3 * packing.HOUR)
+    assert open_rows == [("GPU-1", hour + 2 * packing.HOUR)]
+    assert closed == [(hour, 80), (hour + packing.HOUR, None)]
+    assert [m.start for m in minutes["GPU-1"]] == [
+        hour,
+        hour + 60,
+        hour + packing.HOUR,
+        hour + 2 * packing.HOUR,
+    ]

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.billing import repository
 from app.billing.domain import Bucket
-from app.billing.effective import EffectiveUsage, effective_usage, idle_spans
+from app.billing.effective import EffectiveUsage, effective_usage, minute_spans
 from app.billing.loader import BillingPeriod, billing_period, epoch, from_epoch, load_inputs
 from app.billing.rating import RatedRental, cap
 from app.billing.schemas import (
@@ -40,7 +40,7 @@ from app.billing.whatif import WhatIfCell, what_if
 from app.core.errors import Unprocessable
 from app.core.money import round_money
 from app.customers.models import Customer
-from app.metering.repository import minute_utilisation
+from app.metering.repository import idle_minutes
 from app.settings import get_settings
 
 
@@ -143,13 +143,10 @@ def _to_date(
 def _idle_by_gpu(
     session: Session, gpus: Sequence[str], span: tuple[int, int]
 ) -> dict[str, list[tuple[int, int]]]:
-    tenths = round(get_settings().idle_util_threshold_percent * 10)
-    minutes = minute_utilisation(session, gpus, *span)
     # Utilisation is a measurement (not money): tenths of a percent are precise enough.
-    return {
-        gpu: idle_spans({m: round(util * 10) for m, util in rows}, tenths)
-        for gpu, rows in minutes.items()
-    }
+    tenths = round(get_settings().idle_util_threshold_percent * 10)
+    idle = idle_minutes(session, gpus, *span, tenths)
+    return {gpu: minute_spans(minutes) for gpu, minutes in idle.items()}
 
 
 def _rental_usage(

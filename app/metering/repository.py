@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.metering import packing
+from app.metering import idle, packing
 from app.metering.segments import Span
 from metering_agent.protocol import HealthEvent
 
@@ -304,7 +304,7 @@ def idle_minutes(
     ``threshold_tenths`` tenths of a percent, in time order."""
     out: dict[str, list[int]] = {gpu: [] for gpu in gpu_uuids}
     for gpu, hour, slots in _metric_rows(session, gpu_uuids, start, end):
-        minutes = packing.idle_minutes(hour, slots, threshold_tenths)
+        minutes = idle.idle_minutes(hour, slots, threshold_tenths)
         out[gpu].extend(m for m in minutes if start <= m < end)
     return out
 

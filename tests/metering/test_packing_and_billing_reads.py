@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 from app.core.db import transaction
-from app.metering import packing, repository
+from app.metering import idle, packing, repository
 from metering_agent.protocol import GpuState, UsageRecord
 from tests.metering.conftest import Agent, minute_ago, rec
 
@@ -111,7 +111,7 @@ def test_idle_scan_agrees_with_the_full_decoder(
         for m in packing.minutes(7200, row)
         if m.util_n and 10 * m.util_sum < threshold_tenths * m.util_n
     ]
-    assert packing.idle_minutes(7200, row, threshold_tenths) == decoded
+    assert idle.idle_minutes(7200, row, threshold_tenths) == decoded
 
 
 def test_each_gpu_keeps_one_open_hour_and_late_minutes_reach_closed_hours(
@@ -138,3 +138,19 @@ def test_each_gpu_keeps_one_open_hour_and_late_minutes_reach_closed_hours(
         hour + packing.HOUR,
         hour + 2 * packing.HOUR,
     ]
+
+
+def _row(util_n: int, util_sum: int) -> bytes:
+    return packing.SLOT.pack(60, util_n, util_sum, 0, 0, 0, 0, 0, 0, 0) * packing.SLOTS
+
+
+def test_idle_scan_on_whole_hours() -> None:
+    hour = 3600 * 5
+    every_minute = [hour + 60 * i for i in range(packing.SLOTS)]
+    assert idle.idle_minutes(hour, _row(60, 60 * 50), 10) == []  # busy: the fast path
+    assert idle.idle_minutes(hour, _row(60, 0), 10) == every_minute  # 0 %
+    assert idle.idle_minutes(hour, _row(60, 59), 10) == every_minute  # 0.98 % < 1 %
+    assert idle.idle_minutes(hour, _row(60, 60), 10) == []  # exactly 1 % is not idle
+    assert idle.idle_minutes(hour, _row(30, 29), 10) == every_minute  # fewer samples
+    assert idle.idle_minutes(hour, _row(0, 0), 10) == []  # nothing observed: not idle
+    assert idle.idle_minutes(hour, _row(60, 300 * 60), 500) == []  # 300 % x 60 > bound

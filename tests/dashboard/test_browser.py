@@ -127,7 +127,9 @@ def test_customer_journey(server: str, browser: Browser, console: Console, seede
     failure_h = f"{usage['buckets_s']['failure_credit'] / 3600:,.2f}"
     expect(page.locator('[data-api="buckets_s.failure_credit"]')).to_have_text(failure_h)
     effective = page.locator('[data-api="effective.effective_gpu_hours"]')
-    expect(effective).to_have_text(usage["effective"]["effective_gpu_hours"])
+    api_effective = usage["effective"]["effective_gpu_hours"]
+    expect(effective).to_have_attribute("data-raw", api_effective)
+    expect(effective).to_have_text(f"{Decimal(api_effective):,.2f}")
     shoot(page, "overview")
 
     # Rental page: the failure band, and its evidence on hover.

@@ -54,30 +54,25 @@ def hour_of(second: int) -> int:
 def _clamp(value: float | None, limit: int, *, plus_one: bool = False) -> int:
     if value is None or not math.isfinite(value):
         return 0
-    return max(0, min(limit, round(value) + (1 if plus_one else 0)))
+    return max(0, min(limit, round(value) + plus_one))
 
 
 def record_slot(r: UsageRecord) -> tuple[int, ...]:
-    """The slot fields one record contributes to its minute."""
+    """The slot fields one record contributes to its minute (called per record: kept flat)."""
     n = r.sample_count
     util_n = n if r.gpu_util_mean is not None else 0
     mem_n = n if r.mem_util_mean is not None else 0
-    values = (
-        n,
-        util_n,
-        (r.gpu_util_mean or 0) * util_n,
-        None if r.gpu_util_max is None else r.gpu_util_max,
-        mem_n,
-        (r.mem_util_mean or 0) * mem_n,
-        r.mem_used_max_mib,
-        None if r.energy_j is None else r.energy_j * 10,
-        None if r.power_max_w is None else r.power_max_w * 10,
-        r.temp_max_c,
-    )
-    summed = set(_SUMMED)
-    return tuple(
-        _clamp(v, limit, plus_one=i not in summed)
-        for i, (v, limit) in enumerate(zip(values, _LIMITS, strict=True))
+    return (
+        _clamp(n, 0xFF),
+        _clamp(util_n, 0xFF),
+        _clamp((r.gpu_util_mean or 0) * util_n, 0xFFFF),
+        _clamp(r.gpu_util_max, 0xFF, plus_one=True),
+        _clamp(mem_n, 0xFF),
+        _clamp((r.mem_util_mean or 0) * mem_n, 0xFFFF),
+        _clamp(r.mem_used_max_mib, 0xFFFFFFFF, plus_one=True),
+        _clamp(None if r.energy_j is None else r.energy_j * 10, 0xFFFFFFFF, plus_one=True),
+        _clamp(None if r.power_max_w is None else r.power_max_w * 10, 0xFFFF, plus_one=True),
+        _clamp(r.temp_max_c, 0xFF, plus_one=True),
     )
 
 
@@ -98,8 +93,10 @@ def add_records(row: bytes, records: list[UsageRecord]) -> bytes:
     data = bytearray(row)
     for r in records:
         offset = (r.start % HOUR) // MINUTE * SLOT.size
+        slot = record_slot(r)
         current = SLOT.unpack_from(data, offset)
-        SLOT.pack_into(data, offset, *combine(current, record_slot(r)))
+        # Most minutes get one record into an empty slot: no combining needed.
+        SLOT.pack_into(data, offset, *(combine(current, slot) if any(current) else slot))
     return bytes(data)
 
 

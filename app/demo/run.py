@@ -26,13 +26,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import httpx
-
 import app.models  # noqa: F401 - registers every table, so foreign keys resolve
 from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core import migrate
 from app.core.db import get_engine, transaction
+from app.core.readiness import NotReady, wait_until_ready
 from app.demo.processes import Child, Processes
 from app.demo.provider import Api, create_provider
 from app.demo.summary import PeriodSummary, summarise
@@ -165,17 +164,10 @@ class Demo:
     def _serve(self) -> None:
         argv = [*program("gpumeter", "app.cli"), "serve", "--port", str(self.options.port)]
         server = self.processes.start("server", argv, self.env)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if server.process.poll() is not None:
-                raise RuntimeError(f"the service exited; see {server.log_path}")
-            try:
-                if httpx.get(f"{self.base}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"the service was not ready within {READY_TIMEOUT_S} s")
+        try:
+            wait_until_ready(self.base, server.process, READY_TIMEOUT_S)
+        except NotReady as error:
+            raise RuntimeError(f"{error}; see {server.log_path}") from None
 
     def _backfill(self, since: datetime) -> None:
         end = int(time.time()) // 60 * 60

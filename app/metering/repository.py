@@ -226,11 +226,12 @@ def write_metric_rows(
     keys = list(rows)
     if closed:
         statement = """
-        INSERT INTO gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots)
+        INSERT INTO gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots, util_min_tenths)
         SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
-                             CAST(:d AS bytea[]))
+                             CAST(:d AS bytea[]), CAST(:m AS smallint[]))
         ON CONFLICT (gpu_uuid, hour) DO UPDATE SET slots = excluded.slots,
-            mem_total_mib = COALESCE(excluded.mem_total_mib, gpu_minute_metrics.mem_total_mib)
+            mem_total_mib = COALESCE(excluded.mem_total_mib, gpu_minute_metrics.mem_total_mib),
+            util_min_tenths = excluded.util_min_tenths
         """
     else:
         statement = """
@@ -240,15 +241,15 @@ def write_metric_rows(
         ON CONFLICT (gpu_uuid) DO UPDATE SET hour = excluded.hour, slots = excluded.slots,
             mem_total_mib = excluded.mem_total_mib
         """
-    session.execute(
-        text(statement),
-        {
-            "u": [g for g, _ in keys],
-            "h": [h for _, h in keys],
-            "t": [rows[k][1] for k in keys],
-            "d": [rows[k][0] for k in keys],
-        },
-    )
+    params = {
+        "u": [g for g, _ in keys],
+        "h": [h for _, h in keys],
+        "t": [rows[k][1] for k in keys],
+        "d": [rows[k][0] for k in keys],
+    }
+    if closed:
+        params["m"] = [idle.util_floor_tenths(rows[k][0]) for k in keys]
+    session.execute(text(statement), params)
 
 
 # --- reads (console and billing) ---------------------------------------------------------
@@ -270,19 +271,31 @@ def segments_between(
 
 
 def _metric_rows(
-    session: Session, gpu_uuids: Sequence[str], start: int, end: int
+    session: Session,
+    gpu_uuids: Sequence[str],
+    start: int,
+    end: int,
+    *,
+    idle_below_tenths: int | None = None,
 ) -> Iterable[tuple[str, int, bytes]]:
-    """(GPU, hour, packed slots) of the hours overlapping ``[start, end)``, closed and open."""
+    """(GPU, hour, packed slots) of the hours overlapping ``[start, end)``, closed and open;
+    with ``idle_below_tenths``, only closed hours that hold a minute below that utilisation."""
     rows = session.execute(
         text("""
         SELECT gpu_uuid, hour, slots FROM (
             SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics
+            WHERE CAST(:idle AS smallint) IS NULL OR util_min_tenths < :idle
             UNION ALL SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics_open
         ) AS m
         WHERE gpu_uuid = ANY(CAST(:u AS text[])) AND hour >= :lo AND hour < :hi
         ORDER BY gpu_uuid, hour
         """),
-        {"u": list(gpu_uuids), "lo": packing.hour_of(start), "hi": end},
+        {
+            "u": list(gpu_uuids),
+            "lo": packing.hour_of(start),
+            "hi": end,
+            "idle": idle_below_tenths,
+        },
     )
     return ((gpu, hour, bytes(slots)) for gpu, hour, slots in rows)
 
@@ -303,7 +316,8 @@ def idle_minutes(
     """Starts of each GPU's observed minutes in [start, end) with mean utilisation below
     ``threshold_tenths`` tenths of a percent, in time order."""
     out: dict[str, list[int]] = {gpu: [] for gpu in gpu_uuids}
-    for gpu, hour, slots in _metric_rows(session, gpu_uuids, start, end):
+    rows = _metric_rows(session, gpu_uuids, start, end, idle_below_tenths=threshold_tenths)
+    for gpu, hour, slots in rows:
         minutes = idle.idle_minutes(hour, slots, threshold_tenths)
         out[gpu].extend(m for m in minutes if start <= m < end)
     return out

@@ -15,6 +15,7 @@ from itertools import islice
 from sqlalchemy.orm import Session
 
 from app.metering import repository
+from app.metering.idle import util_floor_tenths
 from app.metering.segments import Span
 from app.simulate.history import SimGpu
 from app.simulate.progress import Counter
@@ -25,7 +26,8 @@ from metering_agent.protocol import HealthEvent
 CHUNK = 20_000
 IDLE_ONE_IN = 12  # a rented GPU-hour is idle (job finished, waiting for data) one time in 12
 COPY_CLOSED = (
-    "COPY gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots) FROM STDIN (FORMAT BINARY)"
+    "COPY gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots, util_min_tenths)"
+    " FROM STDIN (FORMAT BINARY)"
 )
 
 Row = tuple[str, int, int | None, bytes]
@@ -82,11 +84,11 @@ def write_metrics(session: Session, rows: Iterator[Row], counter: Counter) -> in
     newest: dict[tuple[str, int], tuple[bytes, int | None]] = {}
     written = 0
     with raw.cursor() as cursor, cursor.copy(COPY_CLOSED) as copy:
-        copy.set_types(["text", "int8", "int4", "bytea"])
+        copy.set_types(["text", "int8", "int4", "bytea", "int2"])
         pending: Row | None = None
         for row in rows:
             if pending is not None and pending[0] == row[0]:
-                copy.write_row(pending)
+                copy.write_row((*pending, util_floor_tenths(pending[3])))
                 written += 1
             elif pending is not None:
                 newest[(pending[0], pending[1])] = (pending[3], pending[2])

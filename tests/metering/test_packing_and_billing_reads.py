@@ -154,3 +154,46 @@ def test_idle_scan_on_whole_hours() -> None:
     assert idle.idle_minutes(hour, _row(30, 29), 10) == every_minute  # fewer samples
     assert idle.idle_minutes(hour, _row(0, 0), 10) == []  # nothing observed: not idle
     assert idle.idle_minutes(hour, _row(60, 300 * 60), 500) == []  # 300 % x 60 > bound
+
+
+@given(
+    slots=st.lists(
+        st.tuples(st.integers(0, 60), st.integers(0, 6000)), min_size=packing.SLOTS, max_size=60
+    ),
+    threshold_tenths=st.integers(0, 1000),
+)
+def test_the_stored_summary_says_exactly_which_hours_hold_an_idle_minute(
+    slots: list[tuple[int, int]], threshold_tenths: int
+) -> None:
+    row = b"".join(packing.SLOT.pack(60, n, total, 0, 0, 0, 0, 0, 0, 0) for n, total in slots)
+    floor = idle.util_floor_tenths(row)
+    has_idle = bool(idle.idle_minutes(0, row, threshold_tenths))
+    assert has_idle == (floor is not None and floor < threshold_tenths)
+
+
+def test_closed_hours_carry_the_summary_and_busy_ones_are_not_read(db: Engine) -> None:
+    from sqlalchemy import text
+
+    with transaction(db) as session:
+        session.execute(
+            text(
+                "INSERT INTO nodes (id, hostname, datacenter) VALUES (gen_random_uuid(), 'n', 'd')"
+            )
+        )
+        session.execute(
+            text(
+                "INSERT INTO gpus (uuid, node_id, model, pool) SELECT 'GPU-1', id, 'H100', "
+                "'rentable' FROM nodes"
+            )
+        )
+        busy, idle_hour = _row(60, 60 * 40), _row(60, 30)  # 40 % and 0.5 %
+        repository.write_metric_rows(
+            session, {("GPU-1", 0): (busy, None), ("GPU-1", 3600): (idle_hour, None)}, closed=True
+        )
+        stored = dict(
+            session.execute(text("SELECT hour, util_min_tenths FROM gpu_minute_metrics")).all()
+        )
+        assert stored == {0: 400, 3600: 5}
+        idle_at_1_percent = repository.idle_minutes(session, ["GPU-1"], 0, 7200, 10)
+        assert idle_at_1_percent == {"GPU-1": [3600 + 60 * i for i in range(60)]}
+        assert repository.idle_minutes(session, ["GPU-1"], 0, 7200, 5) == {"GPU-1": []}

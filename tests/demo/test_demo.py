@@ -88,6 +88,7 @@ def test_demo_runs_shows_the_dashboard_and_leaves_nothing_behind(
 ) -> None:
     env = env_without_database()
     if database == "configured":
+        request.getfixturevalue("db")  # empties the run's database: the demo counts its own
         env["GPUMETER_DATABASE_URL"] = request.getfixturevalue("database_url")
     demo = Demo(tmp_path / "demo", env)
     try:

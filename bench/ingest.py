@@ -198,8 +198,28 @@ async def progress(stats: Stats, began: float, deadline: float) -> None:
         )
 
 
-async def drive(base_url: str, tokens: list[str], args: argparse.Namespace) -> tuple[Stats, float]:
+@dataclass
+class Snapshot:
+    """Storage and GPU-seconds ingested at one moment of the run."""
+
+    gpu_seconds: int
+    stored: int
+
+
+async def snapshot_later(url: str, stats: Stats, at: float, out: list[Snapshot]) -> None:
+    """Measure storage at monotonic time ``at``: growth from there to the end is the steady
+    state, past the fixed working set (one open-hour row per GPU) that the first minutes build."""
+    await asyncio.sleep(max(0.0, at - time.monotonic()))
+    gpu_seconds = stats.gpu_seconds
+    stored = sum((await asyncio.to_thread(stored_bytes, url)).values())
+    out.append(Snapshot(gpu_seconds, stored))
+
+
+async def drive(
+    base_url: str, url: str, tokens: list[str], args: argparse.Namespace
+) -> tuple[Stats, float, Snapshot]:
     stats = Stats()
+    mid: list[Snapshot] = []
     hours = int(args.duration * 40_000 / len(tokens) / args.gpus_per_node / 60) + 2
     start = (int(time.time()) // HOUR - hours) * HOUR  # walk forward from `hours` ago
     # A fresh connection per batch, as the agent's urllib uploads do: the kernel then spreads
@@ -211,12 +231,13 @@ async def drive(base_url: str, tokens: list[str], args: argparse.Namespace) -> t
         deadline = began + args.duration
         await asyncio.gather(
             progress(stats, began, deadline),
+            snapshot_later(url, stats, began + args.duration / 3, mid),
             *(
                 run_node(client, i, tok, args, start, deadline, stats, in_flight)
                 for i, tok in enumerate(tokens)
             ),
         )
-        return stats, time.monotonic() - began
+        return stats, time.monotonic() - began, mid[0]
 
 
 def setup_database(server_url: str) -> tuple[str, str]:
@@ -299,8 +320,9 @@ def main() -> int:
     try:
         tokens = register_nodes(url, args.nodes)
         process, base = start_service(url, args.workers)
-        stats, elapsed = asyncio.run(drive(base, tokens, args))
+        stats, elapsed, mid = asyncio.run(drive(base, url, tokens, args))
         sizes = stored_bytes(url)
+        growth_hours = (stats.gpu_seconds - mid.gpu_seconds) / HOUR
         vacuum(url)
         vacuumed = stored_bytes(url)
         lat = sorted(stats.latencies)
@@ -315,7 +337,16 @@ def main() -> int:
                     "gpu_seconds_per_s": round(stats.gpu_seconds / elapsed),
                     "p50_ms": round(statistics.median(lat) * 1000, 1),
                     "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1),
-                    "bytes_per_gpu_hour": round(sum(sizes.values()) / gpu_hours),
+                    # Steady state, everything included (all metering tables with indexes,
+                    # TOAST, free and dead space; no VACUUM): growth over the last 2/3 of the run.
+                    "bytes_per_gpu_hour": round((sum(sizes.values()) - mid.stored) / growth_hours),
+                    # Fixed working set: each GPU's open-hour row, whatever the history length.
+                    "open_hour_bytes_per_gpu": round(
+                        sizes["gpu_minute_metrics_open"] / (args.nodes * args.gpus_per_node)
+                    ),
+                    # Whole run, working set included: inflated by time compression (each GPU
+                    # covers only a few hours here, against months in production).
+                    "bytes_per_gpu_hour_whole_run": round(sum(sizes.values()) / gpu_hours),
                     "bytes_per_gpu_hour_after_vacuum": round(sum(vacuumed.values()) / gpu_hours),
                     "bytes_per_gpu_hour_excluding_open_hours": round(marginal / gpu_hours),
                     "batches": len(lat),

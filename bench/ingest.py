@@ -19,7 +19,6 @@ import json
 import os
 import random
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from app.core.db import transaction
+from app.core.local_service import NotReady, free_port, wait_until_ready
 from app.settings import sqlalchemy_url
 
 HOUR = 3600
@@ -269,12 +269,6 @@ def register_nodes(url: str, count: int) -> list[str]:
     return tokens
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_service(url: str, workers: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {**os.environ, "GPUMETER_DATABASE_URL": url, "GPUMETER_LOG_LEVEL": "warning"}
@@ -283,15 +277,12 @@ def start_service(url: str, workers: int) -> tuple[subprocess.Popen[bytes], str]
         [str(gpumeter), "serve", "--port", str(port), "--workers", str(workers)], env=env
     )
     base = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(base + "/readyz", timeout=1).status_code == 200:
-                return process, base
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    process.terminate()
-    raise RuntimeError("the service did not become ready")
+    try:
+        wait_until_ready(base, process, timeout_s=30)
+    except NotReady:
+        process.terminate()
+        raise
+    return process, base
 
 
 def stored_bytes(url: str) -> dict[str, int]:

@@ -31,7 +31,7 @@ from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core import migrate
 from app.core.db import get_engine, transaction
-from app.core.readiness import NotReady, wait_until_ready
+from app.core.local_service import NotReady, wait_until_ready
 from app.demo.processes import Child, Processes
 from app.demo.provider import Api, create_provider
 from app.demo.summary import PeriodSummary, summarise

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import time
 import urllib.request
 from pathlib import Path
 
 from agent_helpers import Sink, assert_no_overlap, log_events, start_agent
+
+from app.core.local_service import free_port
 
 STATE_FLAPS = [
     {"at": t + 0.5, "gpu": gpu, "fault": "nvlink_down" if t % 2 else "recover"}
@@ -59,12 +60,6 @@ def test_sigkill_then_restart_loses_and_duplicates_nothing(tmp_path: Path, sink:
     spans = assert_no_overlap(sink.all_records())
     assert len(spans) == 4, "same GPUs (stable UUIDs) after the restart"
     assert len({(g, s) for g, s, _ in received}) == len(received), "one end per (gpu, start)"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_sigterm_flushes_open_records_and_exits_0(tmp_path: Path, sink: Sink) -> None:

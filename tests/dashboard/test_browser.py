@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 from pypdf import PdfReader
 
-from app.core.readiness import wait_until_ready
+from app.core.local_service import free_port, wait_until_ready
 from app.settings import get_settings
 from tests.dashboard.world import PERIOD, World
 from tests.service.conftest import Console
@@ -48,16 +47,10 @@ SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
 SIZES = {"laptop": {"width": 1280, "height": 800}, "phone": {"width": 390, "height": 844}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(database_url: str) -> Iterator[str]:
     """`gpumeter serve` on the run's database, signing with the same key as the tests."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "GPUMETER_DATABASE_URL": database_url,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,14 +23,9 @@ from sqlalchemy import Engine
 from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core.db import transaction
+from app.core.local_service import free_port, wait_until_ready
 
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
@@ -64,14 +58,7 @@ class Service:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        raise RuntimeError("service did not become ready")
+        wait_until_ready(self.url, self.process, timeout_s=30)
 
     def stop(self) -> None:
         if self.process is not None:

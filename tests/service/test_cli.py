@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,17 +15,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
-from app.core.readiness import wait_until_ready
+from app.core.local_service import free_port, wait_until_ready
 from app.main import create_app
 from app.settings import sqlalchemy_url
 
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def env_without_database() -> dict[str, str]:

@@ -1,11 +1,20 @@
-"""Waiting for a started `gpumeter serve` to answer ready, as the demo, tests and benchmarks do."""
+"""Running `gpumeter serve` locally, as the demo, tests and benchmarks do: a free port, and
+waiting until the service answers ready."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 
 import httpx
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 class NotReady(RuntimeError):

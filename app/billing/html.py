@@ -6,19 +6,9 @@ import json
 from datetime import datetime
 from html import escape
 
+from app.billing import wording
 from app.billing.schemas import InvoiceLineRead, InvoiceRead
 from app.customers.models import Customer
-
-_KIND_LABELS = {
-    "charge": "GPU time",
-    "failure_credit": "Failure credit",
-    "migration_credit": "Migration credit",
-    "degraded_credit": "Degraded-time credit",
-    "cap": "Monthly cap",
-    "adjustment": "Adjustment (late data)",
-    "voucher": "Voucher",
-    "tax": "Tax",
-}
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; color: #111; max-width: 60rem; margin: 2rem auto; }
@@ -43,7 +33,7 @@ def render_invoice(invoice: InvoiceRead, customer: Customer) -> str:
 <body>
 <h1>Invoice {_e(title)} <span class="status">{_e(invoice.status.value)}</span></h1>
 <p class="meta">Period {_e(invoice.period)} ({_e(invoice.timezone)}):
-{_when(invoice.period_start)} to {_when(invoice.period_end)}<br>
+{_e(_when(invoice.period_start))} to {_e(_when(invoice.period_end))}<br>
 Customer: {_e(customer.name)} ({_e(str(customer.id))})<br>
 {_dates(invoice)}</p>
 <table>
@@ -67,27 +57,14 @@ the total is the sum of the lines. GPU time is billed per second.</p>
 def _row(line: InvoiceLineRead) -> str:
     seconds = "" if line.seconds is None else f"{line.seconds:,}"
     return (
-        f"<tr><td>{_e(_KIND_LABELS.get(line.kind, line.kind))}</td><td>{_detail(line)}</td>"
+        f"<tr><td>{_e(wording.label(line.kind))}</td><td>{_detail(line)}</td>"
         f'<td class="num">{seconds}</td><td class="num">{_e(line.rate or "")}</td>'
         f'<td class="num">{_e(line.amount)}</td></tr>'
     )
 
 
 def _detail(line: InvoiceLineRead) -> str:
-    parts = []
-    if line.rental_id:
-        parts.append(f"rental {_e(str(line.rental_id))}")
-    if line.gpu_model:
-        parts.append(_e(line.gpu_model))
-    if line.gpu_uuid:
-        parts.append(f"GPU {_e(line.gpu_uuid)}")
-    if line.adjusts_period:
-        parts.append(f"for period {_e(line.adjusts_period)}")
-    if line.voucher_id:
-        parts.append(f"voucher {_e(line.voucher_id)}")
-    if line.start_at and line.end_at:
-        parts.append(f"{_when(line.start_at)} to {_when(line.end_at)}")
-    detail = ", ".join(parts)
+    detail = _e(", ".join(wording.line_facts(line, _when)))
     if line.evidence:
         evidence = json.dumps(line.evidence, sort_keys=True, default=str)
         detail += f'<div class="evidence">evidence: {_e(evidence)}</div>'
@@ -101,14 +78,14 @@ def _dates(invoice: InvoiceRead) -> str:
         ("Paid", invoice.paid_at),
         ("Voided", invoice.voided_at),
     ]
-    text = " &middot; ".join(f"{label} {_when(at)}" for label, at in dates if at)
+    text = " &middot; ".join(f"{label} {_e(_when(at))}" for label, at in dates if at)
     if invoice.void_reason:
         text += f" &middot; reason: {_e(invoice.void_reason)}"
     return text
 
 
 def _when(at: datetime) -> str:
-    return _e(at.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    return at.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
 def _e(value: object) -> str:

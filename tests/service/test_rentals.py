@@ -15,19 +15,23 @@ def rental(console: Console) -> dict[str, Any]:
     return console.rental(customer["id"], plan["id"])
 
 
+def migration_body(**fields: str) -> dict[str, str]:
+    """GPU-A failed at 10:00:00 and the rental resumed on GPU-B 30 s later, unless overridden."""
+    return {
+        "from_gpu_uuid": "GPU-A",
+        "to_gpu_uuid": "GPU-B",
+        "failed_at": "2026-11-03T10:00:00Z",
+        "resumed_at": "2026-11-03T10:00:30Z",
+        **fields,
+    }
+
+
 def test_migration_closes_the_failed_assignment_and_opens_one_on_the_new_gpu(
     console: Console, rental: dict[str, Any]
 ) -> None:
     console.assign(rental["id"], "GPU-A", "2026-11-01T00:00:00Z")
     migration = console.post(
-        f"/v1/rentals/{rental['id']}/migrations",
-        {
-            "from_gpu_uuid": "GPU-A",
-            "to_gpu_uuid": "GPU-B",
-            "failed_at": "2026-11-03T10:00:00Z",
-            "resumed_at": "2026-11-03T10:00:30Z",
-            "reason": "XID 79",
-        },
+        f"/v1/rentals/{rental['id']}/migrations", migration_body(reason="XID 79")
     )
     assert migration["failed_at"] == "2026-11-03T10:00:00Z"
     read = console.client.get(f"/v1/rentals/{rental['id']}", headers=console.headers).json()
@@ -42,14 +46,7 @@ def test_migration_from_a_gpu_the_rental_does_not_hold_is_409(
     console: Console, rental: dict[str, Any]
 ) -> None:
     response = console.client.post(
-        f"/v1/rentals/{rental['id']}/migrations",
-        json={
-            "from_gpu_uuid": "GPU-A",
-            "to_gpu_uuid": "GPU-B",
-            "failed_at": "2026-11-03T10:00:00Z",
-            "resumed_at": "2026-11-03T10:00:30Z",
-        },
-        headers=console.headers,
+        f"/v1/rentals/{rental['id']}/migrations", json=migration_body(), headers=console.headers
     )
     assert response.status_code == 409
     assert response.json()["detail"][0]["loc"] == ["body", "from_gpu_uuid"]
@@ -58,12 +55,7 @@ def test_migration_from_a_gpu_the_rental_does_not_hold_is_409(
 def test_migration_resuming_before_failing_is_422(console: Console, rental: dict[str, Any]) -> None:
     response = console.client.post(
         f"/v1/rentals/{rental['id']}/migrations",
-        json={
-            "from_gpu_uuid": "GPU-A",
-            "to_gpu_uuid": "GPU-B",
-            "failed_at": "2026-11-03T10:00:00Z",
-            "resumed_at": "2026-11-03T09:00:00Z",
-        },
+        json=migration_body(resumed_at="2026-11-03T09:00:00Z"),
         headers=console.headers,
     )
     assert response.status_code == 422

@@ -7,14 +7,12 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from app.core.logging import configure_logging
 from app.settings import get_settings
-
-Handler = Callable[[argparse.Namespace], int]
 
 
 @contextmanager
@@ -82,12 +80,18 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def cmd_create_key(args: argparse.Namespace) -> int:
-    import app.models  # noqa: F401 - registers every table, so foreign keys resolve
     from app.auth.models import KeyKind
     from app.auth.service import issue_key
     from app.core.db import get_engine, transaction
 
     kind = KeyKind(args.kind)
+    owner = {KeyKind.CUSTOMER: ("--customer", args.customer), KeyKind.NODE: ("--node", args.node)}
+    if kind in owner and owner[kind][1] is None:
+        print(
+            f"gpumeter admin create-key: --kind {kind.value} needs {owner[kind][0]} ID",
+            file=sys.stderr,
+        )
+        return 2
     with database_url(args.data_dir) as url, transaction(get_engine(url)) as session:
         issued = issue_key(session, kind, args.name, customer_id=args.customer, node_id=args.node)
     print(issued.secret)
@@ -121,10 +125,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_stripe_sync(args: argparse.Namespace) -> int:
-    import signal
     import threading
 
-    import app.models  # noqa: F401 - registers every table, so foreign keys resolve
     from app.core.db import get_engine
     from app.payments.stripe_api import make_client
     from app.payments.stripe_mirror import run_forever, sync_due
@@ -149,7 +151,6 @@ def cmd_stripe_sync(args: argparse.Namespace) -> int:
 def cmd_invoices_run(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    import app.models  # noqa: F401 - registers every table, so foreign keys resolve
     from app.billing.progress import ProgressBar
     from app.billing.run import run_invoices
     from app.core.db import get_engine, transaction
@@ -183,7 +184,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_register_node(args: argparse.Namespace) -> int:
-    import app.models  # noqa: F401 - registers every table, so foreign keys resolve
     from app.core.db import get_engine, transaction
     from app.fleet import repository, service
     from app.fleet.schemas import NodeCreate
@@ -231,8 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
     create_key = admin.add_parser("create-key", help="create an API key and print it once")
     create_key.add_argument("--kind", choices=["admin", "customer", "node"], default="admin")
     create_key.add_argument("--name", required=True, help="a label for the key")
-    create_key.add_argument("--customer", default=None, help="customer id (for --kind customer)")
-    create_key.add_argument("--node", default=None, help="node id (for --kind node)")
+    create_key.add_argument(
+        "--customer", type=uuid.UUID, default=None, help="customer id (for --kind customer)"
+    )
+    create_key.add_argument(
+        "--node", type=uuid.UUID, default=None, help="node id (for --kind node)"
+    )
     _add_data_dir(create_key)
     create_key.set_defaults(handler=cmd_create_key)
     register_node = admin.add_parser(

@@ -13,9 +13,11 @@ import httpx
 import psycopg
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine
+from sqlalchemy import Engine, create_engine
 
+from app.core.db import transaction
 from app.core.local_service import free_port, wait_until_ready
+from app.customers.models import Customer
 from app.main import create_app
 from app.settings import sqlalchemy_url
 
@@ -60,6 +62,24 @@ def test_db_upgrade_and_create_key_on_a_configured_database(database_url: str, d
         response = client.get("/v1/keys", headers={"Authorization": f"Bearer {key}"})
     assert response.status_code == 200
     assert [k["name"] for k in response.json()["items"]] == ["ops"]
+
+
+def test_create_key_for_a_customer_needs_the_customer(database_url: str, db: Engine) -> None:
+    env = {**os.environ, "GPUMETER_DATABASE_URL": database_url}
+    command = [BIN / "gpumeter", "admin", "create-key", "--kind", "customer", "--name", "ci"]
+    refused = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert refused.returncode == 2
+    assert "--kind customer needs --customer ID" in refused.stderr
+    with transaction(db) as session:
+        customer = Customer(name="Acme", currency="USD")
+        session.add(customer)
+        session.flush()
+        customer_id = str(customer.id)
+    created = subprocess.run(
+        [*command, "--customer", customer_id], env=env, capture_output=True, text=True
+    )
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.startswith("gm_customer_")
 
 
 def test_readyz_is_503_on_an_unmigrated_database(pg_server_url: str) -> None:

@@ -37,7 +37,7 @@ from metering_agent.nvml.provider import (
     RECOVERY_ACTIONS,
     GpuReading,
 )
-from metering_agent.protocol import EventKind, GpuState, HealthEvent
+from metering_agent.protocol import SEVERITY, EventKind, GpuState, HealthEvent
 
 FATAL_XID_HOLD_S = 300
 DEGRADED_HOLD_S = 60
@@ -84,8 +84,6 @@ COUNTERS = (
     "pcie_replays",
 )
 Deltas = dict[str, int]
-
-_SEVERITY = {GpuState.HEALTHY: 0, GpuState.DEGRADED: 1, GpuState.FAILED: 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +234,7 @@ def classify(r: GpuReading, memory: HealthMemory, now: int) -> tuple[Verdict, He
     held = {rule: (ev, until) for rule, (ev, until) in held.items() if until > now}
     fired = {ev.rule for ev in firing}
     evidence = firing + [ev for rule, (ev, _) in held.items() if rule not in fired]
-    state = max((ev.state for ev in evidence), key=_SEVERITY.__getitem__, default=GpuState.HEALTHY)
+    state = max((ev.state for ev in evidence), key=SEVERITY.__getitem__, default=GpuState.HEALTHY)
     if state != memory.state:
         detail = {"from": memory.state.value, "evidence": [_evidence_json(ev) for ev in evidence]}
         rule = evidence[0].rule if evidence else "cleared"

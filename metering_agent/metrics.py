@@ -9,7 +9,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from metering_agent.nvml.provider import GpuReading
-from metering_agent.protocol import GpuState
+from metering_agent.protocol import SEVERITY, GpuState
 
 Labels = tuple[tuple[str, str], ...]
 
@@ -61,7 +61,6 @@ GPU_GAUGES: tuple[tuple[str, str, float], ...] = (
     ("pcie_replays", "gpumeter_gpu_pcie_replays_total", 1),
     ("process_count", "gpumeter_gpu_processes", 1),
 )
-STATE_VALUE = {GpuState.HEALTHY: 0, GpuState.DEGRADED: 1, GpuState.FAILED: 2}
 
 
 class Metrics:
@@ -89,7 +88,7 @@ class Metrics:
             value = getattr(r, attr)
             if value is not None:
                 self.set(name, value * scale, **labels)
-        self.set("gpumeter_gpu_health_state", STATE_VALUE[state], **labels)
+        self.set("gpumeter_gpu_health_state", SEVERITY[state], **labels)
 
     def render(self) -> str:
         with self._lock:

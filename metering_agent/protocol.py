@@ -29,6 +29,10 @@ class GpuState(StrEnum):
     FAILED = "failed"
 
 
+# Worst is highest: the classifier keeps the worst state firing, metrics export these numbers.
+SEVERITY = {GpuState.HEALTHY: 0, GpuState.DEGRADED: 1, GpuState.FAILED: 2}
+
+
 class EventKind(StrEnum):
     XID = "xid"  # an XID error reported by the driver (code = XID number)
     STATE_CHANGE = "state_change"  # the classifier moved the GPU to another state

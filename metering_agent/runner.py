@@ -109,8 +109,10 @@ class Runner:
             )
             for uuid in self._tracks
         ]
-        records = [rec for track in self._tracks.values() for rec in track.builder.close()]
-        self._spool(records, events)
+        self._spool(self._close_records(), events)
+
+    def _close_records(self) -> list[UsageRecord]:
+        return [rec for track in self._tracks.values() for rec in track.builder.close()]
 
     def _spool(self, records: list[UsageRecord], events: list[HealthEvent]) -> None:
         self.spool.append(records, events)
@@ -134,7 +136,7 @@ class Runner:
 
     def close(self) -> None:
         """Close the open records and make them durable (clean shutdown)."""
-        records = [rec for track in self._tracks.values() for rec in track.builder.close()]
+        records = self._close_records()
         self.spool.append(records, [])
         self.spool.flush()
         log.info("records_flushed", records=len(records), held=self.spool.held())

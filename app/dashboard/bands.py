@@ -74,10 +74,6 @@ class BandChart:
     def height(self) -> int:
         return max(1, len(self.bands)) * ROW_H
 
-    @property
-    def failed_s(self) -> int:
-        return sum(p.end - p.start for b in self.bands for p in b.pieces if p.state == "failed")
-
 
 def build(
     session: Session, rental: Rental, caller: Principal, fmt: Formatter, window: tuple[int, int]

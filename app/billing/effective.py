@@ -1,20 +1,15 @@
-"""Effective GPU-hours: rented - credited - idle, per rental and per customer.
+"""Effective GPU-hours: rented - credited - idle, per rental.
 
 API:
-    idle_spans(utilisation_by_minute, threshold_tenths=10) -> list[Span]
+    minute_spans(minute_starts) -> list[Span]
     effective_usage(rated, idle_by_gpu) -> EffectiveUsage
-    effective_usage_by_customer(rated_rentals, utilisation_by_gpu, threshold_tenths=10)
-        -> dict[str, EffectiveUsage]
 
-Utilisation is per GPU per minute: ``{minute_start_epoch: mean utilisation in tenths of a
-percent}`` (int, 0..1000; 10 = 1 %). A minute is idle when its mean is strictly below the
-threshold; minutes without a sample are not idle (unknown is not evidence of idleness).
-Only seconds in the ``billable`` bucket count as idle (credited or unbilled seconds are
-already excluded).
+Idle minutes come from metering (``app.metering.repository.idle_minutes``: mean utilisation
+strictly below the threshold; minutes without a sample are not idle). Only seconds in the
+``billable`` bucket count as idle (credited or unbilled seconds are already excluded).
 """
 
 from bisect import bisect_right
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -23,7 +18,6 @@ from app.billing.domain import Bucket
 from app.billing.intervals import Span
 from app.billing.rating import RatedRental
 
-DEFAULT_IDLE_THRESHOLD_TENTHS = 10
 _HOUR = Decimal(3600)
 _HOURS_QUANTUM = Decimal("0.000001")
 
@@ -48,14 +42,6 @@ class EffectiveUsage:
             self.credited_s + other.credited_s,
             self.idle_s + other.idle_s,
         )
-
-
-def idle_spans(
-    utilisation_by_minute: Mapping[int, int], threshold_tenths: int = DEFAULT_IDLE_THRESHOLD_TENTHS
-) -> list[Span]:
-    return minute_spans(
-        sorted(m for m, tenths in utilisation_by_minute.items() if tenths < threshold_tenths)
-    )
 
 
 def minute_spans(minute_starts: Iterable[int]) -> list[Span]:
@@ -90,17 +76,3 @@ def effective_usage(
         if piece.bucket is Bucket.BILLABLE:
             idle += _overlap((piece.start, piece.end), idle_by_gpu.get(piece.gpu_uuid, ()))
     return EffectiveUsage(rated.rented_s, rated.credited_s, idle)
-
-
-def effective_usage_by_customer(
-    rated_rentals: Iterable[RatedRental],
-    utilisation_by_gpu: Mapping[str, Mapping[int, int]],
-    threshold_tenths: int = DEFAULT_IDLE_THRESHOLD_TENTHS,
-) -> dict[str, EffectiveUsage]:
-    idle_by_gpu = {
-        gpu: idle_spans(minutes, threshold_tenths) for gpu, minutes in utilisation_by_gpu.items()
-    }
-    totals: dict[str, EffectiveUsage] = defaultdict(lambda: EffectiveUsage(0, 0, 0))
-    for rated in rated_rentals:
-        totals[rated.rental.customer_id] += effective_usage(rated, idle_by_gpu)
-    return dict(totals)

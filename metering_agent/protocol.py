@@ -10,7 +10,6 @@ cross a UTC minute boundary, so per-minute charts built from them are exact.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -152,28 +151,3 @@ def event_errors(
     if event.kind == EventKind.STATE_CHANGE and event.state is None:
         errors.append(FieldError((*loc, "state"), "a state_change event needs the new state"))
     return errors
-
-
-def batch_to_json(batch: IngestBatch) -> dict[str, Any]:
-    return dataclasses.asdict(batch)
-
-
-def batch_from_json(data: dict[str, Any]) -> IngestBatch:
-    """Build a batch from trusted JSON (the agent's own spool). The service validates instead."""
-    return IngestBatch(
-        batch_id=data["batch_id"],
-        protocol_version=data.get("protocol_version", PROTOCOL_VERSION),
-        records=[
-            UsageRecord(**{**r, "state": GpuState(r["state"])}) for r in data.get("records", [])
-        ],
-        events=[
-            HealthEvent(
-                **{
-                    **e,
-                    "kind": EventKind(e["kind"]),
-                    "state": GpuState(e["state"]) if e.get("state") else None,
-                }
-            )
-            for e in data.get("events", [])
-        ],
-    )

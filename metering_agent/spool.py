@@ -4,8 +4,8 @@ Layout of the spool directory:
 
 - ``journal.jsonl``: closed records and events, one JSON object per line, appended and fsync'd
   once per second (``flush``) by the sampling loop;
-- ``batches/<seq>-<batch_id>.json``: sealed upload batches (``protocol.batch_to_json``), written
-  atomically; the batch id is fixed at sealing, so retries and restarts resend the same id;
+- ``batches/<seq>-<batch_id>.json``: sealed upload batches (``protocol.IngestBatch`` as JSON),
+  written atomically; the batch id is fixed at sealing, so retries and restarts resend the same id;
 - ``dead-letter/``: batches the service rejected with a 4xx, kept for an operator;
 - ``state.json``: the end of the last spooled record per GPU, so a restarted agent never starts a
   record before it (the records themselves may already be uploaded and deleted).
@@ -33,7 +33,7 @@ from typing import Any
 
 from metering_agent.logs import Log
 from metering_agent.metrics import Metrics
-from metering_agent.protocol import HealthEvent, UsageRecord, batch_from_json, batch_to_json
+from metering_agent.protocol import PROTOCOL_VERSION, HealthEvent, UsageRecord
 
 DEFAULT_MAX_BYTES = 1 << 30
 log = Log("metering_agent.spool")
@@ -210,16 +210,16 @@ class Spool:
         entries, self._journal = self._journal, []
         for i in range(0, len(entries), self.batch_max_items):
             chunk = entries[i : i + self.batch_max_items]
-            batch = batch_from_json(
-                {
-                    "batch_id": str(uuid.uuid4()),
-                    "records": [e["record"] for e in chunk if "record" in e],
-                    "events": [e["event"] for e in chunk if "event" in e],
-                }
-            )
+            batch_id = str(uuid.uuid4())
+            batch = {  # an IngestBatch as JSON; the entries are already its items' JSON
+                "batch_id": batch_id,
+                "records": [e["record"] for e in chunk if "record" in e],
+                "events": [e["event"] for e in chunk if "event" in e],
+                "protocol_version": PROTOCOL_VERSION,
+            }
             self._seq += 1
-            path = self.batch_dir / f"{self._seq:010d}-{batch.batch_id}.json"
-            data = json.dumps(batch_to_json(batch)).encode()
+            path = self.batch_dir / f"{self._seq:010d}-{batch_id}.json"
+            data = json.dumps(batch).encode()
             write_atomic(path, data)
             self._batch_sizes[path] = len(data)
 

@@ -148,6 +148,10 @@ class RentalInput:
     rental_end: int | None
     plan: PlanTerms
 
+    def end_by(self, time: int) -> int:
+        """When the rental stops running, counting no further than ``time``."""
+        return time if self.rental_end is None else min(self.rental_end, time)
+
 
 @dataclass(frozen=True)
 class Piece:

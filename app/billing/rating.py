@@ -269,9 +269,8 @@ def price_at(rental: RentalInput, time: int) -> Decimal:
 
 
 def _bounds(rental: RentalInput, period: Span) -> Span:
-    end = period[1] if rental.rental_end is None else min(rental.rental_end, period[1])
     start = max(rental.rental_start, period[0])
-    return start, max(start, end)
+    return start, max(start, rental.end_by(period[1]))
 
 
 def _rate(

@@ -168,8 +168,7 @@ def _rental_usage(
 
 def _forecast(rated: RatedRental, as_of: int, period_end: int, currency: str) -> Decimal:
     rental, start = rated.rental, rated.bounds[0]
-    end = period_end if rental.rental_end is None else min(rental.rental_end, period_end)
-    elapsed, remaining = as_of - start, end - as_of
+    elapsed, remaining = as_of - start, rental.end_by(period_end) - as_of
     if elapsed <= 0 or remaining <= 0:
         return rated.net
     # cost + cost / elapsed x remaining, exact until the one rounding.

@@ -89,8 +89,7 @@ def issue_tier_vouchers(
     entries = []
     for rated in rated_rentals:
         rental, plan = rated.rental, rated.rental.plan
-        end = period[1] if rental.rental_end is None else min(rental.rental_end, period[1])
-        days = (end - rental.rental_start) // SECONDS_PER_DAY
+        days = (rental.end_by(period[1]) - rental.rental_start) // SECONDS_PER_DAY
         tiers = [t for t in plan.voucher_tiers if t.min_days <= days]
         if not tiers:
             continue

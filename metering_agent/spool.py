@@ -81,7 +81,7 @@ class Spool:
         self._metrics = metrics or Metrics()
         self._clock = clock
         self._lock = threading.RLock()
-        self._held: deque[str] = deque()  # serialised lines not yet in the journal
+        self._held: deque[tuple[str, dict[str, Any]]] = deque()  # (line, entry) not journalled
         self._journal: list[dict[str, Any]] = []  # entries in journal.jsonl
         self._journal_since: float | None = None  # when the oldest journal entry was written
         self._journal_path = self.root / "journal.jsonl"
@@ -138,16 +138,16 @@ class Spool:
 
     def append(self, records: Iterable[UsageRecord], events: Iterable[HealthEvent]) -> None:
         """Queue items; they are durable once ``flush`` returns."""
+        entries = [{"record": asdict(r)} for r in records] + [{"event": asdict(e)} for e in events]
         with self._lock:
-            self._held.extend(json.dumps({"record": asdict(r)}) + "\n" for r in records)
-            self._held.extend(json.dumps({"event": asdict(e)}) + "\n" for e in events)
+            self._held.extend((json.dumps(entry) + "\n", entry) for entry in entries)
 
     def flush(self) -> None:
         """Write queued items that fit under the size limit to the journal and fsync it."""
         with self._lock:
             lines: list[str] = []
             room = self.max_bytes - self.bytes()
-            for line in self._held:
+            for line, _ in self._held:
                 room -= len(line)
                 if room < 0:
                     break
@@ -159,9 +159,8 @@ class Spool:
                 os.fsync(self._fd)
                 self._journal_bytes += len(data)
                 self._journal_since = self._journal_since or self._clock()
-                for line in lines:
-                    self._held.popleft()
-                    self._add_entry(json.loads(line))
+                for _ in lines:
+                    self._add_entry(self._held.popleft()[1])
             if self._state_dirty:
                 self._write_state()
             self._set_full(bool(self._held))

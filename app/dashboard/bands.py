@@ -5,7 +5,6 @@ Geometry is computed here (x in a 0..1000 viewBox), so the template only draws r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +26,8 @@ class Piece:
     end: int
     state: str  # healthy | degraded | failed | maintenance | unmetered | migration
     tip: str
-    x: float = 0.0
-    w: float = 0.0
+    x: float
+    w: float
 
 
 @dataclass(frozen=True)
@@ -36,7 +35,7 @@ class Mark:
     at: int
     kind: str
     tip: str
-    x: float = 0.0
+    x: float
 
 
 @dataclass
@@ -85,45 +84,41 @@ def build(
         end = min(hi, hi if a.end_at is None else int(a.end_at.timestamp()))
         band = rows.setdefault(a.gpu_uuid, Band(a.gpu_uuid, len(rows)))
         if start < end:
-            _add_timeline(band, reads.timeline(session, a.gpu_uuid, caller, start, end), fmt)
-    links = [link for m in rental.migrations for link in _migration(m, rows, fmt, lo, hi)]
-    chart = BandChart(lo, hi, list(rows.values()), links, _ticks(lo, hi, fmt))
-    for band in chart.bands:
-        band.pieces = [_placed(p, lo, hi) for p in band.pieces]
-        band.marks = [_mark_placed(m, lo, hi) for m in band.marks]
-    return chart
+            timeline = reads.timeline(session, a.gpu_uuid, caller, start, end)
+            _add_timeline(band, timeline, fmt, window)
+    links = [link for m in rental.migrations if (link := _migration(m, rows, fmt, window))]
+    return BandChart(lo, hi, list(rows.values()), links, _ticks(lo, hi, fmt))
 
 
-def _add_timeline(band: Band, timeline: Timeline, fmt: Formatter) -> None:
+def _add_timeline(band: Band, timeline: Timeline, fmt: Formatter, window: tuple[int, int]) -> None:
     for s in timeline.segments:
-        band.pieces.append(
-            Piece(s.start_s, s.end_s, s.state, _tip(s.state, s.start_s, s.end_s, fmt, s.evidence))
-        )
+        tip = _tip(s.state, s.start_s, s.end_s, fmt, s.evidence)
+        band.pieces.append(_piece(s.start_s, s.end_s, s.state, tip, window))
     for g in timeline.unmetered:
         tip = _tip("unmetered", g.start_s, g.end_s, fmt, {"note": "no telemetry arrived"})
-        band.pieces.append(Piece(g.start_s, g.end_s, "unmetered", tip))
+        band.pieces.append(_piece(g.start_s, g.end_s, "unmetered", tip, window))
     for e in timeline.events:
         label = f"{e.kind} {e.code}" if e.code is not None else e.kind
         evidence = facts({"rule": e.rule, "state": e.state, **e.detail})
-        band.marks.append(Mark(e.at_s, e.kind, f"{label} at {fmt.datetime_s(e.at_s)}; {evidence}"))
+        tip = f"{label} at {fmt.datetime_s(e.at_s)}; {evidence}"
+        band.marks.append(Mark(e.at_s, e.kind, tip, _x(e.at_s, window)))
     band.pieces.sort(key=lambda p: p.start)
 
 
 def _migration(
-    m: Migration, rows: dict[str, Band], fmt: Formatter, lo: int, hi: int
-) -> Iterable[Link]:
+    m: Migration, rows: dict[str, Band], fmt: Formatter, window: tuple[int, int]
+) -> Link | None:
+    lo, hi = window
     failed, resumed = int(m.failed_at.timestamp()), int(m.resumed_at.timestamp())
     start, end = max(lo, failed), min(hi, max(resumed, failed + 1))
     source, target = rows.get(m.from_gpu_uuid), rows.get(m.to_gpu_uuid)
     if start >= end or source is None or target is None:
-        return []
+        return None
     evidence = {"from": m.from_gpu_uuid, "to": m.to_gpu_uuid, "reason": m.reason}
     tip = _tip("migration", failed, resumed, fmt, evidence)
-    source.pieces.append(Piece(start, end, "migration", tip))
+    source.pieces.append(_piece(start, end, "migration", tip, window))
     mid = ROW_H / 2
-    return [
-        Link(_x(start, lo, hi), source.y + mid, _x(end, lo, hi), target.y + mid, tip),
-    ]
+    return Link(_x(start, window), source.y + mid, _x(end, window), target.y + mid, tip)
 
 
 def _tip(state: str, start: int, end: int, fmt: Formatter, evidence: dict[str, Any] | None) -> str:
@@ -131,17 +126,14 @@ def _tip(state: str, start: int, end: int, fmt: Formatter, evidence: dict[str, A
     return f"{head}; {facts(evidence)}" if evidence else head
 
 
-def _x(t: int, lo: int, hi: int) -> float:
+def _x(t: int, window: tuple[int, int]) -> float:
+    lo, hi = window
     return round((t - lo) / (hi - lo) * WIDTH, 2)
 
 
-def _placed(p: Piece, lo: int, hi: int) -> Piece:
-    x = _x(p.start, lo, hi)
-    return Piece(p.start, p.end, p.state, p.tip, x, max(_x(p.end, lo, hi) - x, 0.5))
-
-
-def _mark_placed(m: Mark, lo: int, hi: int) -> Mark:
-    return Mark(m.at, m.kind, m.tip, _x(m.at, lo, hi))
+def _piece(start: int, end: int, state: str, tip: str, window: tuple[int, int]) -> Piece:
+    x = _x(start, window)
+    return Piece(start, end, state, tip, x, max(_x(end, window) - x, 0.5))
 
 
 def _ticks(lo: int, hi: int, fmt: Formatter, count: int = 5) -> list[tuple[float, str]]:

@@ -8,6 +8,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from app.fleet.models import Gpu
+from app.metering.models import HealthEventRow
 from app.settings import Settings
 from metering_agent.protocol import (
     PROTOCOL_VERSION,
@@ -19,8 +21,19 @@ from metering_agent.protocol import (
 
 DAY = 86_400
 INT32_MAX = 2**31 - 1
-# Column widths (see models): longer strings are refused here, not by the database.
-MAX_LENGTHS = {"gpu_uuid": 96, "model": 100, "event_id": 200, "rule": 100}
+
+
+def _width(column: Any) -> int:
+    return column.type.length
+
+
+# Column widths, read from the models: longer strings are refused here, not by the database.
+MAX_LENGTHS = {
+    "gpu_uuid": _width(Gpu.uuid),
+    "model": _width(Gpu.model),
+    "event_id": _width(HealthEventRow.event_id),
+    "rule": _width(HealthEventRow.rule),
+}
 INT32_FIELDS = ("gpu_util_max", "mem_used_max_mib", "mem_total_mib", "temp_max_c", "code")
 FLOAT_FIELDS = ("gpu_util_mean", "mem_util_mean", "energy_j", "power_max_w")
 

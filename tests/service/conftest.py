@@ -66,18 +66,20 @@ class Console:
             "/v1/gpus", {"uuid": uuid, "node_id": node_id, "model": "H100", "pool": pool}
         )
 
-    def rental(
-        self, customer_id: str, plan_id: str, gpu_count: int = 1, **fields: Any
-    ) -> dict[str, Any]:
-        body = {
+    @staticmethod
+    def rental_body(customer_id: str, plan_id: str, **fields: Any) -> dict[str, Any]:
+        """One H100 from 2026-11-01, unless ``fields`` say otherwise."""
+        return {
             "customer_id": customer_id,
             "plan_id": plan_id,
             "gpu_model": "H100",
-            "gpu_count": gpu_count,
+            "gpu_count": 1,
             "start_at": "2026-11-01T00:00:00Z",
             **fields,
         }
-        return self.post("/v1/rentals", body)
+
+    def rental(self, customer_id: str, plan_id: str, **fields: Any) -> dict[str, Any]:
+        return self.post("/v1/rentals", self.rental_body(customer_id, plan_id, **fields))
 
     def assign(
         self, rental_id: str, gpu_uuid: str, start: str, status: int = 201, **fields: Any

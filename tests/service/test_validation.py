@@ -24,14 +24,12 @@ def setup(console: Console) -> dict[str, Any]:
 
 
 def test_rental_ending_before_it_starts_is_422(console: Console, setup: dict[str, Any]) -> None:
-    body = {
-        "customer_id": setup["customer"]["id"],
-        "plan_id": setup["plan"]["id"],
-        "gpu_model": "H100",
-        "gpu_count": 1,
-        "start_at": "2026-11-02T00:00:00Z",
-        "end_at": "2026-11-01T00:00:00Z",
-    }
+    body = Console.rental_body(
+        setup["customer"]["id"],
+        setup["plan"]["id"],
+        start_at="2026-11-02T00:00:00Z",
+        end_at="2026-11-01T00:00:00Z",
+    )
     error = only_error(console.client.post("/v1/rentals", json=body, headers=console.headers), 422)
     assert error["loc"] == ["body"]
     assert (
@@ -101,13 +99,7 @@ def test_unknown_ids_are_404(console: Console, setup: dict[str, Any]) -> None:
     ] == (f"customer {missing} not found")
     assert console.client.get(f"/v1/rentals/{missing}", headers=console.headers).status_code == 404
     assert console.client.get("/v1/gpus/GPU-nope", headers=console.headers).status_code == 404
-    body = {
-        "customer_id": missing,
-        "plan_id": setup["plan"]["id"],
-        "gpu_model": "H100",
-        "gpu_count": 1,
-        "start_at": "2026-11-01T00:00:00Z",
-    }
+    body = Console.rental_body(missing, setup["plan"]["id"])
     error = only_error(console.client.post("/v1/rentals", json=body, headers=console.headers), 404)
     assert error["loc"] == ["body", "customer_id"]
     rental = console.rental(setup["customer"]["id"], setup["plan"]["id"])
@@ -189,13 +181,7 @@ def test_a_rental_cannot_hold_more_gpus_than_it_rents(
 
 
 def test_plan_without_a_price_for_the_model_is_422(console: Console, setup: dict[str, Any]) -> None:
-    body = {
-        "customer_id": setup["customer"]["id"],
-        "plan_id": setup["plan"]["id"],
-        "gpu_model": "A100",
-        "gpu_count": 1,
-        "start_at": "2026-11-01T00:00:00Z",
-    }
+    body = Console.rental_body(setup["customer"]["id"], setup["plan"]["id"], gpu_model="A100")
     error = only_error(console.client.post("/v1/rentals", json=body, headers=console.headers), 422)
     assert error["loc"] == ["body", "gpu_model"]
 
@@ -203,13 +189,9 @@ def test_plan_without_a_price_for_the_model_is_422(console: Console, setup: dict
 def test_naive_datetimes_are_refused(
     client: TestClient, console: Console, setup: dict[str, Any]
 ) -> None:
-    body = {
-        "customer_id": setup["customer"]["id"],
-        "plan_id": setup["plan"]["id"],
-        "gpu_model": "H100",
-        "gpu_count": 1,
-        "start_at": "2026-11-01T00:00:00",
-    }
+    body = Console.rental_body(
+        setup["customer"]["id"], setup["plan"]["id"], start_at="2026-11-01T00:00:00"
+    )
     error = only_error(client.post("/v1/rentals", json=body, headers=console.headers), 422)
     assert error["loc"] == ["body", "start_at"]
     assert "timezone" in error["msg"]

@@ -35,6 +35,7 @@ from app.core.local_service import NotReady, wait_until_ready
 from app.demo.processes import Child, Processes
 from app.demo.provider import Api, create_provider
 from app.demo.summary import PeriodSummary, summarise
+from app.metering.schemas import utc
 from app.simulate.history import SimGpu
 from app.simulate.progress import Progress
 from app.simulate.run import Options, simulate
@@ -273,8 +274,8 @@ class Demo:
             {
                 "from_gpu_uuid": self.target,
                 "to_gpu_uuid": spare,
-                "failed_at": _iso(self.failed_at or 0),
-                "resumed_at": _iso(int(time.time())),
+                "failed_at": utc(self.failed_at or 0).isoformat(),
+                "resumed_at": utc(int(time.time())).isoformat(),
                 "reason": "XID 79: GPU fell off the bus",
             },
         )
@@ -330,7 +331,3 @@ class Demo:
     def api_close(self) -> None:
         if self.api is not None:
             self.api.close()
-
-
-def _iso(second: int) -> str:
-    return datetime.fromtimestamp(second, UTC).isoformat()

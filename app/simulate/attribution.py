@@ -11,13 +11,14 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from app.fleet.models import Gpu, Pool
+from app.metering.schemas import utc
 from app.rentals import service as rentals
 from app.rentals.models import GpuAssignment, Rental
 from app.rentals.schemas import MigrationCreate
@@ -56,10 +57,6 @@ class Ledger:
 
 def epoch(moment: datetime | None) -> int:
     return FOREVER if moment is None else int(moment.timestamp())
-
-
-def utc(second: int) -> datetime:
-    return datetime.fromtimestamp(second, UTC)
 
 
 def load_ledger(session: Session, gpu_uuids: list[str], start: int) -> Ledger:

@@ -20,10 +20,10 @@ from sqlalchemy.orm import Session
 from app.customers.schemas import CustomerCreate
 from app.customers.service import create_customer
 from app.fleet.models import Gpu, Node, Pool
+from app.metering.schemas import utc
 from app.plans.schemas import PlanCreate
 from app.plans.service import create_plan
 from app.rentals.models import GpuAssignment, Rental
-from app.simulate.attribution import utc
 from app.simulate.history import DAY, SimGpu
 from metering_agent.nvml.simulated import sim_uuid
 

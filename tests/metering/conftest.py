@@ -9,19 +9,17 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from metering_agent.protocol import MINUTE, minute_start
 from tests.service import conftest as service
 from tests.service.conftest import Console, bearer
 
 # The API fixtures, shared with the service tests.
 app, client, admin_key, console = service.app, service.client, service.admin_key, service.console
 
-MINUTE = 60
-
 
 def minute_ago(n: int) -> int:
     """The start of the UTC minute ``n`` minutes before the current one."""
-    now = int(time.time())
-    return now - now % MINUTE - n * MINUTE
+    return minute_start(int(time.time())) - n * MINUTE
 
 
 def rec(gpu: str, start: int, end: int, state: str = "healthy", **fields: Any) -> dict[str, Any]:

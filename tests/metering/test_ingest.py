@@ -12,6 +12,7 @@ from app.core.db import transaction
 from app.fleet.models import Gpu
 from app.metering import endpoints
 from app.metering.models import StateSegment
+from app.metering.schemas import utc
 from app.settings import Settings
 from tests.metering.conftest import Agent, event, minute_ago, rec
 from tests.service.conftest import Console, bearer
@@ -242,6 +243,4 @@ def test_customer_sees_only_the_rented_interval(
 
 
 def _iso(second: int) -> str:
-    from datetime import UTC, datetime
-
-    return datetime.fromtimestamp(second, UTC).isoformat()
+    return utc(second).isoformat()

@@ -18,6 +18,11 @@ def record(start: int, end: int, **fields: object) -> UsageRecord:
     return UsageRecord("GPU-1", "H100", start, end, GpuState.HEALTHY, end - start, **fields)
 
 
+def _slot(observed: int, util_n: int, util_sum: int) -> bytes:
+    """A packed minute with only its observed seconds and utilisation count and sum set."""
+    return packing.SLOT.pack(observed, util_n, util_sum, 0, 0, 0, 0, 0, 0, 0)
+
+
 def test_a_minute_combines_its_records_exactly() -> None:
     hour = 7200
     row = packing.add_records(
@@ -103,9 +108,7 @@ def test_billing_reads_clip_and_report_late_data(agent: Agent, db: Engine) -> No
 def test_idle_scan_agrees_with_the_full_decoder(
     slots: list[tuple[int, int, int]], threshold_tenths: int
 ) -> None:
-    row = b"".join(
-        packing.SLOT.pack(observed, n, total, 0, 0, 0, 0, 0, 0, 0) for observed, n, total in slots
-    )
+    row = b"".join(_slot(observed, n, total) for observed, n, total in slots)
     decoded = [
         m.start
         for m in packing.minutes(7200, row)
@@ -141,7 +144,7 @@ def test_each_gpu_keeps_one_open_hour_and_late_minutes_reach_closed_hours(
 
 
 def _row(util_n: int, util_sum: int) -> bytes:
-    return packing.SLOT.pack(60, util_n, util_sum, 0, 0, 0, 0, 0, 0, 0) * packing.SLOTS
+    return _slot(60, util_n, util_sum) * packing.SLOTS
 
 
 def test_idle_scan_on_whole_hours() -> None:
@@ -165,15 +168,13 @@ def test_idle_scan_on_whole_hours() -> None:
 def test_the_stored_summary_says_exactly_which_hours_hold_an_idle_minute(
     slots: list[tuple[int, int]], threshold_tenths: int
 ) -> None:
-    row = b"".join(packing.SLOT.pack(60, n, total, 0, 0, 0, 0, 0, 0, 0) for n, total in slots)
+    row = b"".join(_slot(60, n, total) for n, total in slots)
     floor = idle.util_floor_tenths(row)
     has_idle = bool(idle.idle_minutes(0, row, threshold_tenths))
     assert has_idle == (floor is not None and floor < threshold_tenths)
 
 
 def test_closed_hours_carry_the_summary_and_busy_ones_are_not_read(db: Engine) -> None:
-    from sqlalchemy import text
-
     with transaction(db) as session:
         session.execute(
             text(

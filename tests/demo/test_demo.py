@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from app.core.local_service import free_port
 from tests.dashboard.test_browser import ARGS, CHROMIUM
-from tests.service.test_cli import env_without_database, free_port
+from tests.service.test_cli import env_without_database
 
 pytestmark = pytest.mark.e2e
 

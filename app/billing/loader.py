@@ -6,6 +6,7 @@ Database times (timestamptz) become integer UTC epoch seconds here and nowhere e
 
 API:
     BillingPeriod, billing_period(period, timezone) -> BillingPeriod
+    started_period(period, timezone, now, loc) -> BillingPeriod   # 422 if not started by now
     current_period(timezone, now) -> str
     epoch(dt) -> int, from_epoch(seconds) -> datetime
     PeriodInputs, load_inputs(session, customer_ids, span, rental_ids=None) -> PeriodInputs
@@ -37,6 +38,7 @@ from app.billing.domain import (
     VoucherTier,
 )
 from app.billing.intervals import Span
+from app.core.errors import Unprocessable
 from app.fleet.models import MaintenanceWindow
 from app.metering.repository import segments_between
 from app.plans.models import PlanPrice, PricePlan
@@ -82,6 +84,16 @@ def billing_period(period: str, timezone: str) -> BillingPeriod:
     start = datetime(year, month, 1, tzinfo=zone)
     end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=zone)
     return BillingPeriod(period, timezone, (epoch(start), epoch(end)))
+
+
+def started_period(
+    period: str, timezone: str, now: datetime, loc: tuple[str, ...]
+) -> BillingPeriod:
+    """The period, refused (422 at ``loc``) when it has not started by ``now``."""
+    bounds = billing_period(period, timezone)
+    if bounds.start > now:
+        raise Unprocessable(f"period {period} has not started yet", loc)
+    return bounds
 
 
 def current_period(timezone: str, now: datetime) -> str:

@@ -23,7 +23,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from app.billing import repository
-from app.billing.loader import PERIOD_PATTERN, BillingPeriod, billing_period, load_inputs
+from app.billing.loader import PERIOD_PATTERN, BillingPeriod, load_inputs, started_period
 from app.billing.models import InvoiceStatus
 from app.billing.service import Draft, check_grace, finalize_invoice, lookback, refresh_draft
 from app.core.errors import Unprocessable, not_found
@@ -72,7 +72,7 @@ def run_invoices(
     if not re.match(PERIOD_PATTERN, period):
         raise Unprocessable(f"period must be YYYY-MM, got {period!r}", ("body", "period"))
     zones = _customers_by_zone(session, customer_id)
-    periods = {zone: _period(period, zone, now) for zone in zones}
+    periods = {zone: started_period(period, zone, now, ("body", "period")) for zone in zones}
     if finalize:  # refuse the whole run up front, not customer by customer
         for zone_period in periods.values():
             check_grace(period, zone_period.end, now, force)
@@ -138,10 +138,3 @@ def _customers_by_zone(
     if customer_id is not None and not zones:
         raise not_found("customer", customer_id, ("body", "customer_id"))
     return zones
-
-
-def _period(period: str, timezone: str, now: datetime) -> BillingPeriod:
-    bounds = billing_period(period, timezone)
-    if bounds.start > now:
-        raise Unprocessable(f"period {period} has not started yet", ("body", "period"))
-    return bounds

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from app.billing import repository
 from app.billing.domain import Bucket
 from app.billing.effective import EffectiveUsage, effective_usage, minute_spans
-from app.billing.loader import BillingPeriod, billing_period, epoch, from_epoch, load_inputs
+from app.billing.loader import BillingPeriod, epoch, from_epoch, load_inputs, started_period
 from app.billing.rating import RatedRental, cap
 from app.billing.schemas import (
     EffectiveRead,
@@ -37,7 +37,6 @@ from app.billing.schemas import (
 from app.billing.service import core_errors, ledger, rate
 from app.billing.vouchers import balance, open_vouchers
 from app.billing.whatif import WhatIfCell, what_if
-from app.core.errors import Unprocessable
 from app.core.money import round_money
 from app.customers.models import Customer
 from app.metering.repository import idle_minutes
@@ -134,9 +133,7 @@ def voucher_ledger(session: Session, customer: Customer, now: datetime) -> Vouch
 def _to_date(
     customer: Customer, period_name: str, now: datetime
 ) -> tuple[BillingPeriod, tuple[int, int]]:
-    period = billing_period(period_name, customer.billing_timezone)
-    if period.start > now:
-        raise Unprocessable(f"period {period_name} has not started yet", ("query", "period"))
+    period = started_period(period_name, customer.billing_timezone, now, ("query", "period"))
     return period, (period.span[0], min(period.span[1], epoch(now)))
 
 

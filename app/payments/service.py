@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.billing import service as billing_service
+from app.billing.loader import from_epoch
 from app.billing.models import Invoice, InvoiceStatus
 from app.core.errors import ApiError, Conflict, not_found
 from app.payments import repository
@@ -147,7 +148,7 @@ def _our_invoice(session: Session, obj: dict[str, Any]) -> Invoice | None:
 
 
 def _at(epoch: int | None) -> datetime | None:
-    return datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
+    return None if epoch is None else from_epoch(epoch)
 
 
 def _paid(

@@ -6,7 +6,7 @@ from decimal import Decimal
 
 from pydantic import field_serializer
 
-from app.core.money import round_money
+from app.billing.schemas import money
 from app.core.schemas import Schema
 from app.payments.models import SyncState, SyncStep, SyncTarget
 
@@ -41,7 +41,7 @@ class PaymentFailureRead(Schema):
 
     @field_serializer("amount_due")
     def _in_minor_units(self, amount: Decimal) -> str:
-        return str(round_money(amount, self.currency))  # "70.76", as on the invoice
+        return money(amount, self.currency)  # "70.76", as on the invoice
 
 
 class InvoiceStripeRead(Schema):

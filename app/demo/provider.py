@@ -71,10 +71,6 @@ class Provider:
         return node, node.gpus.index(gpu)
 
 
-def iso(moment: datetime) -> str:
-    return moment.isoformat()
-
-
 def create_provider(api: Api, tag: str, month_start: datetime) -> Provider:
     plan = api.post(
         "/v1/plans",
@@ -129,12 +125,11 @@ def _rent(
             "plan_id": provider.plan_id,
             "gpu_model": DEFAULT_MODEL,
             "gpu_count": len(gpus),
-            "start_at": iso(start),
-            "end_at": None if end is None else iso(end),
+            "start_at": start.isoformat(),
+            "end_at": None if end is None else end.isoformat(),
         },
     )
     for gpu in gpus:
-        api.post(
-            f"/v1/rentals/{rental['id']}/assignments", {"gpu_uuid": gpu, "start_at": iso(start)}
-        )
+        assignment = {"gpu_uuid": gpu, "start_at": start.isoformat()}
+        api.post(f"/v1/rentals/{rental['id']}/assignments", assignment)
     provider.rentals[customer] = rental["id"]

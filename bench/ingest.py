@@ -240,12 +240,16 @@ async def drive(
         return stats, time.monotonic() - began, mid[0]
 
 
+def psycopg_dsn(url: str, **parts: str) -> str:
+    """``url`` (any SQLAlchemy Postgres URL) as a plain libpq DSN for psycopg."""
+    return make_url(url).set(drivername="postgresql", **parts).render_as_string(hide_password=False)
+
+
 def setup_database(server_url: str) -> tuple[str, str]:
     from app.core import migrate
 
     name = f"gpumeter_bench_{secrets.token_hex(4)}"
-    admin = make_url(sqlalchemy_url(server_url)).set(drivername="postgresql", database="postgres")
-    admin_dsn = admin.render_as_string(hide_password=False)
+    admin_dsn = psycopg_dsn(sqlalchemy_url(server_url), database="postgres")
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
@@ -287,8 +291,7 @@ def start_service(url: str, workers: int) -> tuple[subprocess.Popen[bytes], str]
 
 def stored_bytes(url: str) -> dict[str, int]:
     """pg_total_relation_size (heap, indexes, TOAST, free and dead space) of each table."""
-    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(dsn) as conn:
+    with psycopg.connect(psycopg_dsn(url)) as conn:
         return {
             table: conn.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()[0]
             for table in TABLES
@@ -296,8 +299,7 @@ def stored_bytes(url: str) -> dict[str, int]:
 
 
 def vacuum(url: str) -> None:
-    dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(psycopg_dsn(url), autocommit=True) as conn:
         conn.execute("VACUUM")
 
 

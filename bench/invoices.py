@@ -41,17 +41,21 @@ FAILURES_PER_GPU_DAY = 0.0072
 PERIOD = "2026-10"
 ZONES = ("UTC", "Europe/Berlin", "America/New_York")
 NOW = datetime(2026, 11, 10, tzinfo=UTC)  # after every zone's October
-TABLES = (
-    "gpu_state_segments",
-    "rental_migrations",
-    "gpu_assignments",
-    "rentals",
-    "plan_prices",
-    "price_plans",
-    "gpus",
-    "nodes",
-    "customers",
-)
+# What COPY writes into each table, in the order its foreign keys need.
+COLUMNS = {
+    "customers": "id, name, currency, billing_timezone, tax_rate, collection_method, "
+    "days_until_due",
+    "nodes": "id, hostname, datacenter",
+    "gpus": "uuid, node_id, model, pool",
+    "price_plans": "id, name, currency, increment_s, minimum_s, bill_degraded, bill_unmetered, "
+    "monthly_cap_per_gpu, voucher_tiers, voucher_validity_days",
+    "plan_prices": "plan_id, gpu_model, price_per_hour, effective_from",
+    "rentals": "id, customer_id, plan_id, gpu_model, gpu_count, start_at, end_at",
+    "gpu_assignments": "rental_id, customer_id, gpu_uuid, start_at, end_at",
+    "rental_migrations": "rental_id, customer_id, from_gpu_uuid, to_gpu_uuid, failed_at, "
+    "resumed_at, reason",
+    "gpu_state_segments": 'gpu_uuid, start, "end", state, evidence',
+}
 
 
 def ts(epoch: int) -> datetime:
@@ -66,7 +70,7 @@ class Fleet:
         # Pad by a day: customers in other zones have months that start or end off UTC's.
         start, end = billing_period(PERIOD, "UTC").span
         self.start, self.end = start - 86400, end + 86400
-        self.rows: dict[str, list[tuple[Any, ...]]] = {table: [] for table in TABLES}
+        self.rows: dict[str, list[tuple[Any, ...]]] = {table: [] for table in COLUMNS}
         self.plan = uuid.uuid4()
         self._plan()
         self._customers_and_rentals(GPUS * scale, CUSTOMERS * scale)
@@ -148,39 +152,21 @@ class Fleet:
                 self.rows["gpu_state_segments"].append((gpu, a, b, state, evidence))
 
 
-COLUMNS = {
-    "customers": "id, name, currency, billing_timezone, tax_rate, collection_method, "
-    "days_until_due",
-    "nodes": "id, hostname, datacenter",
-    "gpus": "uuid, node_id, model, pool",
-    "price_plans": "id, name, currency, increment_s, minimum_s, bill_degraded, bill_unmetered, "
-    "monthly_cap_per_gpu, voucher_tiers, voucher_validity_days",
-    "plan_prices": "plan_id, gpu_model, price_per_hour, effective_from",
-    "rentals": "id, customer_id, plan_id, gpu_model, gpu_count, start_at, end_at",
-    "gpu_assignments": "rental_id, customer_id, gpu_uuid, start_at, end_at",
-    "rental_migrations": "rental_id, customer_id, from_gpu_uuid, to_gpu_uuid, failed_at, "
-    "resumed_at, reason",
-    "gpu_state_segments": 'gpu_uuid, start, "end", state, evidence',
-}
-
-
 def write(conninfo: str, fleet: Fleet) -> None:
-    order = ("customers", "nodes", "gpus", "price_plans", "plan_prices", "rentals")
-    order += ("gpu_assignments", "rental_migrations", "gpu_state_segments")
     bar = ProgressBar("tables")
     with psycopg.connect(conninfo) as conn:
-        for done, table in enumerate(order, 1):
-            with conn.cursor().copy(f"COPY {table} ({COLUMNS[table]}) FROM STDIN") as copy:
+        for done, (table, columns) in enumerate(COLUMNS.items(), 1):
+            with conn.cursor().copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
                 for row in fleet.rows[table]:
                     copy.write_row(row)
-            bar(done, len(order))
+            bar(done, len(COLUMNS))
 
 
 def truncate(conninfo: str) -> None:
     with psycopg.connect(conninfo) as conn:
         conn.execute(
             "TRUNCATE invoice_lines, voucher_entries, invoices, invoice_number_counters, "
-            + ", ".join(TABLES)
+            + ", ".join(COLUMNS)
             + " RESTART IDENTITY CASCADE"
         )
 

@@ -9,17 +9,10 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from app.billing.endpoints import clock
-from tests.billing.world import october_with_failure, write_telemetry
+from tests.billing.world import get, october_with_failure, run_invoice, write_telemetry
 from tests.service.conftest import Console
 
 GAP = ("2026-10-20T00:00:00", "2026-10-20T01:00:00")
-
-
-def _invoice(console: Console, period: str) -> dict[str, Any]:
-    run = console.post("/v1/invoices/runs", {"period": period}, 200)
-    [invoice_id] = run["invoice_ids"]
-    response = console.client.get(f"/v1/invoices/{invoice_id}", headers=console.headers)
-    return response.json()
 
 
 def _lines(invoice: dict[str, Any]) -> list[tuple[str, int | None, str, str | None]]:
@@ -31,7 +24,7 @@ def test_late_october_failure_is_credited_on_november(
 ) -> None:
     # The plan bills unmetered seconds, so October bills GPU-B's hour without telemetry.
     october_with_failure(console, db, plan_fields={"bill_unmetered": True}, gpu_b_gap=GAP)
-    october = _invoice(console, "2026-10")
+    october = run_invoice(console, "2026-10")
     assert october["subtotal"] == "1850.59"  # 2,678,400 s charged, -1.95 and -0.02 credited
     console.post(f"/v1/invoices/{october['id']}/finalize", {}, 200)
 
@@ -44,7 +37,7 @@ def test_late_october_failure_is_credited_on_november(
             ("2026-10-20T00:30:00", "2026-10-20T01:00:00", "healthy"),
         ],
     )
-    november = _invoice(console, "2026-11")
+    november = run_invoice(console, "2026-11")
     assert _lines(november) == [
         ("charge", 2_592_000, "1792.80", None),  # 30 days x 2.49/h
         ("adjustment", None, "-1.25", "2026-10"),  # 1800 s failed: 1.245 -> 1.25 credited
@@ -58,14 +51,13 @@ def test_late_october_failure_is_credited_on_november(
     assert november["total"] == "1801.61"
 
     # Idempotent: the same draft again, and October itself never changes.
-    assert _invoice(console, "2026-11") | {"generated_at": None} == november | {
+    assert run_invoice(console, "2026-11") | {"generated_at": None} == november | {
         "generated_at": None
     }
-    october_now = console.client.get(f"/v1/invoices/{october['id']}", headers=console.headers)
-    assert october_now.json()["total"] == october["total"]
+    assert get(console, f"/v1/invoices/{october['id']}")["total"] == october["total"]
 
     # Once November (with the adjustment) is finalized, December bills October no more.
     console.post(f"/v1/invoices/{november['id']}/finalize", {"force": True}, 200)
     app.dependency_overrides[clock] = lambda: datetime(2026, 12, 10, tzinfo=UTC)
-    december = _invoice(console, "2026-12")
+    december = run_invoice(console, "2026-12")
     assert "adjustment" not in [x["kind"] for x in december["lines"]]

@@ -9,21 +9,13 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
-from tests.billing.world import october_with_failure
+from tests.billing.world import get, october_with_failure, run_invoice
 from tests.service.conftest import Console, bearer
-
-
-def _get(console: Console, path: str) -> Any:
-    response = console.client.get(path, headers=console.headers)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def _october(console: Console, db: Engine) -> dict[str, Any]:
     october_with_failure(console, db)
-    run = console.post("/v1/invoices/runs", {"period": "2026-10"}, 200)
-    [invoice_id] = run["invoice_ids"]
-    return _get(console, f"/v1/invoices/{invoice_id}")
+    return run_invoice(console, "2026-10")
 
 
 def test_october_invoice_with_a_47_minute_failure_and_a_30_s_migration(
@@ -50,9 +42,9 @@ def test_running_again_gives_the_same_draft(console: Console, db: Engine, now: d
     first = _october(console, db)
     again = console.post("/v1/invoices/runs", {"period": "2026-10"}, 200)
     assert again["invoice_ids"] == [first["id"]]
-    second = _get(console, f"/v1/invoices/{first['id']}")
+    second = get(console, f"/v1/invoices/{first['id']}")
     assert _stable(second) == _stable(first)
-    assert len(_get(console, "/v1/invoices")["items"]) == 1
+    assert len(get(console, "/v1/invoices")["items"]) == 1
 
 
 def _stable(invoice: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +58,7 @@ def test_finalize_numbers_locks_and_issues_the_30_day_tier_voucher(
     final = console.post(f"/v1/invoices/{draft['id']}/finalize", {}, 200)
     assert (final["status"], final["number"]) == ("finalized", "GM-2026-000001")
     assert final["lines"] == draft["lines"] and final["total"] == "2202.20"
-    ledger = _get(console, f"/v1/customers/{draft['customer_id']}/vouchers")
+    ledger = get(console, f"/v1/customers/{draft['customer_id']}/vouchers")
     # 31-day rental at period end: 15 % of its net 1850.59 = 277.5885 -> 277.59
     assert [(e["kind"], e["amount"], e["source"]) for e in ledger["entries"]] == [
         ("issued", "277.59", "tier")
@@ -75,7 +67,7 @@ def test_finalize_numbers_locks_and_issues_the_30_day_tier_voucher(
     # A second run leaves the finalized invoice untouched.
     again = console.post("/v1/invoices/runs", {"period": "2026-10", "finalize": True}, 200)
     assert again["counts"] == {"unchanged": 1}
-    assert _get(console, f"/v1/invoices/{draft['id']}") == final
+    assert get(console, f"/v1/invoices/{draft['id']}") == final
 
 
 def test_finalizing_before_the_grace_time_is_refused_unless_forced(
@@ -85,7 +77,7 @@ def test_finalizing_before_the_grace_time_is_refused_unless_forced(
     body = {"period": "2026-11", "finalize": True}
     refused = console.post("/v1/invoices/runs", body, 409)
     assert refused["detail"][0]["loc"] == ["body", "force"]
-    assert _get(console, "/v1/invoices")["items"] == []
+    assert get(console, "/v1/invoices")["items"] == []
     forced = console.post("/v1/invoices/runs", {**body, "force": True}, 200)
     assert forced["counts"] == {"finalized": 1}
 
@@ -137,7 +129,7 @@ def test_void_keeps_the_number_and_a_new_draft_replaces_it(
     assert rerun["counts"] == {"drafted": 1} and rerun["invoice_ids"] != [draft["id"]]
     second = console.post(f"/v1/invoices/{rerun['invoice_ids'][0]}/finalize", {}, 200)
     assert second["number"] == "GM-2026-000002"  # gapless: the voided one keeps 000001
-    ledger = _get(console, f"/v1/customers/{draft['customer_id']}/vouchers")
+    ledger = get(console, f"/v1/customers/{draft['customer_id']}/vouchers")
     assert [e["kind"] for e in ledger["entries"]] == ["issued"]  # the tier voucher, once
 
 

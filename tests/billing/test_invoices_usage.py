@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import Engine
 
-from tests.billing.world import october_with_failure
+from tests.billing.world import get, october_with_failure
 from tests.service.conftest import Console
-
-
-def _get(console: Console, path: str) -> Any:
-    response = console.client.get(path, headers=console.headers)
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def test_usage_of_a_closed_and_of_the_current_month(
     console: Console, db: Engine, now: datetime
 ) -> None:
     customer = october_with_failure(console, db).customer["id"]
-    october = _get(console, f"/v1/customers/{customer}/usage?period=2026-10")
+    october = get(console, f"/v1/customers/{customer}/usage?period=2026-10")
     assert {k: v for k, v in october["buckets_s"].items() if v} == {
         "billable": 2_675_550,
         "failure_credit": 2820,
@@ -38,7 +31,7 @@ def test_usage_of_a_closed_and_of_the_current_month(
 
     # November to date (pinned at Nov 5 12:00): 4.5 days = 388,800 s -> 268.92; a steady
     # rental forecasts the whole month: 268.92 x 2,592,000 / 388,800 = 1792.80.
-    november = _get(console, f"/v1/customers/{customer}/usage")
+    november = get(console, f"/v1/customers/{customer}/usage")
     assert november["period"] == "2026-11" and november["as_of"] == "2026-11-05T12:00:00Z"
     assert (november["cost_to_date"], november["forecast"]) == ("268.92", "1792.80")
     assert november["rentals"][0]["running"] is True
@@ -48,7 +41,7 @@ def test_what_if_at_1_60_and_3600_s_with_and_without_credits(
     console: Console, db: Engine, now: datetime
 ) -> None:
     customer = october_with_failure(console, db).customer["id"]
-    table = _get(console, f"/v1/customers/{customer}/what-if?period=2026-10")
+    table = get(console, f"/v1/customers/{customer}/what-if?period=2026-10")
     assert table["manual_recovery_s"] == 2820
     rows = [
         (

@@ -4,27 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
 
 from sqlalchemy import Engine
 
-from tests.billing.world import october_with_failure
+from tests.billing.world import get, october_with_failure, run_invoice
 from tests.service.conftest import Console
 
 
-def _get(console: Console, path: str) -> Any:
-    response = console.client.get(path, headers=console.headers)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def _run(console: Console, period: str) -> dict[str, Any]:
-    [invoice_id] = console.post("/v1/invoices/runs", {"period": period}, 200)["invoice_ids"]
-    return _get(console, f"/v1/invoices/{invoice_id}")
-
-
 def _ledger(console: Console, customer_id: str) -> tuple[list[tuple[str, str, str]], str]:
-    ledger = _get(console, f"/v1/customers/{customer_id}/vouchers")
+    ledger = get(console, f"/v1/customers/{customer_id}/vouchers")
     entries = [(e["kind"], e["amount"], e["voucher_id"].split(":")[0]) for e in ledger["entries"]]
     issued = sum(Decimal(e["amount"]) for e in ledger["entries"] if e["kind"] == "issued")
     used = sum(Decimal(e["amount"]) for e in ledger["entries"] if e["kind"] != "issued")
@@ -35,13 +23,13 @@ def _ledger(console: Console, customer_id: str) -> tuple[list[tuple[str, str, st
 def test_vouchers_over_october_and_november(console: Console, db: Engine, now: datetime) -> None:
     world = october_with_failure(console, db)
     customer = world.customer["id"]
-    october = _run(console, "2026-10")
+    october = run_invoice(console, "2026-10")
     console.post(f"/v1/invoices/{october['id']}/finalize", {}, 200)  # tier: 277.59, 90 days
     grants = f"/v1/customers/{customer}/vouchers"
     console.post(grants, {"amount": "50.00", "validity_days": 1, "reason": "goodwill"})
     console.post(grants, {"amount": "1500.00", "validity_days": 30, "reason": "outage SLA"})
 
-    november = _run(console, "2026-11")
+    november = run_invoice(console, "2026-11")
     # 29 days of telemetry (Nov 30 unmetered): 2,505,600 s x 2.49/h = 1733.04. The 1-day
     # voucher expired before the invoice date; the 30-day one goes first (oldest expiry),
     # then the tier voucher covers what is left, partly; nothing goes below zero.
@@ -61,7 +49,8 @@ def test_vouchers_over_october_and_november(console: Console, db: Engine, now: d
         ("issued", "50.00", "manual"),
     ]
     assert _ledger(console, customer) == (expected, "44.55")
-    assert _run(console, "2026-11")["lines"] == november["lines"]  # provisional entries replaced
+    # Running again replaces the draft's provisional entries instead of adding to them.
+    assert run_invoice(console, "2026-11")["lines"] == november["lines"]
     assert _ledger(console, customer) == (expected, "44.55")
 
     console.post(f"/v1/invoices/{november['id']}/finalize", {"force": True}, 200)

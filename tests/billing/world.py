@@ -38,6 +38,18 @@ def write_telemetry(db: Engine, gpu: str, runs: Sequence[tuple[str, str, str]]) 
         write_segments(session, spans, [])
 
 
+def get(console: Console, path: str) -> Any:
+    response = console.client.get(path, headers=console.headers)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def run_invoice(console: Console, period: str) -> dict[str, Any]:
+    """Run ``period`` for every customer and read back the one invoice it writes."""
+    [invoice_id] = console.post("/v1/invoices/runs", {"period": period}, 200)["invoice_ids"]
+    return get(console, f"/v1/invoices/{invoice_id}")
+
+
 @dataclass
 class World:
     customer: dict[str, Any]

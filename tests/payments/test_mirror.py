@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 
@@ -22,6 +23,10 @@ from tests.payments.fake_stripe import FakeStripe
 
 class Crash(Exception):
     """Stands for the worker process dying between two Stripe calls."""
+
+
+def crash() -> None:
+    raise Crash
 
 
 def test_full_mirror_with_exact_amounts(mirror: Mirror, fake: FakeStripe) -> None:
@@ -114,7 +119,7 @@ def test_resume_after_keys_expired_finds_objects_by_metadata(
     """Stripe forgets idempotency keys after 24 h; metadata still leads back to our objects."""
     invoice_id = mirror.finalized()
     with pytest.raises(Crash):
-        mirror.sync(after_item=lambda: (_ for _ in ()).throw(Crash()))
+        mirror.sync(after_item=crash)
     fake._idempotency.clear()
     with mirror.engine.begin() as conn:  # as if the commits recording the ids had been lost
         conn.execute(Customer.__table__.update().values(stripe_customer_id=None))
@@ -246,7 +251,7 @@ def test_amount_mismatch_stops_the_sync_and_shows_in_the_api(
 def test_foreign_item_on_the_stripe_draft_is_an_error(mirror: Mirror, fake: FakeStripe) -> None:
     invoice_id = mirror.finalized()
     with pytest.raises(Crash):
-        mirror.sync(after_item=lambda: (_ for _ in ()).throw(Crash()))
+        mirror.sync(after_item=crash)
     ours = mirror.invoice(invoice_id)
     fake.handle(  # someone adds an item to our draft in the Stripe dashboard
         "POST",
@@ -301,7 +306,7 @@ def test_void_before_the_mirror_finished_deletes_the_draft(
 ) -> None:
     invoice_id = mirror.finalized()
     with pytest.raises(Crash):
-        mirror.sync(after_item=lambda: (_ for _ in ()).throw(Crash()))
+        mirror.sync(after_item=crash)
     mirror.void(invoice_id)
     mirror.expire_leases()
     assert mirror.sync() == 1
@@ -342,7 +347,7 @@ def test_sdk_retries_share_the_key(
     settings = configure(monkeypatch, stripe_max_network_retries=2)
     client = make_client(settings)
     fake.outage = "503"
-    timer = __import__("threading").Timer(0.3, lambda: setattr(fake, "outage", None))
+    timer = threading.Timer(0.3, lambda: setattr(fake, "outage", None))
     timer.start()
     created = client.v1.customers.create({"name": "x"}, {"idempotency_key": "k-1"})
     timer.join()

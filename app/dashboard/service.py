@@ -21,7 +21,7 @@ from app.billing import repository as billing_repository
 from app.billing import schemas as billing_schemas
 from app.billing import service as billing
 from app.billing import usage as billing_usage
-from app.billing.loader import BillingPeriod, billing_period, current_period
+from app.billing.loader import BillingPeriod, current_period, started_period
 from app.core.errors import NotFound, Unprocessable, not_found
 from app.customers.models import Customer
 from app.customers.repository import customers_query
@@ -72,11 +72,9 @@ def period_of(customer: Customer, name: str | None, now: datetime) -> BillingPer
     """The named month (default: the current one) in the customer's time zone; not a future
     one, which has nothing to show yet."""
     name = name or current_period_of(customer, now)
-    if name > current_period_of(customer, now):
-        raise Unprocessable(f"period {name} has not started yet", ("query", "period"))
     try:
-        return billing_period(name, customer.billing_timezone)
-    except ValueError as error:
+        return started_period(name, customer.billing_timezone, now, ("query", "period"))
+    except ValueError as error:  # not YYYY-MM
         raise Unprocessable(str(error), ("query", "period")) from None
 
 

@@ -28,6 +28,11 @@ class GpuLost(Exception):
     """The device stopped answering (fell off the bus, needs a reset)."""
 
 
+def text(value: str | bytes) -> str:
+    """NVML strings (UUIDs, names) as str: older pynvml returns bytes."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def lost_codes(nv: ModuleType) -> set[int]:
     return {getattr(nv, name) for name in LOST_ERROR_NAMES if hasattr(nv, name)}
 

@@ -11,6 +11,7 @@ from collections import defaultdict
 from types import ModuleType
 from typing import Any
 
+from metering_agent.collectors.base import text
 from metering_agent.logs import Log
 from metering_agent.nvml.provider import GpuReading
 
@@ -46,7 +47,8 @@ class XidWatcher:
         while not self._stop.is_set():
             try:
                 data = nv.nvmlEventSetWait_v2(self._event_set, WAIT_MS)
-                uuid = nv.nvmlDeviceGetUUID(data.device)
+                # The same spelling as the reading's UUID, so queued XIDs find their GPU.
+                uuid = text(nv.nvmlDeviceGetUUID(data.device))
             except nv.NVMLError as e:
                 if e.value != nv.NVML_ERROR_TIMEOUT:
                     log.warning("xid_wait_failed", error=str(e))

@@ -8,16 +8,12 @@ from types import ModuleType
 from typing import Any
 
 from metering_agent.collectors import COLLECTORS
-from metering_agent.collectors.base import GpuLost
+from metering_agent.collectors.base import GpuLost, text
 from metering_agent.collectors.xid import XidWatcher
 from metering_agent.logs import Log
 from metering_agent.nvml.provider import GpuInfo, GpuReading
 
 log = Log("metering_agent.nvml")
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value  # older pynvml returns bytes
 
 
 class NvmlProvider:
@@ -30,8 +26,8 @@ class NvmlProvider:
                 handle = self._nv.nvmlDeviceGetHandleByIndex(index)
                 info = GpuInfo(
                     index,
-                    _text(self._nv.nvmlDeviceGetUUID(handle)),
-                    _text(self._nv.nvmlDeviceGetName(handle)),
+                    text(self._nv.nvmlDeviceGetUUID(handle)),
+                    text(self._nv.nvmlDeviceGetName(handle)),
                 )
             except self._nv.NVMLError as e:
                 # Without a UUID there is nothing to report the GPU under; the service sees it

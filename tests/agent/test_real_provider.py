@@ -213,7 +213,13 @@ def test_lost_gpu_is_failed_and_the_others_keep_sampling(
     assert verdict.state == GpuState.FAILED
 
 
-def test_xid_events_reach_the_reading(fake: FakeNvml) -> None:
+@pytest.mark.parametrize("uuid_type", [str, bytes])
+def test_xid_events_reach_the_reading(
+    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, uuid_type: type
+) -> None:
+    if uuid_type is bytes:  # older pynvml: UUIDs come back as bytes
+        as_str = fake.nvmlDeviceGetUUID
+        monkeypatch.setattr(fake, "nvmlDeviceGetUUID", lambda h: as_str(h).encode())
     xid = pynvml.nvmlEventTypeXidCriticalError
     fake.events = [SimpleNamespace(device=1, eventType=xid, eventData=79)]
     provider = NvmlProvider(fake.module())

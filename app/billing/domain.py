@@ -13,16 +13,11 @@ from decimal import Decimal
 from enum import StrEnum
 
 from app.core.money import minor_units
+from metering_agent.protocol import GpuState  # segment states are the agent's (wire format)
 
 Evidence = Mapping[str, object]
 
 MAX_PRICE_DECIMALS = 10
-
-
-class GpuState(StrEnum):
-    HEALTHY = "healthy"
-    DEGRADED = "degraded"
-    FAILED = "failed"
 
 
 class Bucket(StrEnum):

@@ -60,8 +60,7 @@ from app.billing.domain import (
 from app.billing.intervals import Span, clip, merge, subtract
 from app.billing.lines import InvoiceLine, cap_line, charge_line, credit_line, sum_amounts
 from app.core.money import round_money
-
-_SEVERITY = {GpuState.HEALTHY: 0, GpuState.DEGRADED: 1, GpuState.FAILED: 2}
+from metering_agent.protocol import SEVERITY
 
 
 class _Cell(NamedTuple):
@@ -126,7 +125,7 @@ def _cell(start: int, end: int, active: Collection[Segment | None]) -> _Cell:
         [only] = active
         return _Cell(start, end, only, only is None)
     segments = [s for s in active if s is not None]
-    worst = max(segments, key=lambda s: _SEVERITY[s.state], default=None)
+    worst = max(segments, key=lambda s: SEVERITY[s.state], default=None)
     return _Cell(start, end, worst, len(segments) < len(active))
 
 

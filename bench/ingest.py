@@ -28,10 +28,10 @@ from pathlib import Path
 
 import httpx
 import psycopg
-from sqlalchemy.engine import make_url
 
 from app.core.db import transaction
 from app.core.local_service import NotReady, free_port, wait_until_ready
+from app.core.scratch_db import libpq_dsn, scratch_database, server_from_environment
 from app.settings import sqlalchemy_url
 
 HOUR = 3600
@@ -240,23 +240,6 @@ async def drive(
         return stats, time.monotonic() - began, mid[0]
 
 
-def psycopg_dsn(url: str, **parts: str) -> str:
-    """``url`` (any SQLAlchemy Postgres URL) as a plain libpq DSN for psycopg."""
-    return make_url(url).set(drivername="postgresql", **parts).render_as_string(hide_password=False)
-
-
-def setup_database(server_url: str) -> tuple[str, str]:
-    from app.core import migrate
-
-    name = f"gpumeter_bench_{secrets.token_hex(4)}"
-    admin_dsn = psycopg_dsn(sqlalchemy_url(server_url), database="postgres")
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(url)
-    return url, admin_dsn
-
-
 def register_nodes(url: str, count: int) -> list[str]:
     from sqlalchemy import create_engine
 
@@ -291,7 +274,7 @@ def start_service(url: str, workers: int) -> tuple[subprocess.Popen[bytes], str]
 
 def stored_bytes(url: str) -> dict[str, int]:
     """pg_total_relation_size (heap, indexes, TOAST, free and dead space) of each table."""
-    with psycopg.connect(psycopg_dsn(url)) as conn:
+    with psycopg.connect(libpq_dsn(url)) as conn:
         return {
             table: conn.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()[0]
             for table in TABLES
@@ -299,72 +282,73 @@ def stored_bytes(url: str) -> dict[str, int]:
 
 
 def vacuum(url: str) -> None:
-    with psycopg.connect(psycopg_dsn(url), autocommit=True) as conn:
+    with psycopg.connect(libpq_dsn(url), autocommit=True) as conn:
         conn.execute("VACUUM")
 
 
 def main() -> int:
     args = parse_args()
-    server = os.environ.get(
-        "GPUMETER_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-    )
-    url, admin_dsn = setup_database(server)
-    process = None
-    try:
+    with scratch_database(
+        server_from_environment(), "gpumeter_bench_ingest", keep=args.keep_db
+    ) as url:
         tokens = register_nodes(url, args.nodes)
         process, base = start_service(url, args.workers)
-        stats, elapsed, mid = asyncio.run(drive(base, url, tokens, args))
-        sizes = stored_bytes(url)
-        growth_hours = (stats.gpu_seconds - mid.gpu_seconds) / HOUR
-        vacuum(url)
-        vacuumed = stored_bytes(url)
-        lat = sorted(stats.latencies)
-        gpu_hours = stats.gpu_seconds / HOUR
-        # Bytes that grow with GPU-hours; the open table holds about one row per GPU (plus dead
-        # versions until autovacuum), a working set that does not grow with time.
-        marginal = sum(v for t, v in vacuumed.items() if t != "gpu_minute_metrics_open")
-        print(
-            json.dumps(
-                {
-                    "records_per_s": round(stats.records / elapsed),
-                    "gpu_seconds_per_s": round(stats.gpu_seconds / elapsed),
-                    "p50_ms": round(statistics.median(lat) * 1000, 1),
-                    "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1),
-                    # Steady state, everything included (all metering tables with indexes,
-                    # TOAST, free and dead space; no VACUUM): growth over the last 2/3 of the run.
-                    "bytes_per_gpu_hour": round((sum(sizes.values()) - mid.stored) / growth_hours),
-                    # Fixed working set: each GPU's open-hour row, whatever the history length.
-                    "open_hour_bytes_per_gpu": round(
-                        sizes["gpu_minute_metrics_open"] / (args.nodes * args.gpus_per_node)
-                    ),
-                    # Whole run, working set included: inflated by time compression (each GPU
-                    # covers only a few hours here, against months in production).
-                    "bytes_per_gpu_hour_whole_run": round(sum(sizes.values()) / gpu_hours),
-                    "bytes_per_gpu_hour_after_vacuum": round(sum(vacuumed.values()) / gpu_hours),
-                    "bytes_per_gpu_hour_excluding_open_hours": round(marginal / gpu_hours),
-                    "batches": len(lat),
-                    "errors": stats.errors,
-                    "records": stats.records,
-                    "gpu_hours": round(gpu_hours, 1),
-                    "stored_bytes": sizes,
-                    "stored_bytes_after_vacuum": vacuumed,
-                    "gpus": args.nodes * args.gpus_per_node,
-                    "duration_s": round(elapsed, 1),
-                    "workers": args.workers,
-                    "nodes": args.nodes,
-                    "concurrency": args.concurrency,
-                    "records_per_batch": args.gpus_per_node * args.minutes_per_batch,
-                }
-            )
-        )
-    finally:
-        if process is not None:
+        try:
+            stats, elapsed, mid = asyncio.run(drive(base, url, tokens, args))
+        finally:
             process.terminate()
             process.wait(timeout=30)
-        if not args.keep_db:
-            with psycopg.connect(admin_dsn, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{make_url(url).database}" WITH (FORCE)')
+        sizes = stored_bytes(url)
+        vacuum(url)
+        print(json.dumps(report(args, stats, elapsed, mid, sizes, stored_bytes(url))))
     return 0
+
+
+def report(
+    args: argparse.Namespace,
+    stats: Stats,
+    elapsed: float,
+    mid: Snapshot,
+    sizes: dict[str, int],
+    vacuumed: dict[str, int],
+) -> dict[str, object]:
+    """The final figures: throughput, latency, and storage per GPU-hour."""
+    lat = sorted(stats.latencies)
+    gpu_hours = stats.gpu_seconds / HOUR
+    growth_hours = (stats.gpu_seconds - mid.gpu_seconds) / HOUR
+    # Bytes that grow with GPU-hours; the open table holds about one row per GPU (plus dead
+    # versions until autovacuum), a working set that does not grow with time.
+    marginal = sum(v for t, v in vacuumed.items() if t != "gpu_minute_metrics_open")
+    return {
+        "records_per_s": round(stats.records / elapsed),
+        "gpu_seconds_per_s": round(stats.gpu_seconds / elapsed),
+        "p50_ms": round(statistics.median(lat) * 1000, 1),
+        "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1),
+        # Steady state, everything included (all metering tables with indexes,
+        # TOAST, free and dead space; no VACUUM): growth over the last 2/3 of the run.
+        "bytes_per_gpu_hour": round((sum(sizes.values()) - mid.stored) / growth_hours),
+        # Fixed working set: each GPU's open-hour row, whatever the history length.
+        "open_hour_bytes_per_gpu": round(
+            sizes["gpu_minute_metrics_open"] / (args.nodes * args.gpus_per_node)
+        ),
+        # Whole run, working set included: inflated by time compression (each GPU
+        # covers only a few hours here, against months in production).
+        "bytes_per_gpu_hour_whole_run": round(sum(sizes.values()) / gpu_hours),
+        "bytes_per_gpu_hour_after_vacuum": round(sum(vacuumed.values()) / gpu_hours),
+        "bytes_per_gpu_hour_excluding_open_hours": round(marginal / gpu_hours),
+        "batches": len(lat),
+        "errors": stats.errors,
+        "records": stats.records,
+        "gpu_hours": round(gpu_hours, 1),
+        "stored_bytes": sizes,
+        "stored_bytes_after_vacuum": vacuumed,
+        "gpus": args.nodes * args.gpus_per_node,
+        "duration_s": round(elapsed, 1),
+        "workers": args.workers,
+        "nodes": args.nodes,
+        "concurrency": args.concurrency,
+        "records_per_batch": args.gpus_per_node * args.minutes_per_batch,
+    }
 
 
 if __name__ == "__main__":

@@ -14,26 +14,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import secrets
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 from sqlalchemy import create_engine
-from sqlalchemy.engine import make_url
 
 from app.billing.loader import billing_period
 from app.billing.progress import ProgressBar
 from app.billing.run import run_invoices
-from app.core import migrate
 from app.core.db import transaction
+from app.core.scratch_db import libpq_dsn, scratch_database, server_from_environment
 from app.settings import sqlalchemy_url
 
 GPUS, CUSTOMERS = 3000, 300
@@ -185,21 +181,6 @@ def timed_run(url: str) -> tuple[float, dict[str, int]]:
     return seconds, {o.value: n for o, n in summary.counts.items()}
 
 
-@contextmanager
-def bench_database(server_url: str) -> Iterator[str]:
-    base = make_url(sqlalchemy_url(server_url))
-    admin = base.set(drivername="postgresql", database="postgres")
-    admin_info = admin.render_as_string(hide_password=False)
-    name = f"gpumeter_bench_invoices_{secrets.token_hex(4)}"
-    with psycopg.connect(admin_info, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield base.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin_info, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -209,11 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scales", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
-    server = os.environ.get("GPUMETER_DATABASE_URL", "postgresql://postgres@127.0.0.1/postgres")
     results: dict[str, Any] = {"gpus_1x": GPUS, "customers_1x": CUSTOMERS, "period": PERIOD}
-    with bench_database(server) as url:
-        migrate.upgrade(url)
-        conninfo = make_url(url).set(drivername="postgresql").render_as_string(False)
+    with scratch_database(server_from_environment(), "gpumeter_bench_invoices") as url:
+        conninfo = libpq_dsn(url)
         for scale in args.scales:
             say(f"{scale}x: generating {GPUS * scale:,} GPUs, {CUSTOMERS * scale:,} customers")
             fleet = Fleet(scale, args.seed)

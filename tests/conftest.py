@@ -8,16 +8,14 @@ creates its own database and drops it at the end.
 from __future__ import annotations
 
 import os
-import secrets
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.engine import make_url
 
+from app.core.scratch_db import scratch_database
 from app.settings import sqlalchemy_url
 
 SERVER_URL_ENV = "GPUMETER_DATABASE_URL"
@@ -40,28 +38,11 @@ def pg_server_url() -> Iterator[str]:
         server.cleanup()
 
 
-def _admin_conninfo(server_url: str) -> str:
-    url = make_url(sqlalchemy_url(server_url)).set(drivername="postgresql", database="postgres")
-    return url.render_as_string(hide_password=False)
-
-
 @pytest.fixture(scope="session")
 def database_url(pg_server_url: str, worker_id: str) -> Iterator[str]:
     """A new database for this run (and xdist worker), migrated to head."""
-    from app.core import migrate
-
-    name = f"gpumeter_test_{worker_id}_{secrets.token_hex(4)}"
-    admin = _admin_conninfo(pg_server_url)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = make_url(sqlalchemy_url(pg_server_url)).set(database=name)
-    url_text = url.render_as_string(hide_password=False)
-    migrate.upgrade(url_text)
-    try:
-        yield url_text
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database(pg_server_url, f"gpumeter_test_{worker_id}") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine
 
 from app.core.db import transaction
 from app.core.local_service import free_port, wait_until_ready
+from app.core.scratch_db import scratch_database
 from app.customers.models import Customer
 from app.main import create_app
 from app.settings import sqlalchemy_url
@@ -83,26 +83,15 @@ def test_create_key_for_a_customer_needs_the_customer(database_url: str, db: Eng
 
 
 def test_readyz_is_503_on_an_unmigrated_database(pg_server_url: str) -> None:
-    from sqlalchemy.engine import make_url
-
-    admin = make_url(sqlalchemy_url(pg_server_url)).set(
-        drivername="postgresql", database="postgres"
-    )
-    name = f"gpumeter_unmigrated_{os.getpid()}"
-    with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    engine = create_engine(sqlalchemy_url(pg_server_url), pool_pre_ping=True)
-    engine = create_engine(make_url(sqlalchemy_url(pg_server_url)).set(database=name))
-    try:
-        with TestClient(create_app(engine)) as client:
-            response = client.get("/readyz")
-        assert response.status_code == 503
-        assert "gpumeter db upgrade" in response.json()["reason"]
-    finally:
-        engine.dispose()
-        with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with scratch_database(pg_server_url, "gpumeter_unmigrated", migrated=False) as url:
+        engine = create_engine(sqlalchemy_url(url))
+        try:
+            with TestClient(create_app(engine)) as client:
+                response = client.get("/readyz")
+        finally:
+            engine.dispose()
+    assert response.status_code == 503
+    assert "gpumeter db upgrade" in response.json()["reason"]
 
 
 def test_readyz_is_503_when_the_database_is_unreachable() -> None:

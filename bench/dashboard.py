@@ -11,24 +11,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 
-import psycopg
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
 from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core.db import transaction
+from app.core.epoch import from_epoch
+from app.core.scratch_db import scratch_database, server_from_environment
 from app.main import create_app
 from app.metering import packing
 from app.metering.repository import write_metric_rows, write_segments
 from app.metering.segments import Span
 from app.settings import sqlalchemy_url
-from bench.ingest import setup_database
 from metering_agent.protocol import GpuState, UsageRecord
 
 GPUS = 64
@@ -141,19 +140,14 @@ def seed(client: TestClient, admin: str, engine_url: str) -> dict[str, str]:
 
 
 def _iso(second: int) -> str:
-    return datetime.fromtimestamp(second, UTC).isoformat()
+    return from_epoch(second).isoformat()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10, help="timed requests per page")
     args = parser.parse_args()
-    server = os.environ.get(
-        "GPUMETER_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-    )
-    url, admin_dsn = setup_database(server)
-    name = url.rsplit("/", 1)[1]
-    try:
+    with scratch_database(server_from_environment(), "gpumeter_bench_dashboard") as url:
         engine = create_engine(sqlalchemy_url(url))
         with transaction(engine) as session:
             admin = issue_key(session, KeyKind.ADMIN, "bench").secret
@@ -162,10 +156,8 @@ def main() -> int:
             ids = seed(client, admin, url)
             print(f"seeded in {time.perf_counter() - began:.1f} s")
             results = time_pages(client, ids, args.runs)
+        engine.dispose()
         print(json.dumps({"gpus": GPUS, "period": PERIOD, "runs": args.runs, "pages": results}))
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return 0
 
 

@@ -31,7 +31,12 @@ import psycopg
 
 from app.core.db import transaction
 from app.core.local_service import NotReady, free_port, wait_until_ready
-from app.core.scratch_db import libpq_dsn, scratch_database, server_from_environment
+from app.core.scratch_db import (
+    libpq_dsn,
+    scratch_database,
+    server_from_environment,
+    table_bytes,
+)
 from app.settings import sqlalchemy_url
 
 HOUR = 3600
@@ -273,12 +278,7 @@ def start_service(url: str, workers: int) -> tuple[subprocess.Popen[bytes], str]
 
 
 def stored_bytes(url: str) -> dict[str, int]:
-    """pg_total_relation_size (heap, indexes, TOAST, free and dead space) of each table."""
-    with psycopg.connect(libpq_dsn(url)) as conn:
-        return {
-            table: conn.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()[0]
-            for table in TABLES
-        }
+    return table_bytes(url, TABLES)
 
 
 def vacuum(url: str) -> None:

@@ -29,6 +29,7 @@ from app.billing.loader import billing_period
 from app.billing.progress import ProgressBar
 from app.billing.run import run_invoices
 from app.core.db import transaction
+from app.core.epoch import from_epoch
 from app.core.scratch_db import libpq_dsn, scratch_database, server_from_environment
 from app.settings import sqlalchemy_url
 
@@ -54,10 +55,6 @@ COLUMNS = {
 }
 
 
-def ts(epoch: int) -> datetime:
-    return datetime.fromtimestamp(epoch, UTC)
-
-
 class Fleet:
     """The synthetic rows of one scale, as tuples ready for COPY."""
 
@@ -76,7 +73,9 @@ class Fleet:
         self.rows["price_plans"].append(
             (self.plan, "bench", "USD", 1, 1, True, False, None, tiers, 90)
         )
-        self.rows["plan_prices"].append((self.plan, "H100", "2.49", ts(self.start - 86400 * 30)))
+        self.rows["plan_prices"].append(
+            (self.plan, "H100", "2.49", from_epoch(self.start - 86400 * 30))
+        )
 
     def _customers_and_rentals(self, gpus: int, customers: int) -> None:
         ids = [uuid.uuid4() for _ in range(customers)]
@@ -103,7 +102,7 @@ class Fleet:
     ) -> None:
         rid = uuid.uuid4()
         start = self.start if self.rng.random() < 0.8 else self.rng.randrange(self.start, self.end)
-        self.rows["rentals"].append((rid, customer, self.plan, "H100", 2, ts(start), None))
+        self.rows["rentals"].append((rid, customer, self.plan, "H100", 2, from_epoch(start), None))
         for gpu in gpus:
             self._serve(rid, customer, gpu, start, node)
 
@@ -114,16 +113,26 @@ class Fleet:
         while True:
             failure = self._next_failure(start)
             if failure is None:
-                self.rows["gpu_assignments"].append((rid, customer, gpu, ts(start), None))
+                self.rows["gpu_assignments"].append((rid, customer, gpu, from_epoch(start), None))
                 self._segments(gpu, start, self.end, None)
                 return
             failed_at = failure + self.rng.randrange(300, 3600)
-            self.rows["gpu_assignments"].append((rid, customer, gpu, ts(start), ts(failed_at)))
+            self.rows["gpu_assignments"].append(
+                (rid, customer, gpu, from_epoch(start), from_epoch(failed_at))
+            )
             self._segments(gpu, start, failure, (failure, failed_at))
             spare = self._gpu(node, f"SPARE-{uuid.uuid4().hex[:12]}")
             resumed = failed_at + 30
             self.rows["rental_migrations"].append(
-                (rid, customer, gpu, spare, ts(failed_at), ts(resumed), "bench failure")
+                (
+                    rid,
+                    customer,
+                    gpu,
+                    spare,
+                    from_epoch(failed_at),
+                    from_epoch(resumed),
+                    "bench failure",
+                )
             )
             gpu, start = spare, resumed
 

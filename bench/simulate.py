@@ -11,18 +11,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import psycopg
-from sqlalchemy.engine import make_url
+from app.core.scratch_db import scratch_database, server_from_environment, table_bytes
 
-from app.settings import sqlalchemy_url
-
-TABLES = ("gpu_state_segments", "gpu_minute_metrics", "gpu_minute_metrics_open", "health_events")
+METERING_TABLES = (
+    "gpu_state_segments",
+    "gpu_minute_metrics",
+    "gpu_minute_metrics_open",
+    "health_events",
+)
 
 
 def main() -> int:
@@ -31,16 +32,8 @@ def main() -> int:
     parser.add_argument("--days", type=float, default=30)
     parser.add_argument("--recovery", choices=["auto", "manual"], default="auto")
     args = parser.parse_args()
-    server = os.environ.get(
-        "GPUMETER_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-    )
-    admin = make_url(sqlalchemy_url(server)).set(drivername="postgresql", database="postgres")
-    name = f"gpumeter_bench_sim_{secrets.token_hex(4)}"
-    url = make_url(sqlalchemy_url(server)).set(database=name).render_as_string(hide_password=False)
-    admin_dsn = admin.render_as_string(hide_password=False)
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
+    # Unmigrated: `gpumeter simulate` migrates, and that is part of the time it takes.
+    with scratch_database(server_from_environment(), "gpumeter_bench_sim", migrated=False) as url:
         gpumeter = Path(sys.executable).parent / "gpumeter"
         argv = [str(gpumeter), "simulate", "--gpus", str(args.gpus), "--days", str(args.days)]
         env = {**os.environ, "GPUMETER_DATABASE_URL": url, "GPUMETER_LOG_LEVEL": "warning"}
@@ -51,15 +44,8 @@ def main() -> int:
         wall = time.monotonic() - began
         sys.stderr.write(result.stderr.decode())
         report = json.loads(result.stdout.decode().strip().splitlines()[-1])
-        with psycopg.connect(url.replace("+psycopg", "")) as conn:
-            sizes = {
-                t: conn.execute("SELECT pg_total_relation_size(%s)", (t,)).fetchone()[0]
-                for t in TABLES
-            }
+        sizes = table_bytes(url, METERING_TABLES)
         print(json.dumps({**report, "wall_seconds": round(wall, 1), "bytes": sizes}))
-    finally:
-        with psycopg.connect(admin_dsn, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     return 0
 
 

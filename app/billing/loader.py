@@ -8,7 +8,6 @@ API:
     BillingPeriod, billing_period(period, timezone) -> BillingPeriod
     started_period(period, timezone, now, loc) -> BillingPeriod   # 422 if not started by now
     current_period(timezone, now) -> str
-    epoch(dt) -> int, from_epoch(seconds) -> datetime
     PeriodInputs, load_inputs(session, customer_ids, span, rental_ids=None) -> PeriodInputs
 """
 
@@ -19,7 +18,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from typing import TypeVar
 from zoneinfo import ZoneInfo
@@ -38,6 +37,7 @@ from app.billing.domain import (
     VoucherTier,
 )
 from app.billing.intervals import Span
+from app.core.epoch import epoch, from_epoch
 from app.core.errors import Unprocessable
 from app.fleet.models import MaintenanceWindow
 from app.metering.repository import segments_between
@@ -49,14 +49,6 @@ from app.rentals.models import Migration as MigrationRow
 _T = TypeVar("_T", Assignment, Migration)
 
 PERIOD_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])$"
-
-
-def epoch(dt: datetime) -> int:
-    return int(dt.timestamp())
-
-
-def from_epoch(seconds: int) -> datetime:
-    return datetime.fromtimestamp(seconds, UTC)
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from app.billing import repository
 from app.billing.invoice import Invoice as BuiltInvoice
 from app.billing.invoice import build_invoice
 from app.billing.lines import InvoiceLine, LineKind
-from app.billing.loader import BillingPeriod, PeriodInputs, epoch, from_epoch, load_inputs
+from app.billing.loader import BillingPeriod, PeriodInputs, load_inputs
 from app.billing.models import Invoice, InvoiceStatus, VoucherEntryRow
 from app.billing.rating import RatedRental, rate_rentals
 from app.billing.vouchers import (
@@ -52,6 +52,7 @@ from app.billing.vouchers import (
     issue_voucher,
     open_vouchers,
 )
+from app.core.epoch import epoch, from_epoch
 from app.core.errors import Conflict, Unprocessable, not_found
 from app.core.money import minor_units, round_money
 from app.customers.models import Customer

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from app.billing import repository
 from app.billing.domain import Bucket
 from app.billing.effective import EffectiveUsage, effective_usage, minute_spans
-from app.billing.loader import BillingPeriod, epoch, from_epoch, load_inputs, started_period
+from app.billing.loader import BillingPeriod, load_inputs, started_period
 from app.billing.rating import RatedRental, cap
 from app.billing.schemas import (
     EffectiveRead,
@@ -37,6 +37,7 @@ from app.billing.schemas import (
 from app.billing.service import core_errors, ledger, rate
 from app.billing.vouchers import balance, open_vouchers
 from app.billing.whatif import WhatIfCell, what_if
+from app.core.epoch import epoch, from_epoch
 from app.core.money import round_money
 from app.customers.models import Customer
 from app.metering.repository import idle_minutes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import psycopg
@@ -53,3 +53,12 @@ def scratch_database(
         if not keep:
             with psycopg.connect(libpq_dsn(server_url, "postgres"), autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def table_bytes(url: str, tables: Sequence[str]) -> dict[str, int]:
+    """Each table's pg_total_relation_size: heap, indexes, TOAST, free and dead space."""
+    with psycopg.connect(libpq_dsn(url)) as conn:
+        return {
+            table: conn.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()[0]
+            for table in tables
+        }

@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
+from app.core.epoch import epoch
 from app.dashboard.formatting import Formatter, duration, facts
 from app.metering import reads
 from app.metering.schemas import Timeline
@@ -80,8 +81,8 @@ def build(
     lo, hi = window
     rows: dict[str, Band] = {}
     for a in rental.assignments:
-        start = max(lo, int(a.start_at.timestamp()))
-        end = min(hi, hi if a.end_at is None else int(a.end_at.timestamp()))
+        start = max(lo, epoch(a.start_at))
+        end = min(hi, hi if a.end_at is None else epoch(a.end_at))
         band = rows.setdefault(a.gpu_uuid, Band(a.gpu_uuid, len(rows)))
         if start < end:
             timeline = reads.timeline(session, a.gpu_uuid, caller, start, end)
@@ -109,7 +110,7 @@ def _migration(
     m: Migration, rows: dict[str, Band], fmt: Formatter, window: tuple[int, int]
 ) -> Link | None:
     lo, hi = window
-    failed, resumed = int(m.failed_at.timestamp()), int(m.resumed_at.timestamp())
+    failed, resumed = epoch(m.failed_at), epoch(m.resumed_at)
     start, end = max(lo, failed), min(hi, max(resumed, failed + 1))
     source, target = rows.get(m.from_gpu_uuid), rows.get(m.to_gpu_uuid)
     if start >= end or source is None or target is None:

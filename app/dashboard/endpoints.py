@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlencode
@@ -27,6 +27,7 @@ from app.auth.service import Principal, authenticate
 from app.billing.endpoints import Now
 from app.billing.loader import PERIOD_PATTERN, BillingPeriod
 from app.core.deps import DbSession
+from app.core.epoch import from_epoch
 from app.core.errors import Unauthorized
 from app.core.schemas import Schema
 from app.customers.service import get_customer
@@ -76,7 +77,7 @@ def create_portal_link(
     get_customer(session, customer_id, admin)
     link = sessions.portal_link(customer_id, (body or PortalLinkCreate()).ttl_s)
     url = str(request.url_for("open_portal_link", token=link.token))
-    return PortalLinkRead(url=url, expires_at=datetime.fromtimestamp(link.expires_at, UTC))
+    return PortalLinkRead(url=url, expires_at=from_epoch(link.expires_at))
 
 
 # --- sign-in ------------------------------------------------------------------------------

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from app.core.epoch import from_epoch
 from app.core.money import minor_units, round_money
 
 # Symbols printable in the PDF's core fonts (cp1252) too; others are written as the ISO code.
@@ -33,7 +34,7 @@ class Formatter:
 
     def local(self, moment: datetime | int) -> datetime:
         if isinstance(moment, int):
-            moment = datetime.fromtimestamp(moment, UTC)
+            moment = from_epoch(moment)
         return moment.astimezone(ZoneInfo(self.timezone))
 
     def datetime(self, moment: datetime | int) -> str:

@@ -22,6 +22,7 @@ from app.billing import schemas as billing_schemas
 from app.billing import service as billing
 from app.billing import usage as billing_usage
 from app.billing.loader import BillingPeriod, current_period, started_period
+from app.core.epoch import epoch
 from app.core.errors import NotFound, Unprocessable, not_found
 from app.customers.models import Customer
 from app.customers.repository import customers_query
@@ -98,7 +99,7 @@ class Overview:
 
 def overview(session: Session, v: Viewer, period: BillingPeriod, now: datetime) -> Overview:
     usage = billing_usage.usage(session, v.customer, period.name, now)
-    hi = min(period.span[1], int(now.timestamp()))
+    hi = min(period.span[1], epoch(now))
     events = repository.latest_events(session, v.customer.id, period.span[0], hi, LATEST_EVENTS)
     return Overview(usage, events)
 
@@ -127,8 +128,8 @@ def rental_page(
 
 def _rented_window(rental: Rental, period: BillingPeriod, now: datetime) -> tuple[int, int]:
     end = rental.end_at or datetime.max.replace(tzinfo=UTC)
-    lo = max(period.span[0], int(rental.start_at.timestamp()))
-    hi = min(period.span[1], int(min(end, now).timestamp()))
+    lo = max(period.span[0], epoch(rental.start_at))
+    hi = min(period.span[1], epoch(min(end, now)))
     return lo, hi
 
 

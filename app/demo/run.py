@@ -31,11 +31,11 @@ from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core import migrate
 from app.core.db import get_engine, transaction
+from app.core.epoch import epoch, from_epoch
 from app.core.local_service import NotReady, wait_until_ready
 from app.demo.processes import Child, Processes
 from app.demo.provider import Api, create_provider
 from app.demo.summary import PeriodSummary, summarise
-from app.metering.schemas import utc
 from app.simulate.history import SimGpu
 from app.simulate.progress import Progress
 from app.simulate.run import Options, simulate
@@ -173,7 +173,7 @@ class Demo:
     def _backfill(self, since: datetime) -> None:
         end = int(time.time()) // 60 * 60
         options = Options(
-            start=int(since.timestamp()),
+            start=epoch(since),
             end=end,
             failure_rate=BACKFILL_FAILURE_RATE,
             seed=self.options.seed,
@@ -257,7 +257,7 @@ class Demo:
         if self.failed_at is None:
             health = self.api_get("/v1/fleet/health")
             for failed in health["recently_failed"]:
-                since = int(datetime.fromisoformat(failed["since"]).timestamp())
+                since = epoch(datetime.fromisoformat(failed["since"]))
                 if failed["gpu_uuid"] == self.target and since >= self.agents_started:
                     self.failed_at = since
                     rule = (failed["evidence"] or {}).get("rule", "failed")
@@ -274,8 +274,8 @@ class Demo:
             {
                 "from_gpu_uuid": self.target,
                 "to_gpu_uuid": spare,
-                "failed_at": utc(self.failed_at or 0).isoformat(),
-                "resumed_at": utc(int(time.time())).isoformat(),
+                "failed_at": from_epoch(self.failed_at or 0).isoformat(),
+                "resumed_at": from_epoch(int(time.time())).isoformat(),
                 "reason": "XID 79: GPU fell off the bus",
             },
         )

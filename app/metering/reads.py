@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
+from app.core.epoch import epoch, from_epoch
 from app.core.errors import Unprocessable, not_found
 from app.fleet.models import Gpu
 from app.metering import packing, repository, schemas
@@ -26,7 +27,7 @@ FAILED_LOOKBACK_S = 86_400
 
 def window(start: datetime, end: datetime, step: int = 60) -> tuple[int, int]:
     """Validated epoch bounds; naive datetimes are taken as UTC."""
-    lo, hi = (int(_aware(t).timestamp()) for t in (start, end))
+    lo, hi = (epoch(_aware(t)) for t in (start, end))
     if hi <= lo:
         raise Unprocessable("end must be after start", ["query", "end"])
     if hi - lo > MAX_WINDOW_S or (hi - lo) // step > MAX_POINTS:
@@ -63,7 +64,7 @@ def _rented(session: Session, gpu_uuid: str, customer_id: uuid.UUID) -> list[tup
         .order_by(GpuAssignment.start_at)
     )
     far_future = 2**62
-    return [(int(a.timestamp()), far_future if b is None else int(b.timestamp())) for a, b in rows]
+    return [(epoch(a), far_future if b is None else epoch(b)) for a, b in rows]
 
 
 def timeline(
@@ -80,13 +81,13 @@ def timeline(
         ]
         unmetered += [schemas.GapRead.of(a, b, seconds=b - a) for a, b in gaps(spans, lo, hi)]
         events += [
-            schemas.EventRead(at=schemas.utc(e["at"]), at_s=e["at"], **_without(e, "at"))
+            schemas.EventRead(at=from_epoch(e["at"]), at_s=e["at"], **_without(e, "at"))
             for e in repository.events_between(session, gpu_uuid, lo, hi)
         ]
     return schemas.Timeline(
         gpu_uuid=gpu_uuid,
-        start=schemas.utc(start),
-        end=schemas.utc(end),
+        start=from_epoch(start),
+        end=from_epoch(end),
         segments=segments,
         unmetered=unmetered,
         events=events,
@@ -115,7 +116,7 @@ def _point(t: int, ms: list[packing.Minute]) -> schemas.MetricPoint:
     energies = [m.energy_j for m in ms if m.energy_j is not None]
     energy = round(sum(energies), 1) if energies else None
     return schemas.MetricPoint(
-        t=schemas.utc(t),
+        t=from_epoch(t),
         t_s=t,
         observed_s=observed,
         gpu_util_mean=round(sum(m.util_sum for m in ms) / util_n, 2) if util_n else None,
@@ -144,12 +145,10 @@ def fleet_health(session: Session, now: int) -> schemas.FleetHealth:
             gpu_uuid=row["gpu_uuid"],
             node_id=row["node_id"],
             model=row["model"],
-            since=schemas.utc(row["start"]),
-            until=schemas.utc(row["end"]),
+            since=from_epoch(row["start"]),
+            until=from_epoch(row["end"]),
             evidence=row["evidence"],
         )
         for row in repository.failed_since(session, now - FAILED_LOOKBACK_S)
     ]
-    return schemas.FleetHealth(
-        at=schemas.utc(now), by_state_and_pool=counts, recently_failed=failed
-    )
+    return schemas.FleetHealth(at=from_epoch(now), by_state_and_pool=counts, recently_failed=failed)

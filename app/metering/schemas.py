@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from app.core.epoch import from_epoch
 from app.core.schemas import Schema
-
-
-def utc(second: int) -> datetime:
-    return datetime.fromtimestamp(second, UTC)
 
 
 class Interval(Schema):
@@ -21,7 +18,7 @@ class Interval(Schema):
 
     @classmethod
     def of(cls, start: int, end: int, **fields: Any) -> Any:
-        return cls(start=utc(start), end=utc(end), start_s=start, end_s=end, **fields)
+        return cls(start=from_epoch(start), end=from_epoch(end), start_s=start, end_s=end, **fields)
 
 
 class SegmentRead(Interval):

@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.billing import service as billing_service
-from app.billing.loader import from_epoch
 from app.billing.models import Invoice, InvoiceStatus
+from app.core.epoch import from_epoch
 from app.core.errors import ApiError, Conflict, not_found
 from app.payments import repository
 from app.payments.models import (

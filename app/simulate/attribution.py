@@ -17,8 +17,8 @@ from enum import StrEnum
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
+from app.core.epoch import epoch, from_epoch
 from app.fleet.models import Gpu, Pool
-from app.metering.schemas import utc
 from app.rentals import service as rentals
 from app.rentals.models import GpuAssignment, Rental
 from app.rentals.schemas import MigrationCreate
@@ -55,8 +55,8 @@ class Ledger:
         return all(h.end <= start or h.start >= end for h in self.held[gpu])
 
 
-def epoch(moment: datetime | None) -> int:
-    return FOREVER if moment is None else int(moment.timestamp())
+def epoch_or_forever(moment: datetime | None) -> int:
+    return FOREVER if moment is None else epoch(moment)
 
 
 def load_ledger(session: Session, gpu_uuids: list[str], start: int) -> Ledger:
@@ -64,11 +64,13 @@ def load_ledger(session: Session, gpu_uuids: list[str], start: int) -> Ledger:
     rows = session.scalars(
         select(GpuAssignment).where(
             GpuAssignment.gpu_uuid.in_(gpu_uuids),
-            or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > utc(start)),
+            or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > from_epoch(start)),
         )
     )
     for a in rows:
-        ledger.held[a.gpu_uuid].append(Held(a.rental_id, epoch(a.start_at), epoch(a.end_at)))
+        ledger.held[a.gpu_uuid].append(
+            Held(a.rental_id, epoch(a.start_at), epoch_or_forever(a.end_at))
+        )
     return ledger
 
 
@@ -115,8 +117,8 @@ def migrate_failures(
             MigrationCreate(
                 from_gpu_uuid=f.gpu_uuid,
                 to_gpu_uuid=target,
-                failed_at=utc(f.at),
-                resumed_at=utc(resumed),
+                failed_at=from_epoch(f.at),
+                resumed_at=from_epoch(resumed),
                 reason=f"XID {f.xid} on {f.gpu_uuid}",
             ),
         )

@@ -17,10 +17,10 @@ from typing import Any
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
+from app.core.epoch import from_epoch
 from app.customers.schemas import CustomerCreate
 from app.customers.service import create_customer
 from app.fleet.models import Gpu, Node, Pool
-from app.metering.schemas import utc
 from app.plans.schemas import PlanCreate
 from app.plans.service import create_plan
 from app.rentals.models import GpuAssignment, Rental
@@ -54,7 +54,7 @@ class Fleet:
 
 
 def plan_prices(effective_from: int) -> list[dict[str, str]]:
-    since = utc(effective_from).isoformat()
+    since = from_epoch(effective_from).isoformat()
     return [
         {"gpu_model": m, "price_per_hour": price, "effective_from": since}
         for m, (_, price) in MODELS.items()
@@ -172,6 +172,6 @@ def _rental(
         "plan_id": plan_id,
         "gpu_model": group[0]["model"],
         "gpu_count": len(group),
-        "start_at": utc(begin),
-        "end_at": None if finish is None or finish >= end else utc(finish),
+        "start_at": from_epoch(begin),
+        "end_at": None if finish is None or finish >= end else from_epoch(finish),
     }

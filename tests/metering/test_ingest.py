@@ -9,10 +9,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select
 
 from app.core.db import transaction
+from app.core.epoch import from_epoch
 from app.fleet.models import Gpu
 from app.metering import endpoints
 from app.metering.models import StateSegment
-from app.metering.schemas import utc
 from app.settings import Settings
 from tests.metering.conftest import Agent, event, minute_ago, rec
 from tests.service.conftest import Console, bearer
@@ -243,4 +243,4 @@ def test_customer_sees_only_the_rented_interval(
 
 
 def _iso(second: int) -> str:
-    return utc(second).isoformat()
+    return from_epoch(second).isoformat()

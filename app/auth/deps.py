@@ -14,12 +14,14 @@ from app.core.deps import DbSession
 from app.core.errors import Forbidden, Unauthorized
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer gm_...`")
+# The `Authorization: Bearer` credentials, if the request sent any.
+BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
 def current_principal(
     request: Request,
     session: DbSession,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    credentials: BearerCredentials,
 ) -> Principal:
     # The dashboard signs customers in with a session cookie; it sets this for its requests.
     cookie_principal: Principal | None = getattr(request.state, "principal", None)

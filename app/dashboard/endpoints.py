@@ -15,13 +15,12 @@ from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import RedirectResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import Field
 from sqlalchemy.orm import Session
 
-from app.auth.deps import Admin, _bearer, current_principal
+from app.auth.deps import Admin, BearerCredentials, current_principal
 from app.auth.models import KeyKind
 from app.auth.service import Principal, authenticate
 from app.billing.endpoints import Now
@@ -86,7 +85,7 @@ def create_portal_link(
 def page_principal(
     request: Request,
     session: DbSession,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    credentials: BearerCredentials,
 ) -> Principal:
     """The API's own principal; a browser without one is sent to the sign-in page."""
     try:

@@ -13,10 +13,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, text
 
+from app.auth.models import KeyKind
+from app.auth.service import issue_key
+from app.core.db import transaction
 from app.core.scratch_db import scratch_database
+from app.main import create_app
 from app.settings import sqlalchemy_url
+from tests.harness import Console
 
 SERVER_URL_ENV = "GPUMETER_DATABASE_URL"
 
@@ -71,3 +78,28 @@ def db(engine: Engine) -> Engine:
         if tables:
             conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
     return engine
+
+
+# --- the API harness: the ASGI app over the run's database, an admin key, the console --------
+
+
+@pytest.fixture
+def app(db: Engine) -> FastAPI:
+    return create_app(db)
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def admin_key(db: Engine) -> str:
+    with transaction(db) as session:
+        return issue_key(session, KeyKind.ADMIN, "test admin").secret
+
+
+@pytest.fixture
+def console(client: TestClient, admin_key: str) -> Console:
+    return Console(client, admin_key)

@@ -10,7 +10,7 @@ from sqlalchemy import Engine
 
 from app.billing.endpoints import clock
 from tests.billing.world import get, october_with_failure, run_invoice, write_telemetry
-from tests.service.conftest import Console
+from tests.harness import Console
 
 GAP = ("2026-10-20T00:00:00", "2026-10-20T01:00:00")
 

@@ -10,7 +10,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from tests.billing.world import get, october_with_failure, run_invoice
-from tests.service.conftest import Console, bearer
+from tests.harness import Console, bearer
 
 
 def _october(console: Console, db: Engine) -> dict[str, Any]:

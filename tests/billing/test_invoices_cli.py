@@ -10,7 +10,7 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from tests.billing.world import october_with_failure
-from tests.service.conftest import Console
+from tests.harness import Console
 
 GPUMETER = Path(sys.executable).parent / "gpumeter"
 

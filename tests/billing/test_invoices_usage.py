@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import Engine
 
 from tests.billing.world import get, october_with_failure
-from tests.service.conftest import Console
+from tests.harness import Console
 
 
 def test_usage_of_a_closed_and_of_the_current_month(

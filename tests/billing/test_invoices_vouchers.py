@@ -8,7 +8,7 @@ from decimal import Decimal
 from sqlalchemy import Engine
 
 from tests.billing.world import get, october_with_failure, run_invoice
-from tests.service.conftest import Console
+from tests.harness import Console
 
 
 def _ledger(console: Console, customer_id: str) -> tuple[list[tuple[str, str, str]], str]:

@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 from app.core.db import transaction
 from app.metering.repository import write_segments
 from app.metering.segments import Span
-from tests.service.conftest import Console
+from tests.harness import Console
 
 TIERS = [{"min_days": 7, "percent": "5"}, {"min_days": 30, "percent": "15"}]
 FAILURE_EVIDENCE = {"event_id": "ev-79", "rule": "xid", "code": 79}

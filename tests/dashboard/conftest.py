@@ -9,18 +9,13 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from tests.dashboard import world
-from tests.service.conftest import Console, admin_key, app  # noqa: F401 - fixtures
+from tests.harness import Console
 
 
 @pytest.fixture
-def client(app: FastAPI) -> Iterator[TestClient]:  # noqa: F811
+def client(app: FastAPI) -> Iterator[TestClient]:
     with TestClient(app, base_url="https://testserver") as test_client:
         yield test_client
-
-
-@pytest.fixture
-def console(client: TestClient, admin_key: str) -> Console:  # noqa: F811
-    return Console(client, admin_key)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from pypdf import PdfReader
 from app.core.local_service import free_port, wait_until_ready
 from app.settings import get_settings
 from tests.dashboard.world import PERIOD, World
-from tests.service.conftest import Console
+from tests.harness import Console
 
 pytestmark = pytest.mark.e2e
 

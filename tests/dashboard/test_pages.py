@@ -14,7 +14,7 @@ from pypdf import PdfReader
 from app.dashboard import sessions, tokens
 from app.settings import get_settings
 from tests.dashboard.world import PERIOD, World
-from tests.service.conftest import Console, bearer
+from tests.harness import Console, bearer
 
 PAGES = [
     "/dashboard?period={period}",

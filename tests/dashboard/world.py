@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import Console, bearer
+from tests.harness import Console, bearer
 
 PERIOD = "2026-10"
 START = "2026-10-10T00:00:00Z"

@@ -17,7 +17,7 @@ import pytest
 
 from app.core.local_service import free_port
 from tests.dashboard.test_browser import ARGS, CHROMIUM
-from tests.service.test_cli import env_without_database
+from tests.test_cli import env_without_database
 
 pytestmark = pytest.mark.e2e
 

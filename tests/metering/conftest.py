@@ -10,11 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from metering_agent.protocol import MINUTE, minute_start
-from tests.service import conftest as service
-from tests.service.conftest import Console, bearer
-
-# The API fixtures, shared with the service tests.
-app, client, admin_key, console = service.app, service.client, service.admin_key, service.console
+from tests.harness import Console, bearer
 
 
 def minute_ago(n: int) -> int:

@@ -14,8 +14,8 @@ from app.fleet.models import Gpu
 from app.metering import endpoints
 from app.metering.models import StateSegment
 from app.settings import Settings
+from tests.harness import Console, bearer
 from tests.metering.conftest import Agent, event, minute_ago, rec
-from tests.service.conftest import Console, bearer
 
 
 def segments(db: Engine, gpu: str) -> list[tuple[int, int, str]]:

@@ -23,7 +23,6 @@ from app.payments.stripe_api import make_client
 from app.payments.stripe_mirror import sync_due
 from app.settings import Settings, get_settings
 from tests.payments.fake_stripe import FakeStripe, running
-from tests.service.conftest import admin_key, app, client, console  # noqa: F401 - fixtures
 
 WEBHOOK_SECRET = "whsec_test_secret"
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

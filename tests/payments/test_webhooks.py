@@ -13,9 +13,9 @@ from sqlalchemy import func, select
 from app.billing.models import InvoiceStatus
 from app.core.db import transaction
 from app.payments.models import PaymentFailure, StripeWebhookEvent
+from tests.harness import Console
 from tests.payments.conftest import TOTAL_MINOR, Mirror, configure, event, signed
 from tests.payments.fake_stripe import FakeStripe
-from tests.service.conftest import Console
 
 WEBHOOK = "/v1/stripe/webhook"
 

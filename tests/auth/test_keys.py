@@ -3,7 +3,7 @@ from sqlalchemy import Engine, select
 
 from app.auth.models import ApiKey
 from app.core.db import transaction
-from tests.service.conftest import Console, bearer
+from tests.harness import Console, bearer
 
 
 def test_missing_key_is_401_and_says_how_to_authenticate(client: TestClient) -> None:

@@ -2,7 +2,7 @@ from typing import Any
 
 import pytest
 
-from tests.service.conftest import Console
+from tests.harness import Console
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import Console
+from tests.harness import Console
 
 
 def only_error(response: Any, status: int) -> dict[str, Any]:

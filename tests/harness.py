@@ -1,36 +1,13 @@
-"""API test helpers: the ASGI app over the run's database, keys, and small factories."""
+"""The API test harness: the console's calls as an admin, and bearer headers.
+
+Its fixtures (``app``, ``client``, ``admin_key``, ``console``) live in ``tests/conftest.py``,
+so every test package gets them without importing them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine
-
-from app.auth.models import KeyKind
-from app.auth.service import issue_key
-from app.core.db import transaction
-from app.main import create_app
-
-
-@pytest.fixture
-def app(db: Engine) -> FastAPI:
-    return create_app(db)
-
-
-@pytest.fixture
-def client(app: FastAPI) -> Iterator[TestClient]:
-    with TestClient(app) as test_client:
-        yield test_client
-
-
-@pytest.fixture
-def admin_key(db: Engine) -> str:
-    with transaction(db) as session:
-        return issue_key(session, KeyKind.ADMIN, "test admin").secret
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -86,8 +63,3 @@ class Console:
     ) -> dict[str, Any]:
         body = {"gpu_uuid": gpu_uuid, "start_at": start, **fields}
         return self.post(f"/v1/rentals/{rental_id}/assignments", body, status)
-
-
-@pytest.fixture
-def console(client: TestClient, admin_key: str) -> Console:
-    return Console(client, admin_key)

@@ -23,7 +23,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from tests.service.conftest import Console, bearer
+from tests.harness import Console, bearer
 
 
 class Expect(Enum):

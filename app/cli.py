@@ -189,16 +189,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_register_node(args: argparse.Namespace) -> int:
     from app.core.db import get_engine, transaction
-    from app.fleet import repository, service
+    from app.fleet import service
     from app.fleet.schemas import NodeCreate
 
+    data = NodeCreate(hostname=args.hostname, datacenter=args.datacenter)
     with database_url(args.data_dir) as url, transaction(get_engine(url)) as session:
-        node = repository.node_by_hostname(session, args.hostname)
-        if node is None:
-            data = NodeCreate(hostname=args.hostname, datacenter=args.datacenter)
-            node, issued = service.register_node(session, data)
-        else:  # registered before (a restarted deployment): rotate its token
-            issued = service.issue_node_token(session, node)
+        node, issued = service.enroll_node(session, data)
     if args.token_file is None:
         print(issued.secret)
     else:

@@ -16,6 +16,7 @@ from app.customers.endpoints import router as customers_router
 from app.dashboard import endpoints as dashboard
 from app.events.endpoints import router as events_router
 from app.fleet.endpoints import router as fleet_router
+from app.fleet.service import GPU_REGISTRY
 from app.metering.endpoints import router as metering_router
 from app.payments.endpoints import router as stripe_router
 from app.payments.stripe_mirror import stripe_sync_lifespan
@@ -48,6 +49,7 @@ def create_app(engine: Engine | None = None) -> FastAPI:
         lifespan=stripe_sync_lifespan,  # the Stripe sync worker, when Stripe is configured
     )
     app.state.engine = engine or get_engine()
+    app.state.gpu_registry = GPU_REGISTRY  # metering's port to the fleet's GPUs (ingest)
     install_subscribers()
     install_error_handlers(app)
     dashboard.install(app)

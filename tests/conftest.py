@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from hypothesis import settings
 from sqlalchemy import Engine, create_engine, text
 
 from app.auth.models import KeyKind
@@ -29,6 +30,11 @@ from app.wiring import install as install_subscribers
 from tests.harness import Console
 
 SERVER_URL_ENV = "GPUMETER_DATABASE_URL"
+
+# Properties check values, not speed: on a loaded CI machine hypothesis's default 200 ms
+# deadline per example fails them spuriously.
+settings.register_profile("gpumeter", deadline=None)
+settings.load_profile("gpumeter")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -43,8 +43,9 @@ from app.fleet.models import MaintenanceWindow
 from app.metering.repository import segments_between
 from app.plans.models import PlanPrice, PricePlan
 from app.plans.service import price_schedule
-from app.rentals.models import GpuAssignment, Rental
 from app.rentals.models import Migration as MigrationRow
+from app.rentals.models import Rental
+from app.rentals.visibility import served
 
 _T = TypeVar("_T", Assignment, Migration)
 
@@ -197,21 +198,12 @@ def _rentals(
 
 
 def _assignments(session: Session, rental_ids: list[uuid.UUID], span: Span) -> list[Assignment]:
-    rows = session.execute(
-        select(
-            GpuAssignment.rental_id,
-            GpuAssignment.gpu_uuid,
-            GpuAssignment.start_at,
-            GpuAssignment.end_at,
-        ).where(
-            GpuAssignment.rental_id.in_(rental_ids),
-            *_overlapping(GpuAssignment.start_at, GpuAssignment.end_at, span),
-        )
-    )
+    query = served(rental_ids=rental_ids, start=from_epoch(span[0]), end=from_epoch(span[1]))
+    rows = session.execute(query)
     # An open assignment runs to the period end; the core clips to the rental anyway.
     return [
         Assignment(str(r), gpu, epoch(s), span[1] if e is None else epoch(e))
-        for r, gpu, s, e in rows
+        for r, _, gpu, s, e in rows
     ]
 
 

@@ -23,7 +23,7 @@ from app.billing.models import (
     VoucherEntryRow,
 )
 from app.billing.vouchers import EntryKind
-from app.rentals.models import GpuAssignment
+from app.rentals.visibility import served
 
 # What a rental cost on its invoice: everything but vouchers, tax and adjustments of others.
 _RENTAL_KINDS = [
@@ -183,17 +183,8 @@ def customer_gpus(
     session: Session, customer_id: uuid.UUID, start: datetime, end: datetime
 ) -> list[str]:
     """GPUs that served any of the customer's rentals during [start, end)."""
-    return list(
-        session.scalars(
-            select(GpuAssignment.gpu_uuid)
-            .distinct()
-            .where(
-                GpuAssignment.customer_id == customer_id,
-                GpuAssignment.start_at < end,
-                (GpuAssignment.end_at.is_(None)) | (GpuAssignment.end_at > start),
-            )
-        )
-    )
+    intervals = served(customer_id=customer_id, start=start, end=end).subquery()
+    return list(session.scalars(select(intervals.c.gpu_uuid).distinct()))
 
 
 def applied_entries(session: Session, invoice_id: uuid.UUID) -> Sequence[VoucherEntryRow]:

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.core.epoch import epoch
 from app.dashboard.formatting import Formatter, duration, facts
-from app.metering import reads
+from app.fleet import telemetry
 from app.metering.schemas import Timeline
 from app.rentals.models import Migration, Rental
 
@@ -85,7 +85,7 @@ def build(
         end = min(hi, hi if a.end_at is None else epoch(a.end_at))
         band = rows.setdefault(a.gpu_uuid, Band(a.gpu_uuid, len(rows)))
         if start < end:
-            timeline = reads.timeline(session, a.gpu_uuid, caller, start, end)
+            timeline = telemetry.timeline(session, a.gpu_uuid, caller, start, end)
             _add_timeline(band, timeline, fmt, window)
     links = [link for m in rental.migrations if (link := _migration(m, rows, fmt, window))]
     return BandChart(lo, hi, list(rows.values()), links, _ticks(lo, hi, fmt))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
@@ -12,6 +13,7 @@ from app.core.errors import Conflict, not_found
 from app.fleet import repository
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.fleet.schemas import GpuCreate, GpuUpdate, NodeCreate
+from app.metering.ports import GpuRegistry, StateChange
 
 
 def get_node(session: Session, node_id: uuid.UUID) -> Node:
@@ -48,16 +50,10 @@ def issue_node_token(session: Session, node: Node) -> IssuedKey:
 
 def get_gpu(session: Session, gpu_uuid: str, principal: Principal) -> Gpu:
     """The GPU, if the caller may see it (customers: GPUs that served their rentals)."""
-    gpu = session.get(Gpu, gpu_uuid)
-    scope = principal.customer_scope
-    if gpu is None or (scope is not None and not _served(session, gpu_uuid, scope)):
+    gpu = session.scalar(repository.readable_gpus(principal).where(Gpu.uuid == gpu_uuid))
+    if gpu is None:
         raise not_found("GPU", gpu_uuid, ("path", "gpu_uuid"))
     return gpu
-
-
-def _served(session: Session, gpu_uuid: str, customer_id: uuid.UUID) -> bool:
-    query = repository.gpus_query(customer_id=customer_id).where(Gpu.uuid == gpu_uuid)
-    return session.scalar(query) is not None
 
 
 def create_gpu(session: Session, data: GpuCreate) -> Gpu:
@@ -84,3 +80,21 @@ def change_pool(session: Session, gpu: Gpu, data: GpuUpdate) -> Gpu:
     gpu.pool = data.pool
     session.flush()
     return gpu
+
+
+class _IngestGpus:
+    """``app.metering.ports.GpuRegistry`` over the fleet's ``gpus`` table."""
+
+    def owners(self, session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID]:
+        return repository.gpu_owners(session, gpu_uuids)
+
+    def register(self, session: Session, node_id: uuid.UUID, models: dict[str, str]) -> None:
+        repository.register_gpus(session, node_id, models)
+
+    def record_latest(
+        self, session: Session, latest: dict[str, tuple[str, str, int]]
+    ) -> list[StateChange]:
+        return repository.touch_gpus(session, latest)
+
+
+GPU_REGISTRY: GpuRegistry = _IngestGpus()

@@ -4,8 +4,20 @@ import uuid
 
 from sqlalchemy import Select, exists, or_, select
 
+from app.auth.service import Principal
 from app.plans.models import PlanPrice, PricePlan
 from app.rentals.models import Rental
+
+
+def readable_plans(principal: Principal) -> Select[PricePlan]:
+    """Every plan the principal may read: all for an admin, the plans it rents on for a
+    customer key; every list and get of plans starts here."""
+    return plans_query(customer_id=principal.customer_scope)
+
+
+def readable_prices(principal: Principal, plan_id: uuid.UUID) -> Select[PlanPrice]:
+    """The plan's prices the principal may read: base prices and its own overrides."""
+    return prices_query(plan_id, customer_id=principal.customer_scope)
 
 
 def plans_query(*, customer_id: uuid.UUID | None = None) -> Select[PricePlan]:

@@ -16,15 +16,14 @@ from app.plans.schemas import PlanCreate, PlanUpdate, PriceCreate, PriceRead
 
 
 def get_plan(session: Session, plan_id: uuid.UUID, principal: Principal) -> PricePlan:
-    query = repository.plans_query(customer_id=principal.customer_scope)
-    plan = session.scalar(query.where(PricePlan.id == plan_id))
+    plan = session.scalar(repository.readable_plans(principal).where(PricePlan.id == plan_id))
     if plan is None:
         raise not_found("price plan", plan_id)
     return plan
 
 
 def visible_prices(session: Session, plan: PricePlan, principal: Principal) -> list[PriceRead]:
-    query = repository.prices_query(plan.id, customer_id=principal.customer_scope)
+    query = repository.readable_prices(principal, plan.id)
     return [PriceRead.model_validate(price) for price in session.scalars(query)]
 
 

@@ -7,17 +7,28 @@ from datetime import datetime
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
+from app.auth.service import Principal
 from app.rentals.models import GpuAssignment, Rental
 
 
+def readable_rentals(principal: Principal) -> Select[Rental]:
+    """Every rental the principal may read (all for an admin, its own for a customer key);
+    every list and get of rentals starts here."""
+    query = select(Rental)
+    scope = principal.customer_scope
+    return query if scope is None else query.where(Rental.customer_id == scope)
+
+
 def rentals_query(
+    principal: Principal,
     *,
     customer_id: uuid.UUID | None = None,
     active_from: datetime | None = None,
     active_to: datetime | None = None,
 ) -> Select[Rental]:
-    """Rentals, optionally of one customer and overlapping [active_from, active_to)."""
-    query = select(Rental).order_by(Rental.start_at, Rental.id)
+    """The principal's rentals, optionally of one customer and overlapping
+    [active_from, active_to)."""
+    query = readable_rentals(principal).order_by(Rental.start_at, Rental.id)
     if customer_id is not None:
         query = query.where(Rental.customer_id == customer_id)
     if active_to is not None:

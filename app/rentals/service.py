@@ -21,8 +21,8 @@ from app.rentals.schemas import AssignmentCreate, MigrationCreate, RentalCreate
 
 
 def get_rental(session: Session, rental_id: uuid.UUID, principal: Principal) -> Rental:
-    rental = session.get(Rental, rental_id)
-    if rental is None or not principal.may_read_customer(rental.customer_id):
+    rental = session.scalar(repository.readable_rentals(principal).where(Rental.id == rental_id))
+    if rental is None:
         raise not_found("rental", rental_id)
     return rental
 

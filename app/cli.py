@@ -179,6 +179,8 @@ def cmd_invoices_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if not args.verbose:  # the terminal shows progress; the demo's logs go to demo.log
+        configure_logging("warning")
     from app.demo.run import DemoOptions, run_demo
 
     options = DemoOptions(

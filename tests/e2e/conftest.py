@@ -49,7 +49,7 @@ class Service:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        wait_until_ready(self.url, self.process, timeout_s=30)
+        wait_until_ready(self.url, self.process, timeout_s=120)
 
     def stop(self) -> None:
         if self.process is not None:

@@ -15,6 +15,7 @@ from metering_agent import logs
 from metering_agent.faults import load_faults
 from metering_agent.metrics import Metrics, serve
 from metering_agent.nvml.provider import GpuProvider
+from metering_agent.nvml.real import INSTALL_HINT, NvmlProvider, NvmlUnavailable, probe
 from metering_agent.nvml.simulated import DEFAULT_MODEL, MODELS, SimulatedProvider
 from metering_agent.runner import Runner, SystemClock
 from metering_agent.spool import DEFAULT_MAX_BYTES, Spool
@@ -38,7 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for /metrics")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--probe", action="store_true", help="print every NVML reading per GPU, exit")
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="print, per GPU, the driver and NVML versions and every NVML call's result (or"
+        " error) and duration as JSON, then exit; exit code 2 when NVML is not found",
+    )
 
     sim = p.add_argument_group("simulator (instead of NVML)")
     sim.add_argument("--simulate", type=int, metavar="N", help="simulate N GPUs")
@@ -71,15 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _token(args: argparse.Namespace) -> str:
     if args.token_file is not None:
-        return args.token_file.read_text().strip()
-    return args.token or ""
+        return str(args.token_file.read_text().strip())
+    return str(args.token or "")
 
 
 def _provider(args: argparse.Namespace) -> GpuProvider:
     if args.simulate is None:
-        from metering_agent.nvml.real import NvmlProvider  # needs the NVML library
-
-        return NvmlProvider()
+        return NvmlProvider()  # loads pynvml and the driver's library only now
     return SimulatedProvider(
         args.simulate,
         models=[m.strip() for m in args.gpu_models.split(",")],
@@ -92,8 +96,6 @@ def _provider(args: argparse.Namespace) -> GpuProvider:
 
 
 def _probe() -> int:
-    from metering_agent.nvml.real import probe
-
     print(json.dumps(probe(), indent=2))
     return 0
 
@@ -102,11 +104,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logs.setup(args.log_level)
-    if args.probe:
-        return _probe()
-    if not (args.server and args.spool_dir and (args.token or args.token_file)):
-        parser.error("--server, --token/--token-file and --spool-dir are required")
-    return run(args)
+    try:
+        if args.probe:
+            return _probe()
+        if not (args.server and args.spool_dir and (args.token or args.token_file)):
+            parser.error("--server, --token/--token-file and --spool-dir are required")
+        return run(args)
+    except NvmlUnavailable as e:
+        print(f"gpumeter-agent: NVML not found: {e}; {INSTALL_HINT}", file=sys.stderr)
+        return 2
 
 
 def run(args: argparse.Namespace) -> int:

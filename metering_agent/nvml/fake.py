@@ -211,6 +211,28 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses_v2(self, h: Any) -> list[Any]:
         return [object() for _ in range(self.gpu(h).processes)]
 
+    def nvmlDeviceGetTotalEccErrors(self, h: Any, error_type: int, counter: int) -> int:
+        g = self.gpu(h)
+        return g.ecc_sbe if error_type == self.nv.NVML_MEMORY_ERROR_TYPE_CORRECTED else g.ecc_dbe
+
+    def nvmlDeviceGetRemappedRows(self, h: Any) -> tuple[int, int, int, int]:
+        remap = self.gpu(h).remap
+        if remap is None:
+            raise self.nv.NVMLError(self.nv.NVML_ERROR_NOT_SUPPORTED)
+        return remap
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: Any) -> int:
+        pending = self.gpu(h).retired_pending
+        if pending is None:
+            raise self.nv.NVMLError(self.nv.NVML_ERROR_NOT_SUPPORTED)
+        return pending
+
+    def nvmlDeviceGetNvLinkState(self, h: Any, link: int) -> int:
+        states = self.gpu(h).link_states
+        if not 0 <= link < len(states):
+            raise self.nv.NVMLError(self.nv.NVML_ERROR_INVALID_ARGUMENT)
+        return states[link]
+
     def nvmlDeviceGetMigMode(self, h: Any) -> list[int]:
         mode = self.gpu(h).mig_mode
         if mode is None:

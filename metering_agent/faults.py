@@ -98,7 +98,7 @@ def _parse_step(i: int, step: Any) -> Fault:
 def load_faults(path: str | Path) -> list[Fault]:
     text = Path(path).read_text()
     if str(path).endswith((".yaml", ".yml")):
-        import yaml  # type: ignore[import-untyped]  # optional: only for YAML scripts
+        import yaml  # optional: only needed for YAML scripts
 
         return parse_faults(yaml.safe_load(text))
     return parse_faults(json.loads(text))

@@ -254,7 +254,7 @@ def test_xid_79_from_a_gpu_that_no_longer_answers_is_kept(fake: FakeNvml, start:
 def test_event_wait_errors_are_reported_as_events(fake: FakeNvml, start: Start) -> None:
     fake.wait_errors = [pynvml.NVML_ERROR_UNKNOWN]
     provider = start()
-    deadline, errors = time.monotonic() + 5, []
+    deadline, errors = time.monotonic() + 5, list[str]()
     while not errors and time.monotonic() < deadline:
         errors = provider.read_all()[0].event_errors
     assert errors == ["nvmlEventSetWait_v2 failed: Unknown Error"]

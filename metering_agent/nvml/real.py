@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from types import ModuleType
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from metering_agent.collectors import FAST, SLOW, SLOW_ATTRS, SLOW_INTERVAL_S, Collector
 from metering_agent.collectors.base import DeviceState, GpuLost, Sample, text
@@ -32,6 +32,8 @@ UNKNOWN_LOST_AFTER = 3  # samples in a row where every call failed with NVML_ERR
 PROBE_TIMEOUT_S = 10.0
 
 log = Log("metering_agent.nvml")
+T = TypeVar("T")
+Found = list[tuple[GpuInfo, Any]]  # (GPU, handle) per readable index
 
 
 class NvmlUnavailable(Exception):
@@ -57,14 +59,14 @@ def load_nvml() -> ModuleType:
     return nv
 
 
-class _Worker:
-    """One daemon thread per GPU: a hung NVML call holds only its own GPU."""
+class _Worker(Generic[T]):
+    """A daemon thread doing one job at a time: a hung NVML call holds only this worker."""
 
     def __init__(self, name: str) -> None:
-        self._jobs: queue.Queue[Callable[[], GpuReading] | None] = queue.Queue(maxsize=1)
+        self._jobs: queue.Queue[Callable[[], T] | None] = queue.Queue(maxsize=1)
         self._done = threading.Event()
         self._done.set()
-        self._result: GpuReading | None = None
+        self._result: T | None = None
         self.started = 0.0
         threading.Thread(target=self._run, name=name, daemon=True).start()
 
@@ -72,14 +74,20 @@ class _Worker:
     def busy(self) -> bool:
         return not self._done.is_set()
 
-    def submit(self, job: Callable[[], GpuReading]) -> None:
+    def submit(self, job: Callable[[], T]) -> None:
         self._result = None
         self._done.clear()
         self.started = time.monotonic()
         self._jobs.put_nowait(job)
 
-    def result(self, timeout_s: float) -> GpuReading | None:
+    def result(self, timeout_s: float) -> T | None:
+        """The job's result once it is done (within ``timeout_s``), else None."""
         return self._result if self._done.wait(max(0.0, timeout_s)) else None
+
+    def take(self) -> T | None:
+        """The finished job's result, once: None while busy or when already taken."""
+        result, self._result = (None, self._result) if self.busy else (self._result, None)
+        return result
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -97,7 +105,7 @@ class _Worker:
 class _Device:
     info: GpuInfo
     handle: Any
-    worker: _Worker
+    worker: _Worker[GpuReading]
     state: DeviceState = field(default_factory=DeviceState)
     next_slow: float = 0.0
     unknown_streak: int = 0
@@ -141,20 +149,23 @@ class NvmlProvider:
             except Exception as e:  # any failure: meter without XIDs, and say so
                 self.events_unavailable = f"XID events unavailable: {e or type(e).__name__}"
                 log.error("xid_events_unavailable", error=self.events_unavailable)
-        self._next_enumerate = 0.0
-        self._enumerate()
+        # Enumeration after start runs on its own worker: a GPU hanging in it stalls nothing.
+        self._enumerator: _Worker[Found] = _Worker("nvml-enumerate")
+        self._next_enumerate = self._clock() + self._enumerate_every
+        for info, handle in self._discover():
+            self._adopt(info, handle)
         if self._events is not None:
             self._events.start()
 
-    def _enumerate(self) -> None:
+    def _discover(self) -> Found:
         nv = self._nv
-        self._next_enumerate = self._clock() + self._enumerate_every
+        found: Found = []
         try:
             self.enumeration_calls += 1
             count = nv.nvmlDeviceGetCount()
         except nv.NVMLError as e:
             log.error("gpu_enumeration_failed", error=str(e))
-            return
+            return found
         for index in range(count):
             try:
                 self.enumeration_calls += 3
@@ -172,6 +183,18 @@ class NvmlProvider:
                 self._unreadable[index] = str(e)
                 continue
             self._unreadable.pop(index, None)
+            found.append((info, handle))
+        return found
+
+    def _refresh_gpus(self, now: float) -> None:
+        """Adopt what the last enumeration found; start the next one when it is due."""
+        if self._enumerator.busy:
+            return
+        if now >= self._next_enumerate:
+            self._next_enumerate = now + self._enumerate_every
+            self._enumerator.submit(self._discover)
+            self._enumerator.result(self._timeout)  # usually done at once: adopt this tick
+        for info, handle in self._enumerator.take() or []:
             self._adopt(info, handle)
 
     def _adopt(self, info: GpuInfo, handle: Any) -> None:
@@ -196,8 +219,7 @@ class NvmlProvider:
 
     def read_all(self) -> list[GpuReading]:
         now = self._clock()
-        if now >= self._next_enumerate:
-            self._enumerate()
+        self._refresh_gpus(now)
         devices = list(self._devices.values())
         for device in devices:
             if not device.worker.busy:
@@ -326,9 +348,11 @@ class NvmlProvider:
     def close(self) -> None:
         if self._events is not None:
             self._events.stop()
-        for device in self._devices.values():
-            device.worker.stop()
-        if any(device.worker.busy for device in self._devices.values()):
+        workers: list[_Worker[Any]] = [self._enumerator]
+        workers += [device.worker for device in self._devices.values()]
+        for worker in workers:
+            worker.stop()
+        if any(worker.busy for worker in workers):
             log.error("nvml_shutdown_skipped", reason="an NVML call is still hung")
             return
         self._nv.nvmlShutdown()

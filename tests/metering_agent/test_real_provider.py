@@ -317,11 +317,14 @@ def test_unknown_error_on_every_call_is_lost_after_a_bound(fake: FakeNvml, start
     )
 
 
-def test_a_hung_gpu_is_reported_and_the_others_go_on(fake: FakeNvml, start: Start) -> None:
+def test_a_hung_gpu_is_reported_and_the_others_go_on(
+    fake: FakeNvml, start: Start, clock: Clock
+) -> None:
     provider = start(sample_timeout_s=0.2)
     hang = fake.gpus[1].hang = threading.Event()
     try:
-        for _ in range(2):  # the second tick does not queue behind the hung call
+        for _ in range(2):  # the second tick neither queues behind the hung call nor waits
+            clock.t += 31  # on the re-enumeration, which hangs on that GPU too
             began = time.monotonic()
             ok, hung = provider.read_all()
             assert time.monotonic() - began < 1.0

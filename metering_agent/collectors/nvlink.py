@@ -4,8 +4,9 @@ Every NVLink field is scoped by link id (``scopeId``); a bare field id reads lin
 states come from the slow field-values call (``NVML_FI_DEV_NVLINK_GET_STATE`` per link), CRC
 counters from the per-second one. A link inactive when first seen (present, never cabled) is
 not "down": only a link seen up and then inactive counts. GPUs that do not answer the per-link
-DL CRC counter (older drivers; the NVML change log drops it for Blackwell) are read through the
-per-link flit + data CRC totals; a GPU answering neither reports the CRC count unsupported.
+DL CRC counter (older drivers; NVML's field docs mark the DL counters unsupported on Blackwell
+and later) are read through the per-link flit + data CRC totals; a GPU answering neither
+reports the CRC count unsupported.
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from metering_agent.nvml.simulated import SimulatedProvider
 from metering_agent.protocol import GpuState, UsageRecord, record_errors
 from metering_agent.records import RecordBuilder
 from metering_agent.runner import Runner
-from metering_agent.spool import Spool
+from metering_agent.spool import Spool, read_batch
 
 H, D, F = GpuState.HEALTHY, GpuState.DEGRADED, GpuState.FAILED
 
@@ -83,7 +82,7 @@ def make_runner(tmp_path: Path, clock: FakeClock, gpus: int = 2) -> tuple[Runner
 
 def spooled_records(spool: Spool) -> list[dict]:
     spool.seal(force=True)
-    return [r for p in spool.batches() for r in json.loads(p.read_bytes())["records"]]
+    return [r for p in spool.batches() for r in read_batch(p)["records"]]
 
 
 def test_runner_covers_every_second_once(tmp_path: Path) -> None:
@@ -124,7 +123,7 @@ def test_backward_clock_jump_never_goes_back(tmp_path: Path) -> None:
         ends = [r["end"] for r in records if r["gpu_uuid"] == gpu]
         starts = [r["start"] for r in records if r["gpu_uuid"] == gpu]
         assert starts == sorted(starts) and ends == sorted(ends)
-    events = [e for p in spool.batches() for e in json.loads(p.read_bytes())["events"]]
+    events = [e for p in spool.batches() for e in read_batch(p)["events"]]
     assert {e["kind"] for e in events} == {"clock_jump"}
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from pathlib import Path
@@ -14,7 +13,7 @@ from metering_agent.metrics import Metrics
 from metering_agent.nvml.simulated import SimulatedProvider
 from metering_agent.protocol import GpuState, UsageRecord
 from metering_agent.runner import Runner
-from metering_agent.spool import Spool
+from metering_agent.spool import Spool, read_batch
 from metering_agent.uploader import Backoff, Uploader
 
 FAST = Backoff(base_s=0.01, cap_s=0.05)
@@ -46,7 +45,7 @@ def test_flush_is_durable_and_a_torn_line_is_dropped(tmp_path: Path) -> None:
         f.write('{"record": {"gpu_uuid": "GPU-a", "st')  # killed mid-write
     reopened = Spool(tmp_path)
     [batch] = reopened.batches()
-    assert [r["start"] for r in json.loads(batch.read_bytes())["records"]] == [T0, T0 + 1]
+    assert [r["start"] for r in read_batch(batch)["records"]] == [T0, T0 + 1]
     assert reopened.last_ends == {"GPU-a": T0 + 2}
     reopened.remove(batch)
     assert Spool(tmp_path).last_ends == {"GPU-a": T0 + 2}, "state.json remembers uploaded ends"
@@ -56,11 +55,12 @@ def test_seal_splits_by_batch_size_and_keeps_ids(tmp_path: Path) -> None:
     spool = Spool(tmp_path, batch_max_items=3)
     spool.append([record(i) for i in range(7)], [])
     spool.flush()
-    spool.seal()
+    assert len(spool.batches()) == 2, "full segments are sealed at once"
+    spool.seal(force=True)
     batches = spool.batches()
-    assert len(batches) == 3
-    ids = [json.loads(p.read_bytes())["batch_id"] for p in batches]
-    assert [json.loads(p.read_bytes())["batch_id"] for p in Spool(tmp_path).batches()] == ids
+    assert [len(read_batch(p)["records"]) for p in batches] == [3, 3, 1]
+    ids = [read_batch(p)["batch_id"] for p in batches]
+    assert [read_batch(p)["batch_id"] for p in Spool(tmp_path).batches()] == ids
 
 
 def test_size_limit_holds_new_items_and_drops_nothing(
@@ -85,7 +85,7 @@ def test_size_limit_holds_new_items_and_drops_nothing(
     uploaded: list[int] = []
     while spool.batches():
         for p in spool.batches():
-            uploaded += [r["start"] for r in json.loads(p.read_bytes())["records"]]
+            uploaded += [r["start"] for r in read_batch(p)["records"]]
             spool.remove(p)
         spool.flush()
         spool.seal(force=True)
@@ -96,9 +96,7 @@ def test_size_limit_holds_new_items_and_drops_nothing(
 def test_uploader_survives_500s_and_timeouts(tmp_path: Path, sink: Sink) -> None:
     spool, metrics = spooled_run(tmp_path, batch_max_items=40)
     expected = {
-        (r["gpu_uuid"], r["start"])
-        for p in spool.batches()
-        for r in json.loads(p.read_bytes())["records"]
+        (r["gpu_uuid"], r["start"]) for p in spool.batches() for r in read_batch(p)["records"]
     }
     sink.script = [500, 503, ("sleep", 0.6), 500, ("sleep", 0.6)]
     uploader = Uploader(spool, sink.url, "tok", timeout_s=0.3, backoff=FAST, metrics=metrics)

@@ -212,6 +212,9 @@ class Spool:
         self._held: deque[_Item] = deque()  # closed items not yet in the journal
         self._held_bytes = 0
         self._lost: dict[str, _Loss] = {}  # per GPU, dropped beyond the memory bound
+        # Once dropping, drop everything until the held items are written, so each GPU's
+        # loss is one contiguous span of seconds.
+        self._dropping = False
         self._fd: int | None = None  # the journal, opened on the first write
         self._journal_path = self.root / "journal.jsonl"
         self._journal_items = 0
@@ -257,12 +260,10 @@ class Spool:
         for stray in sorted(set(batches) - set(known)):
             self._quarantine(stray, "not a spool batch")
         self._seq = max((int(p.name.split("-", 1)[0]) for p in known), default=0)
-        if self._journal_path.exists():
-            sealed = self._next_batch_path()
-            os.replace(self._journal_path, sealed)
-            self._seq += 1
-            known.append(sealed)
-        respooled = [path for path in known if not self._recover_batch(path)]
+        respooled = [path for path in known if not self._adopt(path)]
+        if self._journal_path.exists() and self._adopt(self._journal_path):
+            self._journal_bytes = self._journal_path.stat().st_size
+            self._rotate()
         # Items taken out of damaged or old-format files are journalled again, as a batch of
         # their own; an old-format file goes only once its items are durable here.
         self.flush()
@@ -272,18 +273,21 @@ class Spool:
                 path.unlink()
         log.info("spool_recovered", batches=len(self._batch_sizes), held=len(self._held))
 
-    def _recover_batch(self, path: Path) -> bool:
-        """Check one sealed file; False when its readable items were taken out to spool again."""
+    def _adopt(self, path: Path) -> bool:
+        """Check a file a previous run left; True when it can stay as it is (a whole batch or
+        journal). Otherwise it is quarantined when unreadable, and its readable items are held
+        to be spooled again."""
         try:
             entries, unreadable = parse_entries(path, path.read_bytes())
         except OSError as e:
             entries, unreadable = [], 1
-            log.error("spool_batch_unreadable", file=path.name, error=repr(e))
+            log.error("spool_file_unreadable", file=path.name, error=repr(e))
         for entry in entries:
             if "record" in entry:
                 self._note_end(entry["record"])
         if not unreadable and path.suffix == ".jsonl" and entries:
-            self._batch_sizes[path] = path.stat().st_size
+            if path.parent == self.batch_dir:
+                self._batch_sizes[path] = path.stat().st_size
             return True
         if unreadable:
             self._quarantine(path, f"{unreadable} unreadable item(s)", kept=len(entries))
@@ -313,7 +317,8 @@ class Spool:
         with self._lock:
             for entry in entries:
                 item = _Item.of(entry)
-                if self._held_bytes + len(item.line) > self.max_held_bytes:
+                if self._dropping or self._held_bytes + len(item.line) > self.max_held_bytes:
+                    self._dropping = True
                     self._drop(item)
                 else:
                     self._hold(item)
@@ -407,7 +412,7 @@ class Spool:
 
     def _report_losses(self) -> None:
         """The spool takes writes again: report what the memory bound made us drop."""
-        lost, self._lost = self._lost, {}
+        lost, self._lost, self._dropping = self._lost, {}, False
         for gpu, loss in lost.items():
             event = unmetered_event(
                 gpu,
@@ -461,8 +466,6 @@ class Spool:
 
     def _rotate(self) -> bool:
         """Seal the journal as the next batch by renaming it: needs no free space."""
-        if not self._journal_items:
-            return True
         path = self._next_batch_path()
         try:
             os.replace(self._journal_path, path)

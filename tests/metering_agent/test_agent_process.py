@@ -8,7 +8,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent_helpers import Sink, assert_no_overlap, log_events, start_agent
+from agent_helpers import Sink, assert_no_overlap, log_events, start_agent, wait_for
 
 from app.core.local_service import free_port
 from metering_agent.spool import parse_entries
@@ -40,7 +40,7 @@ def test_sigkill_then_restart_loses_and_duplicates_nothing(tmp_path: Path, sink:
     spool = tmp_path / "spool"
     sink.script = [503, 503, 503]  # the service is down at first: batches pile up
     agent = start_agent(sink, spool, "--simulate", "4", "--faults", str(faults))
-    time.sleep(6)
+    wait_for(lambda: len(spooled(spool)) >= 8, 30, "records spooled while the service is down")
     agent.kill()
     agent.wait(timeout=10)
     before_kill = spooled(spool) | {

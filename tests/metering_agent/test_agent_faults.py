@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_helpers import Sink, assert_no_overlap, log_events, scrape, wait_for
-from agent_helpers import start_agent as start_agent_process
 
 from app.core.local_service import free_port
+from tests.metering_agent.agent_helpers import Sink, assert_no_overlap, log_events, scrape, wait_for
+from tests.metering_agent.agent_helpers import start_agent as start_agent_process
 
 pytestmark = pytest.mark.e2e
 Agent = subprocess.Popen[str]

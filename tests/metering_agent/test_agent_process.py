@@ -8,10 +8,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent_helpers import Sink, assert_no_overlap, log_events, start_agent, wait_for
-
 from app.core.local_service import free_port
 from metering_agent.spool import parse_entries
+from tests.metering_agent.agent_helpers import (
+    Sink,
+    assert_no_overlap,
+    log_events,
+    start_agent,
+    wait_for,
+)
 
 STATE_FLAPS = [
     {"at": t + 0.5, "gpu": gpu, "fault": "nvlink_down" if t % 2 else "recover"}

@@ -296,7 +296,8 @@ class Spool:
         return False
 
     def _quarantine(self, path: Path, reason: str, kept: int = 0) -> None:
-        target = self.quarantine_dir / f"{time.strftime('%Y%m%dT%H%M%S')}-{path.name}"
+        stamp = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        target = self.quarantine_dir / f"{stamp}-{path.name}"
         os.replace(path, target)  # a rename: works on a full disk too
         self._metrics.inc("gpumeter_agent_spool_quarantined_total")
         log.error(

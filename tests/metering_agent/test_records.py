@@ -108,6 +108,11 @@ def test_forward_clock_jump_skips_seconds_without_overlap(tmp_path: Path) -> Non
         assert T0 + 9 in seconds and T0 + 10 not in seconds  # the tick that saw the jump
         assert T0 + 40 not in seconds and T0 + 41 in seconds  # is skipped, then sampling resumes
     assert runner.metrics.get("gpumeter_agent_clock_jumps_total") == 1
+    gaps = [e for p in spool.batches() for e in read_batch(p)["events"] if e["kind"] == "unmetered"]
+    assert {e["gpu_uuid"] for e in gaps} == set(covered), "one per GPU"
+    assert {(e["rule"], e["detail"]["start"], e["detail"]["end"]) for e in gaps} == {
+        ("clock_jump", T0 + 10, T0 + 41)
+    }, "the skipped seconds, explained"
 
 
 def test_backward_clock_jump_never_goes_back(tmp_path: Path) -> None:

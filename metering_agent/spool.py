@@ -234,12 +234,10 @@ class Spool:
 
     def _load_state(self) -> dict[str, int]:
         try:
-            data = self._state_path.read_bytes()
+            state = json.loads(self._state_path.read_bytes())
         except FileNotFoundError:
             return {}
-        try:
-            state = json.loads(data)
-        except ValueError:
+        except (OSError, ValueError):
             state = None
         ends = {}
         if isinstance(state, dict):
@@ -318,8 +316,15 @@ class Spool:
         with self._lock:
             for entry in entries:
                 item = _Item.of(entry)
-                if self._dropping or self._held_bytes + len(item.line) > self.max_held_bytes:
+                if not self._dropping and self._held_bytes + len(item.line) > self.max_held_bytes:
                     self._dropping = True
+                    log.error(
+                        "spool_dropping",
+                        held_bytes=self._held_bytes,
+                        max_held_bytes=self.max_held_bytes,
+                        action="new items dropped until the spool takes writes; then reported",
+                    )
+                if self._dropping:
                     self._drop(item)
                 else:
                     self._hold(item)

@@ -9,6 +9,7 @@ import threading
 from dataclasses import asdict
 from email.utils import formatdate
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -200,9 +201,9 @@ def test_beyond_the_memory_bound_each_gpus_loss_is_one_unmetered_event(tmp_path:
     assert not spool.full and metrics.get("gpumeter_agent_spool_full") == 0
 
 
-def drain(spool: Spool) -> dict[str, list[dict[str, object]]]:
+def drain(spool: Spool) -> dict[str, list[dict[str, Any]]]:
     """Upload (here: read and remove) every batch until the spool holds nothing."""
-    sent: dict[str, list[dict[str, object]]] = {"records": [], "events": []}
+    sent: dict[str, list[dict[str, Any]]] = {"records": [], "events": []}
     while spool.batches() or spool.held():
         for path in spool.batches():
             batch = read_batch(path)

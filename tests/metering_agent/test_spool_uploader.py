@@ -247,3 +247,13 @@ def test_an_earlier_versions_batch_is_still_sent(tmp_path: Path) -> None:
     assert batch.name.startswith("0000000008-") and batch.suffix == ".jsonl"
     assert read_batch(batch)["records"] == legacy["records"]
     assert spool.last_ends == {"GPU-a": T0 + 1}
+
+
+def test_temp_files_left_by_a_crash_are_removed_at_start(tmp_path: Path) -> None:
+    (tmp_path / "batches").mkdir()
+    leftovers = [tmp_path / ".state.json.tmp", tmp_path / "batches" / ".0000000001-x.json.tmp"]
+    for path in leftovers:
+        path.write_bytes(b'{"batch_id": "x", "rec')  # killed while writing it
+    spool = Spool(tmp_path)
+    assert not any(path.exists() for path in leftovers)
+    assert spool.batches() == [] and not list(spool.quarantine_dir.iterdir())

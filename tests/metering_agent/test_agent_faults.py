@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from app.core.local_service import free_port
-from tests.metering_agent.agent_helpers import Sink, assert_no_overlap, log_events, scrape, wait_for
+from app.core.processes import stop_child, wait_until
+from tests.metering_agent.agent_helpers import Sink, assert_no_overlap, log_events, scrape
 from tests.metering_agent.agent_helpers import start_agent as start_agent_process
 
 pytestmark = pytest.mark.e2e
@@ -32,7 +33,7 @@ def _no_agent_left_running() -> Iterator[None]:
     while _started:
         agent = _started.pop()
         if agent.poll() is None:  # the test failed half-way
-            agent.kill()
+            stop_child(agent, "agent", sig=signal.SIGKILL)
             agent.communicate(timeout=10)
 
 
@@ -77,7 +78,7 @@ def test_503_retry_after_is_honoured_with_jitter(tmp_path: Path, sink: Sink) -> 
     faults.write_text(json.dumps(flaps(1)))
     # --backoff-max 1 (agent_cmd): without Retry-After the agent would retry within 1 s
     agent = start_agent(sink, tmp_path / "spool", "--simulate", "1", "--faults", str(faults))
-    wait_for(lambda: sink.stored, 30, "the batch, stored once the service takes it")
+    assert wait_until(lambda: bool(sink.stored), 30), "the batch stored once the service takes it"
     logs = stop(agent)
     gaps = [b - a for a, b in itertools.pairwise(sink.request_times[:5])]
     assert all(2.0 <= g <= 2 * 1.5 + 1 for g in gaps[:3]), gaps  # Retry-After 2, jittered
@@ -123,32 +124,30 @@ def run_until_disk_full(sink: Sink, mount: Path, gpus: int, *args: str) -> tuple
         sink, mount / "spool", "--simulate", str(gpus), "--faults", str(faults),
         "--metrics-port", str(port), "--metrics-host", "127.0.0.1", *args,
     )  # fmt: skip
-    wait_for(lambda: scrape(port).get("gpumeter_agent_spool_full") == 1, 60, "spool_full")
+    assert wait_until(lambda: scrape(port).get("gpumeter_agent_spool_full") == 1, 60), "full"
     return agent, port, filler
 
 
 def recover_space(sink: Sink, port: int, filler: Path) -> None:
     filler.unlink()
     sink.down = None
-    wait_for(
+    assert wait_until(
         lambda: (
-            (m := scrape(port))
+            bool(m := scrape(port))
             and m["gpumeter_agent_spool_full"] == 0
             and m["gpumeter_agent_spool_held_items"] == 0
             and m["gpumeter_agent_spool_batches"] == 0
         ),
         60,
-        "the held items written and every batch uploaded",
-    )
+    ), "the held items written and every batch uploaded"
 
 
 def test_disk_full_holds_items_in_memory_and_loses_nothing(small_fs: Path, sink: Sink) -> None:
     agent, port, filler = run_until_disk_full(sink, small_fs, gpus=8)
-    wait_for(
+    assert wait_until(
         lambda: scrape(port).get("gpumeter_agent_spool_held_items", 0) >= 40,
         30,
-        "items held in memory while the disk is full",
-    )
+    ), "items held in memory while the disk is full"
     recover_space(sink, port, filler)
     logs = stop(agent)
     full = [line for line in logs if line["event"] == "spool_full"]
@@ -165,13 +164,12 @@ def test_beyond_the_memory_bound_the_loss_is_reported_as_unmetered(
     small_fs: Path, sink: Sink
 ) -> None:
     agent, port, filler = run_until_disk_full(sink, small_fs, 4, "--spool-max-memory-bytes", "6000")
-    wait_for(
+    assert wait_until(
         lambda: scrape(port).get("gpumeter_agent_spool_dropped_items_total", 0) >= 30,
         30,
-        "items dropped beyond the memory bound",
-    )
+    ), "items dropped beyond the memory bound"
     recover_space(sink, port, filler)
-    wait_for(lambda: len(unmetered(sink, "spool_full")) == 4, 30, "one loss report per GPU")
+    assert wait_until(lambda: len(unmetered(sink, "spool_full")) == 4, 30), "a report per GPU"
     dropped = scrape(port)["gpumeter_agent_spool_dropped_items_total"]
     logs = stop(agent)
     assert {"spool_dropping", "spool_items_dropped"} <= {line["event"] for line in logs}
@@ -240,13 +238,13 @@ def test_a_frozen_agent_reports_the_gap_with_its_length(tmp_path: Path, sink: Si
     faults = tmp_path / "faults.json"
     faults.write_text(json.dumps(flaps(2)))
     agent = start_agent(sink, tmp_path / "spool", "--simulate", "2", "--faults", str(faults))
-    wait_for(lambda: sink.all_records(), 30, "the agent metering")
+    assert wait_until(lambda: bool(sink.all_records()), 30), "the agent metering"
     agent.send_signal(signal.SIGSTOP)
     frozen_at = time.monotonic()
     while time.monotonic() < frozen_at + 4:  # the fault itself: 4 s frozen
         time.sleep(0.1)
     agent.send_signal(signal.SIGCONT)
-    wait_for(lambda: len(unmetered(sink, "agent_paused")) == 2, 30, "the gap reported")
+    assert wait_until(lambda: len(unmetered(sink, "agent_paused")) == 2, 30), "gap reported"
     logs = stop(agent)
     assert "sampling_gap" in {line["event"] for line in logs}
     events = {e["gpu_uuid"]: e for e in unmetered(sink, "agent_paused")}

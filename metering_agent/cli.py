@@ -18,7 +18,7 @@ from metering_agent.nvml.provider import GpuProvider
 from metering_agent.nvml.real import INSTALL_HINT, NvmlProvider, NvmlUnavailable, probe
 from metering_agent.nvml.simulated import DEFAULT_MODEL, MODELS, SimulatedProvider
 from metering_agent.runner import Runner, SystemClock
-from metering_agent.spool import DEFAULT_MAX_BYTES, Spool
+from metering_agent.spool import DEFAULT_MAX_BYTES, DEFAULT_MAX_HELD_BYTES, Spool
 from metering_agent.uploader import Backoff, Uploader
 
 log = logs.Log("metering_agent.cli")
@@ -66,6 +66,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--upload-timeout", type=float, default=10.0, help="HTTP timeout, seconds")
     up.add_argument("--backoff-max", type=float, default=60.0, help="max retry delay, seconds")
     up.add_argument("--spool-max-bytes", type=int, default=DEFAULT_MAX_BYTES)
+    up.add_argument(
+        "--spool-max-memory-bytes",
+        type=int,
+        default=DEFAULT_MAX_HELD_BYTES,
+        help="items held in memory while the spool is full; beyond, reported as unmetered",
+    )
     up.add_argument(
         "--shutdown-upload-timeout",
         type=float,
@@ -127,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     spool = Spool(
         args.spool_dir,
         max_bytes=args.spool_max_bytes,
+        max_held_bytes=args.spool_max_memory_bytes,
         batch_max_items=args.batch_max_records,
         seal_after_s=args.upload_interval,
         metrics=metrics,

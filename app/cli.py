@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from app.core.logging import configure_logging
-from app.settings import get_settings
+from app.settings import embedded_secret_key, get_settings
 
 
 @contextmanager
@@ -47,11 +47,32 @@ def exit_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 
+def ensure_secret_key(data_dir: Path | None) -> bool:
+    """Give the workers a signing secret: the configured one, or for the embedded single-box
+    default one generated once in the data dir. False: a configured database without one."""
+    settings = get_settings()
+    if settings.secret_key:
+        return True
+    if settings.database_url:
+        print(
+            "gpumeter serve: GPUMETER_SECRET_KEY is not set; it signs portal links and session "
+            "cookies. Set it to a long random value, the same for every instance, e.g. "
+            "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`",
+            file=sys.stderr,
+        )
+        return False
+    os.environ["GPUMETER_SECRET_KEY"] = embedded_secret_key(data_dir or settings.data_dir)
+    get_settings.cache_clear()
+    return True
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.core import migrate
 
+    if not ensure_secret_key(args.data_dir):
+        return 2
     exit_cleanly_on_sigterm()
     with database_url(args.data_dir) as url:
         migrate.upgrade(url)

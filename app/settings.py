@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+from contextlib import suppress
 from functools import lru_cache
 from pathlib import Path
 
@@ -65,15 +68,33 @@ class Settings(BaseSettings):
     stripe_lease_s: int = Field(
         default=300, ge=1, description="How long a sync worker owns an outbox item it claimed."
     )
-    secret_key: str = Field(
-        default="change-me-in-production",
-        description="Signs customer portal links and session cookies.",
+    secret_key: str | None = Field(
+        default=None,
+        min_length=16,
+        description="Signs customer portal links and session cookies. Required with a configured "
+        "database; the embedded default generates one in data_dir.",
     )
 
 
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+SECRET_KEY_FILE = "secret_key"
+
+
+def embedded_secret_key(data_dir: Path) -> str:
+    """The single-box default's signing secret: random, made once, kept in ``data_dir`` (0600)."""
+    path = data_dir / SECRET_KEY_FILE
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        # O_EXCL: two processes starting at once cannot both write (the loser reads the winner's).
+        with suppress(FileExistsError):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
 
 
 def sqlalchemy_url(url: str) -> str:

@@ -19,7 +19,7 @@ from app.core.local_service import free_port, wait_until_ready
 from app.core.scratch_db import scratch_database
 from app.customers.models import Customer
 from app.main import create_app
-from app.settings import sqlalchemy_url
+from app.settings import SECRET_KEY_FILE, embedded_secret_key, sqlalchemy_url
 
 BIN = Path(sys.executable).parent
 
@@ -171,3 +171,29 @@ def wait_for_exit(pid: int, timeout_s: float) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_serve_refuses_to_start_without_a_secret_on_a_configured_database(
+    database_url: str,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GPUMETER_SECRET_KEY"}
+    env["GPUMETER_DATABASE_URL"] = database_url
+    refused = subprocess.run(
+        [BIN / "gpumeter", "serve", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2
+    assert "GPUMETER_SECRET_KEY is not set" in refused.stderr
+
+
+def test_the_embedded_default_generates_its_secret_once_readable_only_by_its_owner(
+    tmp_path: Path,
+) -> None:
+    first = embedded_secret_key(tmp_path / "data")
+    assert len(first) >= 32
+    assert (tmp_path / "data" / SECRET_KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert embedded_secret_key(tmp_path / "data") == first  # kept, not regenerated
+    assert embedded_secret_key(tmp_path / "other") != first

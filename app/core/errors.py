@@ -6,13 +6,19 @@ always learns what is wrong and where.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
 
 Loc = Sequence[str | int]
 
@@ -63,6 +69,52 @@ class PayloadTooLarge(ApiError):
     error_type = "payload_too_large"
 
 
+class ServiceUnavailable(ApiError):
+    status_code = 503
+    error_type = "unavailable"
+
+
+# Seconds a shed or database-less request should wait before it is re-sent.
+RETRY_AFTER_S = 1
+
+
+class ErrorItem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx and 503 body."""
+
+    detail: list[ErrorItem]
+
+
+_MEANINGS = {
+    401: "missing, invalid or revoked credentials",
+    403: "the credentials may not do this",
+    404: "no such object, or not one the caller may see",
+    409: "conflicts with stored state; each conflict is listed",
+    413: "the request body or batch is too large",
+    422: "invalid input, each problem listed with where it is",
+    503: "overloaded or the database is unreachable; retry after `Retry-After` seconds",
+}
+
+
+def error_responses(*codes: int, **meanings: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` for these error statuses, all in the one error shape; a route
+    may give a status its own meaning (``_409="..."``)."""
+    return {
+        code: {"model": ErrorBody, "description": meanings.get(f"_{code}", _MEANINGS[code])}
+        for code in codes
+    }
+
+
+def unavailable_response(msg: str) -> JSONResponse:
+    body = {"detail": [{"loc": [], "msg": msg, "type": ServiceUnavailable.error_type}]}
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 def not_found(what: str, ident: object, loc: Loc = ("path", "id")) -> NotFound:
     return NotFound(f"{what} {ident} not found", loc)
 
@@ -71,7 +123,23 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        if exc.status_code == 503:
+            headers = {"Retry-After": str(RETRY_AFTER_S)}
         return JSONResponse({"detail": exc.items}, status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(DBAPIError)
+    async def _database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        # Connection lost or refused, or the server cancelled the statement (a timeout):
+        # the database's state, not the request's fault; the client retries.
+        if not (exc.connection_invalidated or isinstance(exc, OperationalError)):
+            raise exc
+        log.warning("database unavailable", extra={"path": request.url.path, "error": str(exc)})
+        return unavailable_response("the database is unavailable; retry later")
+
+    @app.exception_handler(PoolTimeout)
+    async def _pool_timeout(request: Request, _: PoolTimeout) -> JSONResponse:
+        log.warning("no database connection in time", extra={"path": request.url.path})
+        return unavailable_response("the service is overloaded; retry later")
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
@@ -30,3 +32,14 @@ def update_customer(session: Session, customer: Customer, data: CustomerUpdate) 
         setattr(customer, field, value)
     session.flush()
     return customer
+
+
+def revoke_portal_sessions(session: Session, customer: Customer) -> datetime:
+    """Mark every portal link and dashboard session of the customer issued until now revoked."""
+    customer.portal_revoked_at = datetime.now(UTC)
+    session.flush()
+    return customer.portal_revoked_at
+
+
+def portal_revoked_at(session: Session, customer_id: uuid.UUID) -> datetime | None:
+    return session.scalar(select(Customer.portal_revoked_at).where(Customer.id == customer_id))

@@ -21,6 +21,8 @@ from metering_agent.protocol import (
 
 DAY = 86_400
 INT32_MAX = 2**31 - 1
+DETAIL_MAX_BYTES = 8192
+DETAIL_MAX_DEPTH = 8
 
 
 def _width(column: Any) -> int:
@@ -65,11 +67,27 @@ def batch_errors(batch: IngestBatch, settings: Settings, now: int) -> list[Field
         if e.at < oldest:
             errors.append(FieldError(("events", i, "at"), "older than the retention period"))
         errors += _item_errors(("events", i), e)
-        if not _storable_json(e.detail):
-            errors.append(
-                FieldError(("events", i, "detail"), "must be plain JSON without NUL characters")
-            )
+        errors += _detail_errors(("events", i, "detail"), e.detail)
     return errors
+
+
+def _detail_errors(loc: tuple[str | int, ...], detail: Any) -> Iterator[FieldError]:
+    """Evidence is small and flat: bounded in size and nesting, so no batch can bloat the
+    table or the timelines that show it."""
+    if not _storable_json(detail):
+        yield FieldError(loc, "must be plain JSON without NUL characters")
+    elif len(json.dumps(detail, ensure_ascii=False).encode()) > DETAIL_MAX_BYTES:
+        yield FieldError(loc, f"must be at most {DETAIL_MAX_BYTES} bytes of JSON")
+    if _depth(detail) > DETAIL_MAX_DEPTH:
+        yield FieldError(loc, f"must nest at most {DETAIL_MAX_DEPTH} levels deep")
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
 
 
 def _item_errors(loc: tuple[str | int, ...], item: Any) -> Iterator[FieldError]:

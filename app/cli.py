@@ -47,6 +47,10 @@ def exit_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 
+MAX_HEADER_BYTES = 64 * 1024
+CONNECTIONS_PER_WORKER = 2048
+
+
 def ensure_secret_key(data_dir: Path | None) -> bool:
     """Give the workers a signing secret: the configured one, or for the embedded single-box
     default one generated once in the data dir. False: a configured database without one."""
@@ -70,6 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.core import migrate
+    from app.core.limits import BoundedH11Protocol
 
     if not ensure_secret_key(args.data_dir):
         return 2
@@ -79,6 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # Workers are separate processes: they read the URL from the environment.
         os.environ["GPUMETER_DATABASE_URL"] = url
         get_settings.cache_clear()
+        settings = get_settings()
         uvicorn.run(
             "app.main:app_from_environment",
             factory=True,
@@ -87,6 +93,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             log_config=None,
             access_log=False,
+            # Slow and idle connections are closed (headers: BoundedH11Protocol; bodies:
+            # app.core.limits); shedding is the app's (JSON 503), this is only a hard cap.
+            http=BoundedH11Protocol,
+            timeout_keep_alive=settings.keep_alive_s,
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+            limit_concurrency=CONNECTIONS_PER_WORKER,
+            timeout_graceful_shutdown=settings.shutdown_timeout_s,
         )
     return 0
 

@@ -6,11 +6,13 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 
 from app.auth.endpoints import router as keys_router
+from app.auth.middleware import AuthenticateFirst
 from app.billing.endpoints import customer_router as billing_customer_router
 from app.billing.endpoints import router as invoices_router
 from app.core.db import get_engine
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
+from app.core.limits import RequestLimits
 from app.customers.endpoints import router as customers_router
 from app.dashboard import endpoints as dashboard
 from app.fleet.endpoints import router as fleet_router
@@ -46,6 +48,9 @@ def create_app(engine: Engine | None = None) -> FastAPI:
     app.state.engine = engine or get_engine()
     install_error_handlers(app)
     dashboard.install(app)
+    # Outermost first on the way in: size and concurrency limits, then the key, then the app.
+    app.add_middleware(AuthenticateFirst)
+    app.add_middleware(RequestLimits)
     for router in ROUTERS:
         app.include_router(router)
     return app

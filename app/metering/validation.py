@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from app.core.schemas import storable_text
 from app.fleet.models import Gpu
 from app.metering.models import HealthEventRow
 from app.settings import Settings
@@ -108,17 +109,8 @@ def _item_errors(loc: tuple[str | int, ...], item: Any) -> Iterator[FieldError]:
 def _field_errors(loc: tuple[str | int, ...], value: str, limit: int) -> Iterator[FieldError]:
     if not 1 <= len(value) <= limit:
         yield FieldError(loc, f"length must be 1..{limit}, not {len(value)}")
-    if not _storable_text(value):
+    if not storable_text(value):
         yield FieldError(loc, "must be valid UTF-8 text without NUL characters")
-
-
-def _storable_text(value: str) -> bool:
-    """Postgres text holds no NUL and only encodable characters (no lone surrogates)."""
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return "\x00" not in value
 
 
 def _storable_json(value: Any) -> bool:
@@ -127,4 +119,4 @@ def _storable_json(value: Any) -> bool:
         dumped = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except ValueError:
         return False
-    return "\\u0000" not in dumped and _storable_text(dumped)
+    return "\\u0000" not in dumped and storable_text(dumped)

@@ -24,11 +24,18 @@ from app.core.db import transaction
 from app.core.scratch_db import scratch_database
 from app.main import create_app
 from app.settings import sqlalchemy_url
+from app.wiring import install as install_subscribers
 from tests.harness import Console
 
 SERVER_URL_ENV = "GPUMETER_DATABASE_URL"
 # The run's signing secret, random like a deployment's; the servers tests start inherit it.
 os.environ.setdefault("GPUMETER_SECRET_KEY", secrets.token_urlsafe(32))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def subscribers() -> None:
+    """The event subscribers every entry point registers (app factory, worker, CLI)."""
+    install_subscribers()
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ sending another node's id suppressed that node's event. Admins can end a custome
 links and dashboard sessions (``customers.portal_revoked_at``) without rotating the secret.
 
 Revision ID: 0007
-Revises: 0006
+Revises: 0009 (0006 in the brief; 0009 reached main first)
 Create Date: 2026-12-01 20:30:00
 """
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0007"
-down_revision: str | None = "0006"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -10,7 +10,7 @@ from app.auth.middleware import AuthenticateFirst
 from app.billing.endpoints import customer_router as billing_customer_router
 from app.billing.endpoints import router as invoices_router
 from app.core.db import get_engine
-from app.core.errors import install_error_handlers
+from app.core.errors import document_errors, install_error_handlers
 from app.core.health import router as health_router
 from app.core.limits import RequestLimits
 from app.customers.endpoints import router as customers_router
@@ -57,6 +57,7 @@ def create_app(engine: Engine | None = None) -> FastAPI:
     app.add_middleware(RequestLimits)
     for router in ROUTERS:
         app.include_router(router)
+    document_errors(app)
     return app
 
 

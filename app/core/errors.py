@@ -91,6 +91,7 @@ class ErrorBody(BaseModel):
 
 
 _MEANINGS = {
+    400: "the body is not JSON (or not UTF-8)",
     401: "missing, invalid or revoked credentials",
     403: "the credentials may not do this",
     404: "no such object, or not one the caller may see",
@@ -108,6 +109,53 @@ def error_responses(*codes: int, **meanings: str) -> dict[int | str, dict[str, A
         code: {"model": ErrorBody, "description": meanings.get(f"_{code}", _MEANINGS[code])}
         for code in codes
     }
+
+
+_PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/stripe/webhook"})
+_BODY_METHODS = frozenset({"post", "put", "patch"})
+
+
+def document_errors(app: FastAPI) -> None:
+    """Add the error statuses every operation can answer to the OpenAPI: 401/403 when it is
+    authenticated, 404 with a path parameter, 400/404/409/413 with a body (not JSON, naming a
+    missing object, a conflict with stored state, too large), 422 with any input, 503 always
+    (shed or database down).
+    An operation's own ``responses=`` meanings win."""
+    plain_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = plain_openapi()
+        definitions = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(definitions.pop("$defs", {}))
+        components["ErrorBody"] = definitions
+        for path, operations in schema["paths"].items():
+            for method, operation in operations.items():
+                _add_errors(path, method, operation)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _add_errors(path: str, method: str, operation: dict[str, Any]) -> None:
+    params = operation.get("parameters", [])
+    codes = {503}
+    if path not in _PUBLIC_PATHS:
+        codes |= {401, 403}
+    if any(p["in"] == "path" for p in params):
+        codes.add(404)
+    if method in _BODY_METHODS:  # a body may name other objects too (404)
+        codes |= {400, 404, 409, 413}
+    if params or "requestBody" in operation:
+        codes.add(422)
+    ref = {"$ref": "#/components/schemas/ErrorBody"}
+    for code in sorted(codes):
+        operation["responses"].setdefault(
+            str(code),
+            {"description": _MEANINGS[code], "content": {"application/json": {"schema": ref}}},
+        )
 
 
 def unavailable_response(msg: str) -> JSONResponse:

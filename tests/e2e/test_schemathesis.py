@@ -2,7 +2,8 @@
 
 Bounded (a fixed example budget per operation, deterministic generation, no shrinking) so the
 run takes about a minute on two cores. It runs with an admin key and with a customer key, with
-every check (`--checks all`): any 5xx, or a status the OpenAPI does not document, fails it.
+every check (`--checks all` but positive_data_acceptance, see below): any 5xx, or a status the
+OpenAPI does not document, fails it.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def test_no_input_gets_a_5xx_or_an_undocumented_status(
             f"{served}/openapi.json",
             "--checks",
             "all",
+            # Schema-valid yet refused (an unknown time zone, a period not yet begun, ids that
+            # do not exist): semantic rules an OpenAPI schema cannot state, answered 4xx.
+            "--exclude-checks",
+            "positive_data_acceptance",
             "--max-examples",
             str(EXAMPLES_PER_OPERATION),
             "--generation-deterministic",

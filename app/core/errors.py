@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,26 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": items}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         items = [{"loc": [], "msg": str(exc.detail), "type": "http_error"}]
-        return JSONResponse({"detail": items}, status_code=exc.status_code, headers=exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return JSONResponse({"detail": items}, status_code=exc.status_code, headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the API serves on this path. Starlette names only those of the first
+    route matching the path, but GET and PATCH of one resource are separate routes."""
+    app = request.app
+    templates = getattr(app.state, "path_methods", None)
+    if templates is None:
+        templates = [
+            (compile_path(path)[0], path, [m.upper() for m in operations])
+            for path, operations in app.openapi()["paths"].items()
+        ]
+        app.state.path_methods = templates
+    path = request.url.path
+    matching = [(t.count("{"), methods) for regex, t, methods in templates if regex.match(path)]
+    fewest = min((n for n, _ in matching), default=0)  # a literal path beats a parameter
+    return sorted({m for n, methods in matching if n == fewest for m in methods})

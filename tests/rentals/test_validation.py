@@ -280,3 +280,23 @@ def test_an_open_assignment_starting_after_the_rentals_end_is_422(
     )
     error = console.assign(rental["id"], "GPU-0", "2026-11-03T00:00:00Z", status=422)
     assert error["detail"][0]["loc"] == ["body", "start_at"]
+
+
+def test_a_node_with_the_longest_hostname_registers(console: Console) -> None:
+    registered = console.post("/v1/nodes", {"hostname": "h" * 253, "datacenter": "fra1"})
+    assert registered["node"]["hostname"] == "h" * 253
+    assert registered["token"]["name"] == ("agent@" + "h" * 253)[:200]
+
+
+def test_renaming_a_plan_to_another_plans_name_is_409(console: Console) -> None:
+    taken = console.plan("reserved")
+    plan = console.plan("on-demand")
+    response = console.client.patch(
+        f"/v1/plans/{plan['id']}", json={"name": "reserved"}, headers=console.headers
+    )
+    error = only_error(response, 409)
+    assert error["loc"] == ["body", "name"] and taken["id"] in error["msg"]
+    same = console.client.patch(
+        f"/v1/plans/{plan['id']}", json={"name": "on-demand"}, headers=console.headers
+    )
+    assert same.status_code == 200

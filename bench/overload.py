@@ -34,6 +34,7 @@ from bench.ingest import batch_body, register_nodes, start_service
 
 GPUS_PER_BATCH = 8
 CLIENT_TIMEOUT_S = 10.0
+CLIENT_CONNECTIONS = 400
 
 
 def parse_args() -> argparse.Namespace:
@@ -84,12 +85,13 @@ class Load:
             node = self.nodes[self.next_node]
             self.next_node = (self.next_node + 1) % len(self.nodes)
             if not node.busy and self.retry_at.get(node.index, 0) <= now:
+                node.busy = True  # taken now: a second pick before its task runs must skip it
                 return node
         return None
 
 
 async def send(client: httpx.AsyncClient, load: Load, node: Node) -> None:
-    node.busy = True
+    """One attempt at the node's pending batch (the node was marked busy by whoever chose it)."""
     headers = {"Authorization": f"Bearer {node.token}", "Content-Type": "application/json"}
     sent = time.monotonic()
     try:
@@ -170,8 +172,10 @@ async def recovery_s(client: httpx.AsyncClient, load: Load, rps: float, quiet: f
 
 async def drain(client: httpx.AsyncClient, load: Load) -> None:
     """Re-send every batch not yet answered 200 (the shed and the timed out)."""
-    while pending := [n for n in load.nodes if n.pending is not None and not n.busy]:
-        await asyncio.gather(*(send(client, load, n) for n in pending[:16]))
+    while pending := [n for n in load.nodes if n.pending is not None and not n.busy][:16]:
+        for node in pending:
+            node.busy = True
+        await asyncio.gather(*(send(client, load, n) for n in pending))
 
 
 def stored_seconds(url: str) -> int:
@@ -187,7 +191,9 @@ async def run(
     rng = random.Random(0)
     nodes = [Node(i, t, start, random.Random(rng.random())) for i, t in enumerate(tokens)]
     load = Load(nodes)
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=0)
+    # A fresh connection per batch, as the agent's uploads; at most CLIENT_CONNECTIONS open
+    # (more only starve this process's own event loop on a small machine).
+    limits = httpx.Limits(max_connections=CLIENT_CONNECTIONS, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base, timeout=CLIENT_TIMEOUT_S, limits=limits) as client:
         await open_loop(client, load, args.quiet_rps, 5)
         quiet = p99([lat for _, lat in load.answered])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
+import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
 from app.auth.endpoints import router as keys_router
 from app.auth.middleware import AuthenticateFirst
 from app.billing.endpoints import customer_router as billing_customer_router

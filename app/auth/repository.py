@@ -36,7 +36,7 @@ def lock_active_admin_keys(session: Session) -> list[uuid.UUID]:
 
 def keys_query(
     *, kind: KeyKind | None = None, customer_id: uuid.UUID | None = None
-) -> Select[tuple[ApiKey]]:
+) -> Select[ApiKey]:
     query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
     if kind is not None:
         query = query.where(ApiKey.kind == kind)

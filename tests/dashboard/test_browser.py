@@ -21,6 +21,7 @@ import pytest
 from pypdf import PdfReader
 
 from app.core.local_service import free_port, wait_until_ready
+from app.core.processes import stop_child
 from app.settings import get_settings
 from tests.dashboard.world import PERIOD, World
 from tests.harness import Console
@@ -31,7 +32,13 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 if not Path(CHROMIUM).exists() and os.environ.get("CI") != "true":
     pytest.skip("Debian's chromium is not installed (CI installs it)", allow_module_level=True)
 
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import (  # noqa: E402
+    Browser,
+    Page,
+    ViewportSize,
+    expect,
+    sync_playwright,
+)
 
 ARGS = [
     "--headless",
@@ -44,7 +51,10 @@ ARGS = [
     "--disable-sync",
 ]
 SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
-SIZES = {"laptop": {"width": 1280, "height": 800}, "phone": {"width": 390, "height": 844}}
+SIZES: dict[str, ViewportSize] = {
+    "laptop": {"width": 1280, "height": 800},
+    "phone": {"width": 390, "height": 844},
+}
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +73,7 @@ def server(database_url: str) -> Iterator[str]:
         wait_until_ready(base, process, timeout_s=60)
         yield base
     finally:
-        process.terminate()
-        process.wait(10)
+        stop_child(process, "service")
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ class Demo:
             [*argv, "--data-dir", str(data_dir)],
             env=env,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,  # the terminal: progress and summary, no logs
             text=True,
         )
         self.lines: list[str] = []
@@ -95,7 +95,9 @@ def test_demo_runs_shows_the_dashboard_and_leaves_nothing_behind(
     try:
         assert demo.link.wait(180), f"no dashboard link printed:\n{demo.output}"
         pids = demo.pids()
-        html = open_dashboard(LINK.search(demo.output).group(1))
+        link = LINK.search(demo.output)
+        assert link, demo.output
+        html = open_dashboard(link.group(1))
         assert "Acme AI" in html
         assert demo.process.wait(240) == 0, demo.output
     finally:
@@ -105,10 +107,15 @@ def test_demo_runs_shows_the_dashboard_and_leaves_nothing_behind(
     output = demo.output
     credit = LIVE_CREDIT.search(output)
     assert credit and Decimal(credit.group(1)) > 0, output
-    invoices, billed = LAST_MONTH.search(output).groups()
+    last_month = LAST_MONTH.search(output)
+    assert last_month, output
+    invoices, billed = last_month.groups()
     assert int(invoices) == 3 and Decimal(billed.replace(",", "")) > 0
     assert "all demo processes stopped" in output
     assert {"server", *(n for n in pids if n.startswith("agent-"))} <= set(pids)
     assert ("postgres" in pids) == (database == "embedded")
     assert not [name for name, pid in pids.items() if alive(pid)], pids
     assert not (demo.data_dir / "pgdata" / "postmaster.pid").exists()
+    assert not [line for line in demo.lines if line.startswith("{")], "JSON logs on the terminal"
+    logs = {"demo.log", "server.log", *(f"{name}.log" for name in pids if "agent" in name)}
+    assert all((demo.data_dir / log).stat().st_size > 0 for log in logs), logs

@@ -22,15 +22,17 @@ import json
 import random
 import signal
 import statistics
+import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import httpx
 import psycopg
+from ingest import batch_body, register_nodes, start_service
 
 from app.core.scratch_db import libpq_dsn, scratch_database, server_from_environment
-from bench.ingest import batch_body, register_nodes, start_service
 
 GPUS_PER_BATCH = 8
 CLIENT_TIMEOUT_S = 10.0
@@ -184,9 +186,7 @@ def stored_seconds(url: str) -> int:
         return int(row.fetchone()[0])  # type: ignore[index]
 
 
-async def run(
-    base: str, url: str, tokens: list[str], args: argparse.Namespace
-) -> dict[str, object]:
+async def run(base: str, url: str, tokens: list[str], args: argparse.Namespace) -> Figures:
     start = int(time.time()) // 3600 * 3600 - 24 * 3600
     rng = random.Random(0)
     nodes = [Node(i, t, start, random.Random(rng.random())) for i, t in enumerate(tokens)]
@@ -205,17 +205,39 @@ async def run(
         print(f"overload statuses {during}", file=sys.stderr)
         recovered = await recovery_s(client, load, args.quiet_rps, quiet)
         await drain(client, load)
-    lost = load.accepted_s - stored_seconds(url)
-    return {
-        "quiet_p99_ms": round(quiet * 1000, 1),
-        "sustainable_rps": round(sustainable, 1),
-        "overload_rps": round(args.factor * sustainable, 1),
-        "overload_statuses": during,
-        "shed_503": load.statuses.get("503", 0),
-        "other_5xx": sum(v for k, v in load.statuses.items() if k.startswith("5") and k != "503"),
-        "accepted_seconds_lost": lost,
-        "recovery_s": round(recovered, 1),
-    }
+    return Figures(
+        quiet_p99_ms=round(quiet * 1000, 1),
+        sustainable_rps=round(sustainable, 1),
+        overload_rps=round(args.factor * sustainable, 1),
+        overload_statuses=during,
+        shed_503=load.statuses.get("503", 0),
+        other_5xx=sum(v for k, v in load.statuses.items() if k.startswith("5") and k != "503"),
+        accepted_seconds_lost=load.accepted_s - stored_seconds(url),
+        recovery_s=round(recovered, 1),
+        workers=args.workers,
+    )
+
+
+@dataclass
+class Figures:
+    quiet_p99_ms: float
+    sustainable_rps: float
+    overload_rps: float
+    overload_statuses: dict[str, int]
+    shed_503: int
+    other_5xx: int
+    accepted_seconds_lost: int
+    recovery_s: float
+    workers: int
+    sigterm_s: float = float("nan")
+
+    def ok(self) -> bool:
+        return (
+            self.other_5xx == 0
+            and self.accepted_seconds_lost == 0
+            and self.recovery_s <= 10
+            and self.sigterm_s <= 10
+        )
 
 
 async def burst(base: str, tokens: list[str], rps: float, seconds: float) -> None:
@@ -227,12 +249,8 @@ async def burst(base: str, tokens: list[str], rps: float, seconds: float) -> Non
         await open_loop(client, Load(nodes), rps, seconds)
 
 
-def sigterm_s(process: object, base: str, tokens: list[str], rps: float) -> float:
+def sigterm_s(process: subprocess.Popen[bytes], base: str, tokens: list[str], rps: float) -> float:
     """Send SIGTERM 3 s into an overload burst; seconds until the service exited."""
-    import subprocess
-    import threading
-
-    assert isinstance(process, subprocess.Popen)
     loader = threading.Thread(target=lambda: asyncio.run(burst(base, tokens, rps, 6)), daemon=True)
     loader.start()
     time.sleep(3)
@@ -253,24 +271,15 @@ def main() -> int:
         tokens = register_nodes(url, args.nodes)
         process, base = start_service(url, args.workers)
         try:
-            result = asyncio.run(run(base, url, tokens, args))
-            result["sigterm_s"] = round(
-                sigterm_s(process, base, tokens, 3 * float(result["sustainable_rps"])),
-                1,  # type: ignore[arg-type]
-            )
+            figures = asyncio.run(run(base, url, tokens, args))
+            overload = args.factor * figures.sustainable_rps
+            figures.sigterm_s = round(sigterm_s(process, base, tokens, overload), 1)
         finally:
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    result["workers"] = args.workers
-    print(json.dumps(result))
-    ok = (
-        result["other_5xx"] == 0
-        and result["accepted_seconds_lost"] == 0
-        and float(result["recovery_s"]) <= 10  # type: ignore[arg-type]
-        and float(result["sigterm_s"]) <= 10  # type: ignore[arg-type]
-    )
-    return 0 if ok else 1
+    print(json.dumps(asdict(figures)))
+    return 0 if figures.ok() else 1
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
+from starlette.types import Message
 
 from app.core.local_service import free_port, wait_until_ready
+from app.core.processes import stop_child
 from app.main import create_app
 from app.settings import get_settings
 from tests.harness import bearer
@@ -37,7 +39,7 @@ def call(app: FastAPI, method: str, path: str, headers: dict[str, str]) -> tuple
         read = True
         return {"type": "http.request", "body": b"{}", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         nonlocal status
         if message["type"] == "http.response.start":
             status = message["status"]
@@ -128,8 +130,7 @@ def served(database_url: str, db: object, tmp_path: Path) -> Iterator[tuple[str,
         wait_until_ready(f"http://127.0.0.1:{port}", process, timeout_s=60)
         yield f"http://127.0.0.1:{port}", process.pid
     finally:
-        process.terminate()
-        process.wait(20)
+        stop_child(process, "service")
 
 
 @pytest.mark.e2e

@@ -22,6 +22,7 @@ from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core.db import transaction
 from app.core.local_service import free_port, wait_until_ready
+from app.core.processes import stop_child
 
 BIN = Path(sys.executable).parent
 # Tiny on purpose: one connection and two requests at a time per worker, a short queue.
@@ -48,9 +49,7 @@ def serve(database_url: str, db: Engine, tmp_path: Path) -> Iterator[subprocess.
         wait_until_ready(process.base, process, timeout_s=60)  # type: ignore[attr-defined]
         yield process
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        stop_child(process, "service")
 
 
 def hammer(base: str, key: str, stop: threading.Event, statuses: Counter[int]) -> None:

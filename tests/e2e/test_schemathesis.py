@@ -16,12 +16,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import Engine
 
 from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core.db import transaction
 from app.core.local_service import free_port, wait_until_ready
-from tests.e2e.conftest import stop
+from app.core.processes import stop_child
 
 BIN = Path(sys.executable).parent
 EXAMPLES_PER_OPERATION = 8
@@ -40,13 +41,10 @@ def served(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
         wait_until_ready(f"http://127.0.0.1:{port}", process, timeout_s=60)
         yield f"http://127.0.0.1:{port}"
     finally:
-        stop(process)
+        stop_child(process, "service")
 
 
-def keys(db: object, base: str) -> dict[str, str]:
-    from sqlalchemy import Engine
-
-    assert isinstance(db, Engine)
+def keys(db: Engine, base: str) -> dict[str, str]:
     with transaction(db) as session:
         admin = issue_key(session, KeyKind.ADMIN, "schemathesis admin").secret
     customer = httpx.post(
@@ -60,7 +58,7 @@ def keys(db: object, base: str) -> dict[str, str]:
 @pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["admin", "customer"])
 def test_no_input_gets_a_5xx_or_an_undocumented_status(
-    served: str, db: object, kind: str, tmp_path: Path
+    served: str, db: Engine, kind: str, tmp_path: Path
 ) -> None:
     key = keys(db, served)[kind]
     result = subprocess.run(

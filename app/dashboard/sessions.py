@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.auth.models import ApiKey, KeyKind
 from app.auth.service import Principal
 from app.core.db import transaction
+from app.core.limits import send_unavailable
 from app.customers.service import portal_revoked_at
 from app.dashboard.tokens import Purpose, sign, verify
 from app.settings import get_settings
@@ -162,7 +165,11 @@ class SessionCookieMiddleware:
                 claims = verify(_secret(), Purpose.SESSION, token)
                 if claims is not None:
                     engine = request.app.state.engine
-                    principal = await run_in_threadpool(principal_from_claims, claims, engine)
+                    try:
+                        principal = await run_in_threadpool(principal_from_claims, claims, engine)
+                    except (OperationalError, PoolTimeout):
+                        await send_unavailable(send, "the database is unavailable; retry later")
+                        return
                     if principal is not None:
                         scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)

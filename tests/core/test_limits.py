@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from starlette.types import Message
 
 from app.core.local_service import free_port, wait_until_ready
 from app.core.processes import stop_child
+from app.dashboard import sessions, tokens
 from app.main import create_app
 from app.settings import get_settings
 from tests.harness import bearer
@@ -162,3 +164,16 @@ def test_a_client_too_slow_with_its_headers_is_disconnected(served: tuple[str, i
         started = time.monotonic()
         assert sock.recv(1024) == b""  # closed by the server
     assert 1.5 < time.monotonic() - started < 8
+
+
+def test_a_dashboard_session_gets_503_too_when_postgres_is_down() -> None:
+    engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x")
+    claims = {"kind": "customer", "kid": str(uuid.uuid4()), "cid": None, "key": True, "iat": 0}
+    secret = get_settings().secret_key or ""
+    cookie = tokens.sign(secret, tokens.Purpose.SESSION, claims, int(time.time()) + 60)
+    with TestClient(create_app(engine)) as client:
+        response = client.get(
+            "/v1/customers", headers={"Cookie": f"{sessions.COOKIE_NAME}={cookie}"}
+        )
+    engine.dispose()
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"

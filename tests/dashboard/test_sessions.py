@@ -13,8 +13,8 @@ from tests.dashboard.test_pages import portal_link, sign_in_with_link
 from tests.harness import Console
 
 
-def set_cookie(client: TestClient, token: str) -> None:
-    client.cookies.set(sessions.COOKIE_NAME, token, domain="testserver")
+def cookie(token: str) -> dict[str, str]:
+    return {"Cookie": f"{sessions.COOKIE_NAME}={token}"}
 
 
 def test_a_cookie_signed_with_the_old_default_secret_is_refused(
@@ -22,11 +22,13 @@ def test_a_cookie_signed_with_the_old_default_secret_is_refused(
 ) -> None:
     admin_id = console.client.get("/v1/keys", headers=console.headers).json()["items"][0]["id"]
     claims = {"kind": KeyKind.ADMIN.value, "kid": admin_id, "cid": None, "key": True, "iat": 0}
-    forged = tokens.sign(
-        "change-me-in-production", tokens.Purpose.SESSION, claims, int(time.time()) + 3600
+    expires_at = int(time.time()) + 3600
+    forged = tokens.sign("change-me-in-production", tokens.Purpose.SESSION, claims, expires_at)
+    genuine = tokens.sign(
+        get_settings().secret_key or "", tokens.Purpose.SESSION, claims, expires_at
     )
-    set_cookie(client, forged)
-    assert client.get("/v1/customers").status_code == 401
+    assert client.get("/v1/customers", headers=cookie(forged)).status_code == 401
+    assert client.get("/v1/customers", headers=cookie(genuine)).status_code == 200  # the control
 
 
 def test_a_portal_session_ends_when_its_link_would_have(

@@ -8,6 +8,7 @@ creates its own database and drops it at the end.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -30,6 +31,8 @@ from app.wiring import install as install_subscribers
 from tests.harness import Console
 
 SERVER_URL_ENV = "GPUMETER_DATABASE_URL"
+# The run's signing secret, random like a deployment's; the servers tests start inherit it.
+os.environ.setdefault("GPUMETER_SECRET_KEY", secrets.token_urlsafe(32))
 
 # Properties check values, not speed: on a loaded CI machine hypothesis's default 200 ms
 # deadline per example fails them spuriously.

@@ -278,13 +278,14 @@ class _PlanBook:
         plan = self._session.get_one(PricePlan, plan_id)
         schedule = price_schedule(self._session, plan_id, gpu_model, customer_id)
         return PlanTerms(
-            prices=tuple(PricePoint(gpu_model, epoch(at), price) for at, price in schedule),
+            prices=tuple(
+                PricePoint(gpu_model, epoch(at), price, cap) for at, price, cap in schedule
+            ),
             currency=plan.currency,
             increment_s=plan.increment_s,
             minimum_s=plan.minimum_s,
             bill_degraded=plan.bill_degraded,
             bill_unmetered=plan.bill_unmetered,
-            monthly_cap_per_gpu=plan.monthly_cap_per_gpu,
             voucher_tiers=tuple(
                 VoucherTier(int(t["min_days"]), Decimal(str(t["percent"])))
                 for t in plan.voucher_tiers

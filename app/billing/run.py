@@ -108,7 +108,7 @@ def _run_zone(
             )
             outcome = _outcome(draft)
             if draft is not None and finalize and outcome is Outcome.DRAFTED:
-                finalize_invoice(session, draft.invoice, now, rated=draft.rated, force=force)
+                finalize_invoice(session, draft, now, force=force)
                 outcome = Outcome.FINALIZED
         except Unprocessable as error:
             outcome, draft = Outcome.FAILED, None

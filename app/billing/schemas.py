@@ -199,6 +199,10 @@ class RentalUsageRead(Schema):
     billed_s: int
     effective: EffectiveRead
     cost_to_date: str
+    cap_allowance: str | None = Field(
+        description="The most this rental can cost so far under its cap: the monthly cap per "
+        "GPU x (billed GPU-seconds ÷ the period's seconds); credited seconds earn none."
+    )
     forecast: str
 
 

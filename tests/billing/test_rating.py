@@ -73,7 +73,7 @@ def test_price_change_splits_charge_and_credit_lines() -> None:
 
 
 def test_cap_binds_per_gpu_count() -> None:
-    plan = usd_plan(monthly_cap_per_gpu=Decimal("1000"))
+    plan = usd_plan(cap="1000")
     assignments = [Assignment("r1", "A", 0, END), Assignment("r1", "B", 0, END)]
     segments = {"A": [healthy("A", 0, END)], "B": [healthy("B", 0, END)]}
     rated = rate_rental(rental(plan, gpus=2), assignments, segments, {}, [], MONTH)
@@ -83,7 +83,7 @@ def test_cap_binds_per_gpu_count() -> None:
 
 
 def test_cap_that_does_not_bind_adds_no_line() -> None:
-    plan = usd_plan(monthly_cap_per_gpu=Decimal("1792.80"))
+    plan = usd_plan(cap="1792.80")
     segments = {"A": [healthy("A", 0, END)]}
     rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
     assert _amounts(rated, LineKind.CAP) == []

@@ -420,10 +420,10 @@ def _lines(
         credits += credit_lines(rental_id, model, t.credited, price, currency, charge.amount - net)
     lines = charges + credits
     caps = {i for i in tally if book.cap(i) is not None}
+    if not caps:
+        return tuple(lines), None
     billed = [p for p in pieces if is_billed(p.bucket, plan)]
     allowance = _allowance(book, billed, period_s, currency)
-    if allowance is None:
-        return tuple(lines), None
     capped_net = sum_amounts((x for x in lines if _price_index(book, x) in caps), currency)
     evidence = {
         "allowance": str(allowance),
@@ -441,22 +441,22 @@ def _price_index(book: _PriceBook, line: InvoiceLine) -> int:
     return book.index_at(line.start)
 
 
-def _allowance(
-    book: _PriceBook, pieces: Iterable[Piece], period_s: int, currency: str
-) -> Decimal | None:
+def _allowance(book: _PriceBook, pieces: Iterable[Piece], period_s: int, currency: str) -> Decimal:
     """Cap per GPU x GPU-seconds of ``pieces`` ÷ the period's seconds, over capped price
-    periods, rounded once; None when none of the pieces falls in a capped price period."""
-    exact: Fraction | None = None
+    periods, rounded once."""
+    exact = Fraction()
     for piece in pieces:
         for index, (start, end) in book.split(piece.start, piece.end):
             if (cap := book.cap(index)) is not None:
-                exact = (exact or Fraction()) + Fraction(cap) * (end - start) / period_s
-    return None if exact is None else round_money(exact, currency)
+                exact += Fraction(cap) * (end - start) / period_s
+    return round_money(exact, currency)
 
 
 def cap_allowance(rated: RatedRental, buckets: Collection[Bucket]) -> Decimal | None:
     """The rental's cap allowance had its seconds in ``buckets`` been the billed ones (the
-    what-if's "without automatic credits" counts downtime as billed)."""
+    what-if's "without automatic credits" counts downtime as billed); None if uncapped."""
+    if rated.cap_allowance is None:
+        return None
     book = _PriceBook(rated.rental.plan.price_points(rated.rental.gpu_model))
     pieces = [p for p in rated.pieces if p.bucket in buckets]
     return _allowance(book, pieces, rated.period_s, rated.rental.plan.currency)

@@ -16,6 +16,7 @@ from app.billing.loader import PERIOD_PATTERN, current_period
 from app.billing.models import InvoiceStatus
 from app.billing.run import run_invoices
 from app.billing.schemas import (
+    CreditNoteRead,
     FinalizeBody,
     InvoiceRead,
     InvoiceSummary,
@@ -103,6 +104,16 @@ def invoice_html(invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser)
     return HTMLResponse(render_invoice(InvoiceRead.of(invoice), customer))
 
 
+@router.get("/{invoice_id}/credit-notes")
+def invoice_credit_notes(
+    invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser, page: Paging
+) -> Page[CreditNoteRead]:
+    """The credit notes that correct this invoice, newest first."""
+    invoice = service.get_invoice(session, invoice_id, caller)
+    query = repository.credit_notes_query(invoice_id=invoice.id)
+    return paginate(session, query, page, CreditNoteRead, CreditNoteRead.of)
+
+
 @router.post("/{invoice_id}/finalize")
 def finalize(
     invoice_id: uuid.UUID, body: FinalizeBody, session: DbSession, admin: Admin, now: Now
@@ -146,6 +157,16 @@ def read_usage(
     """Cost to date with its buckets, effective GPU-hours, vouchers and a month-end forecast."""
     customer = get_customer(session, customer_id, caller)
     return usage.usage(session, customer, _customer_period(customer, period, now), now)
+
+
+@customer_router.get("/{customer_id}/credit-notes")
+def read_credit_notes(
+    customer_id: uuid.UUID, session: DbSession, caller: ConsoleUser, page: Paging
+) -> Page[CreditNoteRead]:
+    """The customer's credit notes (negative late-data corrections), newest first."""
+    customer = get_customer(session, customer_id, caller)
+    query = repository.credit_notes_query(customer_id=customer.id)
+    return paginate(session, query, page, CreditNoteRead, CreditNoteRead.of)
 
 
 @customer_router.get("/{customer_id}/what-if")

@@ -151,10 +151,14 @@ def credit_notes_issued_with(session: Session, invoice_id: uuid.UUID) -> Sequenc
     ).all()
 
 
-def credit_notes_query(*, customer_id: uuid.UUID | None = None) -> Select[tuple[CreditNote]]:
+def credit_notes_query(
+    *, customer_id: uuid.UUID | None = None, invoice_id: uuid.UUID | None = None
+) -> Select[tuple[CreditNote]]:
     query = select(CreditNote).order_by(CreditNote.issued_at.desc(), CreditNote.number.desc())
     if customer_id is not None:
         query = query.where(CreditNote.customer_id == customer_id)
+    if invoice_id is not None:
+        query = query.where(CreditNote.invoice_id == invoice_id)
     return query
 
 

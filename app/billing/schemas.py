@@ -11,7 +11,13 @@ from typing import Any
 from pydantic import Field
 
 from app.billing.loader import PERIOD_PATTERN
-from app.billing.models import Invoice, InvoiceLineRow, InvoiceStatus, VoucherEntryRow
+from app.billing.models import (
+    CreditNote,
+    Invoice,
+    InvoiceLineRow,
+    InvoiceStatus,
+    VoucherEntryRow,
+)
 from app.core.money import round_money
 from app.core.schemas import Amount, Schema
 
@@ -239,3 +245,36 @@ class WhatIfRead(Schema):
     currency: str
     manual_recovery_s: int
     rows: list[WhatIfRowRead]
+
+
+class CreditNoteRead(Schema):
+    id: uuid.UUID
+    customer_id: uuid.UUID
+    number: str
+    invoice_id: uuid.UUID = Field(description="The finalized invoice this credit note corrects.")
+    issued_with_invoice_id: uuid.UUID = Field(
+        description="The invoice whose late-data adjustments exceeded what it charges."
+    )
+    currency: str
+    amount: str
+    tax_rate: str
+    tax: str
+    total: str
+    reason: str
+    issued_at: datetime
+    stripe_id: str | None
+    stripe_status: str | None
+
+    @classmethod
+    def of(cls, note: CreditNote) -> CreditNoteRead:
+        fields = {name: getattr(note, name) for name in cls.model_fields}
+        currency = note.currency
+        return cls(
+            **{
+                **fields,
+                "amount": money(note.amount, currency),
+                "tax": money(note.tax, currency),
+                "total": money(note.total, currency),
+                "tax_rate": plain(note.tax_rate),
+            }
+        )

@@ -28,7 +28,6 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, lazyload
 
 from app.billing.domain import (
     Assignment,
-    GpuState,
     Migration,
     PlanTerms,
     PricePoint,
@@ -45,6 +44,7 @@ from app.plans.models import PlanPrice, PricePlan
 from app.plans.service import price_schedule
 from app.rentals.models import GpuAssignment, Rental
 from app.rentals.models import Migration as MigrationRow
+from metering_agent.protocol import GpuState
 
 _T = TypeVar("_T", Assignment, Migration)
 

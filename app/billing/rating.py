@@ -60,7 +60,6 @@ from app.billing.domain import (
     CREDIT_BUCKETS,
     Assignment,
     Bucket,
-    GpuState,
     Migration,
     Piece,
     PlanTerms,
@@ -79,7 +78,7 @@ from app.billing.lines import (
     sum_amounts,
 )
 from app.core.money import round_money, time_amount
-from metering_agent.protocol import SEVERITY
+from metering_agent.protocol import SEVERITY, GpuState
 
 
 class _Cell(NamedTuple):
@@ -118,9 +117,10 @@ class Timeline:
 
 def build_timeline(segments: Iterable[Segment], maintenance: Iterable[Span]) -> Timeline:
     """Sweep-line over segment and maintenance boundaries: O(n log n)."""
-    items: list[Segment | None] = [s for s in segments if s.start < s.end]
-    events = [(s.start, 1, i) for i, s in enumerate(items)]
-    events += [(s.end, -1, i) for i, s in enumerate(items)]
+    real = [s for s in segments if s.start < s.end]
+    items: list[Segment | None] = list(real)
+    events = [(s.start, 1, i) for i, s in enumerate(real)]
+    events += [(s.end, -1, i) for i, s in enumerate(real)]
     for start, end in merge(maintenance):
         items.append(None)
         events += [(start, 1, len(items) - 1), (end, -1, len(items) - 1)]
@@ -356,16 +356,16 @@ def _window_pieces(migrations: Sequence[Migration], bounds: Span) -> list[Piece]
 def _classify(
     gpu: str, run: Span, holes: Sequence[Span], timeline: Timeline, plan: PlanTerms
 ) -> list[Piece]:
-    runs: list[list] = []  # [start, end, bucket, evidence], fused while adjacent and equal
+    pieces: list[Piece] = []  # fused while adjacent and in the same bucket
     for start, end in subtract([run], holes):
         for cell in timeline.cells_in(start, end):
             bucket = _bucket(cell, plan)
-            if runs and runs[-1][1] == cell.start and runs[-1][2] is bucket:
-                runs[-1][1] = cell.end
+            if pieces and pieces[-1].end == cell.start and pieces[-1].bucket is bucket:
+                pieces[-1] = replace(pieces[-1], end=cell.end)
                 continue
             evidence = cell.segment.evidence if cell.segment and bucket in CREDIT_BUCKETS else None
-            runs.append([cell.start, cell.end, bucket, evidence])
-    return [Piece(gpu, start, end, bucket, run[0], ev) for start, end, bucket, ev in runs]
+            pieces.append(Piece(gpu, cell.start, cell.end, bucket, run[0], evidence))
+    return pieces
 
 
 def _session(gpu: str, run: Span, pieces: Sequence[Piece], plan: PlanTerms) -> Session:

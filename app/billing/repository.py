@@ -38,7 +38,7 @@ def invoices_query(
     customer_id: uuid.UUID | None = None,
     period: str | None = None,
     status: InvoiceStatus | None = None,
-) -> Select[tuple[Invoice]]:
+) -> Select[Invoice]:
     query = select(Invoice).order_by(Invoice.period.desc(), Invoice.customer_id, Invoice.id)
     if customer_id is not None:
         query = query.where(Invoice.customer_id == customer_id)
@@ -153,7 +153,7 @@ def credit_notes_issued_with(session: Session, invoice_id: uuid.UUID) -> Sequenc
 
 def credit_notes_query(
     *, customer_id: uuid.UUID | None = None, invoice_id: uuid.UUID | None = None
-) -> Select[tuple[CreditNote]]:
+) -> Select[CreditNote]:
     query = select(CreditNote).order_by(CreditNote.issued_at.desc(), CreditNote.number.desc())
     if customer_id is not None:
         query = query.where(CreditNote.customer_id == customer_id)

@@ -15,6 +15,7 @@ forecast meets the invoice at period end.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -158,7 +159,7 @@ def _rental_usage(
 ) -> RentalUsageRead:
     rental, currency = rated.rental, rated.rental.plan.currency
     return RentalUsageRead(
-        rental_id=rental.rental_id,
+        rental_id=uuid.UUID(rental.rental_id),
         gpu_model=rental.gpu_model,
         gpu_count=rental.gpu_count,
         running=rental.rental_end is None or rental.rental_end > as_of,

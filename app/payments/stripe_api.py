@@ -12,6 +12,7 @@ import uuid
 from decimal import Decimal
 
 import stripe
+from stripe._base_address import BaseAddresses
 
 from app.core.money import minor_units
 from app.settings import Settings
@@ -35,7 +36,9 @@ class MirrorError(Exception):
 def make_client(settings: Settings) -> stripe.StripeClient:
     if not settings.stripe_api_key:
         raise RuntimeError("GPUMETER_STRIPE_API_KEY is not set; the Stripe mirror is off")
-    base = {"api": settings.stripe_api_base} if settings.stripe_api_base else None
+    base: BaseAddresses | None = (
+        {"api": settings.stripe_api_base} if settings.stripe_api_base else None
+    )
     return stripe.StripeClient(
         settings.stripe_api_key,
         base_addresses=base,

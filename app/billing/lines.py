@@ -49,6 +49,7 @@ _CREDIT_KIND = {
     Bucket.MIGRATION_CREDIT: LineKind.MIGRATION_CREDIT,
     Bucket.DEGRADED_CREDIT: LineKind.DEGRADED_CREDIT,
 }
+CREDIT_KINDS = frozenset(_CREDIT_KIND.values())
 
 
 @dataclass(frozen=True)

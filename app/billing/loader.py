@@ -230,7 +230,8 @@ def _migrations(session: Session, rental_ids: list[uuid.UUID], span: Span) -> li
             m.to_gpu_uuid,
             epoch(m.failed_at),
             epoch(m.resumed_at),
-            {"migration_id": m.id, "reason": m.reason},
+            # What the customer may read: the GPUs and the reason; no internal ids.
+            {"from_gpu": m.from_gpu_uuid, "to_gpu": m.to_gpu_uuid, "reason": m.reason},
         )
         for m in rows
     ]

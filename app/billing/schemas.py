@@ -10,6 +10,8 @@ from typing import Any
 
 from pydantic import Field
 
+from app.billing.evidence import xid_of
+from app.billing.lines import CREDIT_KINDS
 from app.billing.loader import PERIOD_PATTERN
 from app.billing.models import (
     CreditNote,
@@ -47,11 +49,15 @@ class InvoiceLineRead(Schema):
     rate: str | None = Field(description="Price per GPU-hour; the tax rate on the tax line.")
     voucher_id: str | None
     evidence: dict[str, Any] | None
+    code: int | None = Field(
+        default=None, description="Credit lines: the NVIDIA XID of the failure credited."
+    )
     adjusts_invoice_id: uuid.UUID | None
     adjusts_period: str | None
 
     @classmethod
     def of(cls, line: InvoiceLineRow, currency: str) -> InvoiceLineRead:
+
         return cls(
             position=line.position,
             kind=line.kind,
@@ -65,6 +71,7 @@ class InvoiceLineRead(Schema):
             rate=plain(line.rate),
             voucher_id=line.voucher_id,
             evidence=line.evidence,
+            code=xid_of(line.evidence) if line.kind in CREDIT_KINDS else None,
             adjusts_invoice_id=line.adjusts_invoice_id,
             adjusts_period=line.adjusts_period,
         )
@@ -86,6 +93,7 @@ class InvoiceSummary(Schema):
     total: str
     generated_at: datetime
     finalized_at: datetime | None
+    due_at: datetime | None = Field(description="Finalization + the customer's payment terms.")
     paid_at: datetime | None
     voided_at: datetime | None
     void_reason: str | None

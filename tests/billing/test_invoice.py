@@ -1,6 +1,7 @@
 from decimal import Decimal
 
 from app.billing.domain import Assignment, PlanTerms, PricePoint
+from app.billing.evidence import evidence_text, xid_of
 from app.billing.invoice import build_invoice
 from app.billing.lines import InvoiceLine, LineKind
 from app.billing.rating import rate_rental
@@ -74,3 +75,17 @@ def test_adjustments_follow_rental_lines_and_count_towards_vouchers_and_tax() ->
         (LineKind.VOUCHER, Decimal("-1791.54")),  # never below zero, adjustment included
         (LineKind.TAX, Decimal("0.00")),
     ]
+
+
+def test_the_xid_of_a_credit_comes_from_the_event_its_evidence_or_its_rule() -> None:
+    assert xid_of({"event_id": "e1", "rule": "xid", "code": 79}) == 79
+    classifier = {
+        "rule": "xid_79_fallen_off_bus",
+        "code": None,
+        "detail": {"from": "healthy", "evidence": [{"rule": "x", "xid": 48}]},
+    }
+    assert xid_of(classifier) == 48  # the classifier's own evidence first
+    assert xid_of({"rule": "xid_94_contained_ecc", "code": None}) == 94
+    assert xid_of({"rule": "gpu_lost"}) is None
+    assert evidence_text(classifier) == "XID 48 (xid_79_fallen_off_bus)"
+    assert evidence_text({"from_gpu": "A", "to_gpu": "B", "reason": None}) == "migrated from A to B"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -9,6 +10,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
+from app.settings import get_settings
 from tests.billing.world import get, october_with_failure, run_invoice
 from tests.harness import Console, bearer
 
@@ -31,8 +33,12 @@ def test_october_invoice_with_a_47_minute_failure_and_a_30_s_migration(
         ("tax", None, "351.61", None),  # 19 % of 1850.59 = 351.6121
     ]
     assert invoice["lines"][0]["rate"] == "2.49"
-    assert invoice["lines"][1]["evidence"]["code"] == 79
-    assert invoice["lines"][2]["evidence"]["reason"] == "XID 79"
+    assert invoice["lines"][1]["evidence"]["code"] == invoice["lines"][1]["code"] == 79
+    assert invoice["lines"][2]["evidence"] == {
+        "from_gpu": "GPU-A",
+        "to_gpu": "GPU-B",
+        "reason": "XID 79",
+    }
     totals = (invoice["subtotal"], invoice["tax"], invoice["total"])
     assert totals == ("1850.59", "351.61", "2202.20")
     assert (invoice["status"], invoice["number"]) == ("draft", None)
@@ -151,6 +157,39 @@ def test_html_invoice_is_standalone_and_escaped(
     assert final["number"] in page and "2202.20" in page and "-1.95" in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; Co" in page and "<script>" not in page
     assert "GPU-A" in page and "Failure credit" in page and "http" not in page
+
+
+@pytest.fixture
+def seller(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("GPUMETER_SELLER_NAME", "Example GPU Cloud GmbH")
+    monkeypatch.setenv("GPUMETER_SELLER_ADDRESS", "Hauptstr. 1\n10115 Berlin")
+    monkeypatch.setenv("GPUMETER_SELLER_TAX_ID", "DE123456789")
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()  # later tests read the environment without these again
+
+
+def test_the_invoice_document_is_an_invoice(
+    console: Console, db: Engine, now: datetime, seller: None
+) -> None:
+    """Seller, due date from the payment terms (30 days), tax once as a percentage, the
+    credits summary (2,820 + 30 s = 0.79 GPU-hours, one incident: the failure and its
+    migration window), evidence in words, no internal ids."""
+    draft = _october(console, db)
+    final = console.post(f"/v1/invoices/{draft['id']}/finalize", {}, 200)
+    assert (final["finalized_at"], final["due_at"]) == (
+        "2026-11-05T12:00:00Z",
+        "2026-12-05T12:00:00Z",
+    )
+    page = console.client.get(f"/v1/invoices/{draft['id']}/html", headers=console.headers).text
+    assert "Example GPU Cloud GmbH" in page and "10115 Berlin" in page
+    assert "Tax id: DE123456789" in page
+    assert "Due 2026-12-05 12:00:00 UTC" in page
+    assert page.count("19 %") == 1 and "0.19" not in page and page.count("351.61") == 1
+    assert "0.79 GPU-hours credited for 1 incident" in page
+    assert "evidence: XID 79 (" in page
+    assert "evidence: migrated from GPU-A to GPU-B: XID 79" in page
+    assert "migration_id" not in page and "ev-79" not in page
 
 
 def test_customers_see_only_their_own_invoices(console: Console, db: Engine, now: datetime) -> None:

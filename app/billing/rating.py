@@ -117,10 +117,10 @@ class Timeline:
 
 def build_timeline(segments: Iterable[Segment], maintenance: Iterable[Span]) -> Timeline:
     """Sweep-line over segment and maintenance boundaries: O(n log n)."""
-    real = [s for s in segments if s.start < s.end]
-    items: list[Segment | None] = list(real)
-    events = [(s.start, 1, i) for i, s in enumerate(real)]
-    events += [(s.end, -1, i) for i, s in enumerate(real)]
+    nonempty = [s for s in segments if s.start < s.end]
+    events = [(s.start, 1, i) for i, s in enumerate(nonempty)]
+    events += [(s.end, -1, i) for i, s in enumerate(nonempty)]
+    items: list[Segment | None] = list(nonempty)
     for start, end in merge(maintenance):
         items.append(None)
         events += [(start, 1, len(items) - 1), (end, -1, len(items) - 1)]

@@ -137,12 +137,13 @@ def next_number(
         .values(year=year, last_number=0)
         .on_conflict_do_nothing(index_elements=["year"])
     )
-    return session.execute(
+    number: int = session.execute(
         update(counter)
         .where(counter.year == year)
         .values(last_number=counter.last_number + 1)
         .returning(counter.last_number)
     ).scalar_one()
+    return number
 
 
 def credit_notes_issued_with(session: Session, invoice_id: uuid.UUID) -> Sequence[CreditNote]:

@@ -62,6 +62,7 @@ from app.billing.models import (
     VoucherEntryRow,
 )
 from app.billing.rating import RatedRental, rate_rentals
+from app.billing.schemas import money
 from app.billing.vouchers import (
     EntryKind,
     VoucherEntry,
@@ -73,8 +74,8 @@ from app.core.epoch import epoch, from_epoch
 from app.core.errors import Conflict, Unprocessable, not_found
 from app.core.money import minor_units, round_money
 from app.customers.models import Customer
+from app.events.service import publish
 from app.metering.repository import late_segments_since
-from app.payments import service as payments_service
 from app.settings import get_settings
 
 LATE_MARGIN = timedelta(hours=1)
@@ -171,9 +172,10 @@ def finalize_invoice(
     tier = issue_tier_vouchers(draft.rated, span, epoch(now))
     entries = [*built.voucher_applications, *built.voucher_expirations, *tier]
     repository.insert_entries(session, [_entry_row(e, invoice) for e in entries])
-    # TODO(events): publish voucher.issued for each tier voucher issued here
+    _publish(session, "invoice.finalized", invoice)
+    for voucher in tier:
+        _publish_voucher(session, voucher, invoice.currency)
     _issue_credit_notes(session, invoice, built, now)
-    payments_service.queue_stripe_sync(session, invoice)
     return invoice
 
 
@@ -187,24 +189,60 @@ def _issue_credit_notes(
         corrected = session.get_one(Invoice, uuid.UUID(line.adjusts_invoice_id))
         tax = round_money(line.amount * corrected.tax_rate, invoice.currency)
         number = repository.next_number(session, now.year, CreditNoteNumberCounter)
-        session.add(
-            CreditNote(
-                customer_id=invoice.customer_id,
-                number=f"CN-{now.year:04d}-{number:06d}",
-                invoice_id=corrected.id,
-                issued_with_invoice_id=invoice.id,
-                currency=invoice.currency,
-                amount=line.amount,
-                tax_rate=corrected.tax_rate,
-                tax=tax,
-                total=line.amount + tax,
-                reason=f"late-data corrections to {corrected.number} ({corrected.period}) "
-                f"beyond what invoice {invoice.number} charges",
-                issued_at=now,
-            )
+        note = CreditNote(
+            id=uuid.uuid4(),
+            customer_id=invoice.customer_id,
+            number=f"CN-{now.year:04d}-{number:06d}",
+            invoice_id=corrected.id,
+            issued_with_invoice_id=invoice.id,
+            currency=invoice.currency,
+            amount=line.amount,
+            tax_rate=corrected.tax_rate,
+            tax=tax,
+            total=line.amount + tax,
+            reason=f"late-data corrections to {corrected.number} ({corrected.period}) "
+            f"beyond what invoice {invoice.number} charges",
+            issued_at=now,
         )
-        # TODO(events): publish credit_note.issued
-    session.flush()
+        session.add(note)
+        session.flush()
+        data = {
+            "credit_note_id": note.id,
+            "number": note.number,
+            "invoice_id": corrected.id,
+            "invoice_number": corrected.number,
+            "issued_with_invoice_id": invoice.id,
+            "currency": note.currency,
+            "amount": money(note.amount, note.currency),
+            "tax": money(note.tax, note.currency),
+            "total": money(note.total, note.currency),
+            "issued_at": now.isoformat(),
+        }
+        subject = f"credit_note/{note.id}"
+        publish(session, "credit_note.issued", data, subject=subject, customer_id=note.customer_id)
+
+
+def _publish_voucher(session: Session, voucher: VoucherEntry, currency: str) -> None:
+    """``voucher.issued`` for a tier or manual voucher (issuing is idempotent by id, so a
+    re-finalization can publish a voucher id again; its ``voucher_id`` identifies it)."""
+    assert voucher.expires_at is not None  # issued entries carry their expiry
+    data = {
+        "voucher_id": voucher.voucher_id,
+        "source": voucher.source,
+        "amount": money(voucher.amount, currency),
+        "currency": currency,
+        "issued_at": from_epoch(voucher.at).isoformat(),
+        "expires_at": from_epoch(voucher.expires_at).isoformat(),
+        "reason": voucher.reason,
+    }
+    customer_id = uuid.UUID(voucher.customer_id)
+    publish(
+        session,
+        "voucher.issued",
+        data,
+        subject=f"voucher/{voucher.voucher_id}",
+        customer_id=customer_id,
+    )
 
 
 def refresh_and_finalize(
@@ -258,7 +296,7 @@ def void_invoice(session: Session, invoice: Invoice, now: datetime, reason: str)
         for e in applied
     ]
     repository.insert_entries(session, returned)
-    payments_service.queue_stripe_sync(session, invoice)
+    _publish(session, "invoice.voided", invoice, reason=reason)
     return invoice
 
 
@@ -270,6 +308,7 @@ def mark_invoice_paid(session: Session, invoice: Invoice, paid_at: datetime) -> 
     invoice.status = InvoiceStatus.PAID
     invoice.paid_at = paid_at
     session.flush()
+    _publish(session, "invoice.paid", invoice)
     return invoice
 
 
@@ -300,6 +339,7 @@ def grant_voucher(
     row = VoucherEntryRow(**_entry_fields(entry, customer.currency), created_by=admin_key_id)
     session.add(row)
     session.flush()
+    _publish_voucher(session, entry, customer.currency)
     return row
 
 
@@ -328,6 +368,30 @@ def ledger(entries: Iterable[VoucherEntryRow]) -> list[VoucherEntry]:
         )
         for e in entries
     ]
+
+
+def _publish(session: Session, event_type: str, invoice: Invoice, **extra: str) -> None:
+    """The invoice's lifecycle event (payments mirrors it to Stripe; webhooks deliver it)."""
+    stamps = {
+        "finalized_at": invoice.finalized_at,
+        "voided_at": invoice.voided_at,
+        "paid_at": invoice.paid_at,
+    }
+    data = {
+        "invoice_id": invoice.id,
+        "number": invoice.number,
+        "period": invoice.period,
+        "status": invoice.status.value,
+        "currency": invoice.currency,
+        "subtotal": money(invoice.subtotal, invoice.currency),
+        "tax": money(invoice.tax, invoice.currency),
+        "total": money(invoice.total, invoice.currency),
+        **{name: at.isoformat() for name, at in stamps.items() if at is not None},
+        **extra,
+    }
+    publish(
+        session, event_type, data, subject=f"invoice/{invoice.id}", customer_id=invoice.customer_id
+    )
 
 
 # --- drafts -------------------------------------------------------------------------------

@@ -105,7 +105,9 @@ def _due(stripe_invoice: Any, expected: int) -> None:
 
 
 def _line_of(stripe_item: Any) -> str | None:
-    return (stripe_item.metadata or {}).to_dict().get(META_LINE)
+    metadata = stripe_item.metadata
+    line: str | None = metadata.to_dict().get(META_LINE) if metadata else None
+    return line
 
 
 def _options(key: str) -> stripe.RequestOptions:
@@ -227,7 +229,7 @@ class SyncJob:
         params: stripe.params.InvoiceCreateParams = {
             "customer": stripe_customer_id,
             "currency": invoice.currency.lower(),
-            "collection_method": customer.collection_method,  # type: ignore[typeddict-item]
+            "collection_method": customer.collection_method,
             "auto_advance": False,  # we finalize it ourselves, after checking the amounts
             "pending_invoice_items_behavior": "exclude",
             "description": f"gpumeter invoice {invoice.number} ({invoice.period})",
@@ -404,7 +406,7 @@ def _find_credit_note(
     assert invoice.stripe_invoice_id is not None  # only such credit notes are due
     listed = client.v1.credit_notes.list({"invoice": invoice.stripe_invoice_id, "limit": 100})
     for found in listed.auto_paging_iter():
-        if (found.metadata or {}).to_dict().get(META_CREDIT_NOTE) == str(note.id):
+        if found.metadata and found.metadata.to_dict().get(META_CREDIT_NOTE) == str(note.id):
             return found
     return None
 

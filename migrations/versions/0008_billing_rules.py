@@ -8,7 +8,7 @@
   credit note immutable (only the Stripe mirror columns may change, nothing is deleted).
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0009
 Create Date: 2026-12-01 20:15:00
 """
 
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0008"
-down_revision: str | None = "0006"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -112,6 +112,8 @@ def test_a_correction_larger_than_the_next_invoice_is_a_credit_note(
         "1.49",
     )
     assert get(console, f"/v1/invoices/{october['id']}/credit-notes")["items"] == [note]
+    [issued] = get(console, "/v1/events?type=credit_note.issued")["items"]
+    assert (issued["subject"], issued["data"]["total"]) == (f"credit_note/{note['id']}", "1.49")
     # Voiding November would issue the same correction twice: refused.
     console.post(f"/v1/invoices/{final['id']}/void", {"reason": "x"}, 409)
     with transaction(db) as session, pytest.raises(IntegrityError, match="immutable"):

@@ -13,7 +13,7 @@ from app.billing.domain import (
     Segment,
 )
 from app.billing.lines import LineKind
-from app.billing.rating import rate_rental
+from app.billing.rating import RatedRental, rate_rental
 
 from .factories import DAY, MONTH, failed, healthy, rental, usd_plan
 
@@ -203,11 +203,11 @@ def test_net_is_billable_seconds_times_price_not_the_sum_of_rounded_credits() ->
     assert rated.net == Decimal("3.38")
 
 
-def _capped_month(plan: PlanTerms, **kw: object):
+def _capped_month(plan: PlanTerms) -> RatedRental:
     segments = {"A": [healthy("A", 0, F), failed("A", F, F + 2820)], "B": [healthy("B", 0, END)]}
     assignments = [Assignment("r1", "A", 0, F + 2820), Assignment("r1", "B", F + 2850, END)]
     migration = Migration("r1", "A", "B", F + 2820, F + 2850)
-    return rate_rental(rental(plan, **kw), assignments, segments, {}, [migration], MONTH)
+    return rate_rental(rental(plan), assignments, segments, {}, [migration], MONTH)
 
 
 def test_a_credit_lowers_what_a_capped_rental_pays() -> None:

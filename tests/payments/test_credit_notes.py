@@ -50,6 +50,7 @@ def test_a_credit_note_is_mirrored_once_on_the_invoice_it_corrects(
     note_id = _credit_note(mirror, invoice)
     assert mirror.sync() == 2  # the invoice, then its credit note
     stripe_invoice = mirror.invoice(invoice).stripe_invoice_id
+    assert stripe_invoice is not None
     [theirs] = fake.credit_notes.values()
     assert (theirs["invoice"], theirs["total"], theirs["status"]) == (stripe_invoice, 149, "issued")
     assert theirs["metadata"]["gpumeter_credit_note_id"] == str(note_id)

@@ -14,7 +14,7 @@ from app.billing import repository, service, usage
 from app.billing.html import render_invoice
 from app.billing.loader import PERIOD_PATTERN, current_period
 from app.billing.models import InvoiceStatus
-from app.billing.run import run_invoices
+from app.billing.run import as_of_time, run_invoices
 from app.billing.schemas import (
     CreditNoteRead,
     FinalizeBody,
@@ -60,7 +60,7 @@ def create_run(body: RunCreate, session: DbSession, _: Admin, now: Now) -> RunRe
     summary = run_invoices(
         session,
         body.period,
-        now,
+        as_of_time(body.as_of, now, ("body", "as_of")),
         customer_id=body.customer_id,
         finalize=body.finalize,
         force=body.force,

@@ -8,7 +8,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from app.billing.evidence import xid_of
 from app.billing.lines import CREDIT_KINDS
@@ -131,6 +131,11 @@ class RunCreate(Schema):
     customer_id: uuid.UUID | None = None
     finalize: bool = False
     force: bool = Field(default=False, description="Finalize before the grace time passed.")
+    as_of: AwareDatetime | None = Field(
+        default=None,
+        description="Run as of this past time (re-runs, backfills): grace, voucher validity, "
+        "generated_at and finalized_at are judged then. Default: now.",
+    )
 
 
 class RunFailure(Schema):

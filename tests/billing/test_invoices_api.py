@@ -203,3 +203,19 @@ def test_customers_see_only_their_own_invoices(console: Console, db: Engine, now
     assert client.get("/v1/invoices", headers=bearer(other_key)).json()["items"] == []
     run = client.post("/v1/invoices/runs", json={"period": "2026-10"}, headers=bearer(own_key))
     assert run.status_code == 403
+
+
+def test_a_run_as_of_a_time_is_judged_then(console: Console, db: Engine, now: datetime) -> None:
+    october_with_failure(console, db)
+    runs = "/v1/invoices/runs"
+    future = console.post(runs, {"period": "2026-10", "as_of": "2026-11-06T00:00:00Z"}, 422)
+    assert future["detail"][0]["loc"] == ["body", "as_of"]
+    # 1 Nov 03:00 is before October's grace end (00:00 + 6 h): finalizing then is refused.
+    early = {"period": "2026-10", "finalize": True, "as_of": "2026-11-01T03:00:00Z"}
+    console.post(runs, early, 409)
+    run = console.post(runs, {**early, "as_of": "2026-11-01T06:00:00Z"}, 200)
+    invoice = get(console, f"/v1/invoices/{run['invoice_ids'][0]}")
+    assert (invoice["generated_at"], invoice["finalized_at"]) == (
+        "2026-11-01T06:00:00Z",
+        "2026-11-01T06:00:00Z",
+    )

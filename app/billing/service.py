@@ -24,10 +24,13 @@ Choices (documented where the design left room):
   credit note on each corrected invoice (``invoice.credit_note_lines``), never a negative
   invoice; its tax is the corrected invoice's rate on its amount. An invoice that issued
   credit notes cannot be voided: re-drafting its period would credit the same data twice.
-* Late data: for each earlier finalized or paid invoice whose period ended within the ingest
-  retention, if a segment of the customer's GPUs overlapping that period was received after
-  its finalization (minus ``LATE_MARGIN``, covering ingest transactions still in flight then),
-  the period is re-rated with today's data; each rental's difference to what was billed for it
+* Late data and corrections: for each earlier finalized or paid invoice whose period ended
+  within the ingest retention, if anything it was rated from changed after its finalization
+  (minus ``LATE_MARGIN``, covering transactions still in flight then): a segment of the
+  customer's GPUs received late, a rental, assignment or migration of the customer created or
+  changed, a price effective before the period's end added to a plan it rents on, or a
+  maintenance window on its GPUs recorded, overlapping that period, the period is re-rated with
+  today's data; each rental's difference to what was billed for it
   (its lines there plus adjustments already finalized elsewhere) becomes an adjustment line.
   Since the difference is taken against what was billed, nothing is ever billed twice.
 * Voiding returns the vouchers the invoice consumed as new vouchers with the same expiry
@@ -75,7 +78,10 @@ from app.core.errors import Conflict, Unprocessable, not_found
 from app.core.money import minor_units, round_money
 from app.customers.models import Customer
 from app.events.service import publish
+from app.fleet import service as fleet_service
 from app.metering.repository import late_segments_since
+from app.plans import service as plans_service
+from app.rentals import service as rentals_service
 from app.settings import get_settings
 
 LATE_MARGIN = timedelta(hours=1)
@@ -469,13 +475,29 @@ def _write_draft(
     session.expire(invoice, ["lines"])
 
 
-def _adjustments(session: Session, customer: Customer, earlier: Invoice) -> list[InvoiceLine]:
-    """Adjustment lines for late data in one earlier finalized invoice's period."""
+def _changed_since_finalized(session: Session, customer: Customer, earlier: Invoice) -> bool:
+    """Whether anything the period was rated from changed after its finalization (less
+    ``LATE_MARGIN``): telemetry, a rental, assignment or migration, a price effective in it,
+    a maintenance window recorded late. Each owner package answers for its own rows."""
     assert earlier.finalized_at is not None
-    gpus = repository.customer_gpus(session, customer.id, earlier.period_start, earlier.period_end)
-    span = (epoch(earlier.period_start), epoch(earlier.period_end))
+    start, end = earlier.period_start, earlier.period_end
     since = earlier.finalized_at - LATE_MARGIN
-    if not gpus or not late_segments_since(session, gpus, *span, since):
+    gpus = repository.customer_gpus(session, customer.id, start, end)
+    return (
+        (bool(gpus) and late_segments_since(session, gpus, epoch(start), epoch(end), since))
+        or rentals_service.changed_since(session, customer.id, start, end, since)
+        or plans_service.prices_added_since(session, customer.id, end, since)
+        or (
+            bool(gpus)
+            and fleet_service.maintenance_recorded_since(session, gpus, start, end, since)
+        )
+    )
+
+
+def _adjustments(session: Session, customer: Customer, earlier: Invoice) -> list[InvoiceLine]:
+    """Adjustment lines for corrections to one earlier finalized invoice's period."""
+    span = (epoch(earlier.period_start), epoch(earlier.period_end))
+    if not _changed_since_finalized(session, customer, earlier):
         return []
     billed = repository.billed_by_rental(session, earlier)
     lines = []

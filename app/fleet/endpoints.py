@@ -11,7 +11,16 @@ from app.core.deps import DbSession
 from app.core.pagination import Page, Paging, paginate
 from app.fleet import repository, service
 from app.fleet.models import Pool
-from app.fleet.schemas import GpuCreate, GpuRead, GpuUpdate, NodeCreate, NodeRead, NodeRegistered
+from app.fleet.schemas import (
+    GpuCreate,
+    GpuRead,
+    GpuUpdate,
+    MaintenanceCreate,
+    MaintenanceRead,
+    NodeCreate,
+    NodeRead,
+    NodeRegistered,
+)
 
 router = APIRouter(prefix="/v1", tags=["fleet"])
 
@@ -76,3 +85,14 @@ def update_gpu(gpu_uuid: str, body: GpuUpdate, session: DbSession, admin: Admin)
     """Move a GPU between pools (rentable, spare, maintenance)."""
     gpu = service.get_gpu(session, gpu_uuid, admin)
     return GpuRead.model_validate(service.change_pool(session, gpu, body))
+
+
+@router.post("/gpus/{gpu_uuid}/maintenance", status_code=201)
+def record_maintenance(
+    gpu_uuid: str, body: MaintenanceCreate, session: DbSession, admin: Admin
+) -> MaintenanceRead:
+    """Record a maintenance window with explicit start and end, in the past too: rented
+    seconds in it are not billed; the reply names the rentals it covers."""
+    gpu = service.get_gpu(session, gpu_uuid, admin)
+    window, rentals = service.record_maintenance(session, gpu, body)
+    return MaintenanceRead.model_validate(window).model_copy(update={"rentals": rentals})

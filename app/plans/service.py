@@ -97,3 +97,11 @@ def price_schedule(
         or p.effective_from < first_override
     ]
     return sorted(schedule, key=lambda point: point[0])
+
+
+def prices_added_since(
+    session: Session, customer_id: uuid.UUID, before: datetime, since: datetime
+) -> bool:
+    """Whether a price effective before ``before`` was added after ``since`` to a plan the
+    customer rents on (base or its own contract price): billing re-rates finalized periods."""
+    return repository.prices_added_since(session, customer_id, before, since)

@@ -6,6 +6,9 @@
 * ``invoices.due_at``: finalization plus the customer's payment terms.
 * ``credit_notes`` and their own gapless ``credit_note_number_counters``; a trigger makes a
   credit note immutable (only the Stripe mirror columns may change, nothing is deleted).
+* Changed-at markers billing compares to an invoice's ``finalized_at`` (corrections beyond
+  late telemetry): ``rentals.changed_at``, ``gpu_assignments.changed_at`` and
+  ``gpu_maintenance_windows.created_at``; existing rows get the migration's time.
 
 Revision ID: 0008
 Revises: 0009
@@ -21,6 +24,12 @@ revision: str = "0008"
 down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+_MARKERS = [
+    ("rentals", "changed_at"),
+    ("gpu_assignments", "changed_at"),
+    ("gpu_maintenance_windows", "created_at"),
+]
 
 CREDIT_NOTE_TRIGGER = """
 CREATE FUNCTION credit_notes_immutable() RETURNS trigger AS $$
@@ -115,9 +124,21 @@ def upgrade() -> None:
         postgresql_where=sa.text("stripe_id IS NULL"),
     )
     op.execute(CREDIT_NOTE_TRIGGER)
+    for table, column in _MARKERS:
+        op.add_column(
+            table,
+            sa.Column(
+                column,
+                sa.DateTime(timezone=True),
+                server_default=sa.text("now()"),
+                nullable=False,
+            ),
+        )
 
 
 def downgrade() -> None:
+    for table, column in _MARKERS:
+        op.drop_column(table, column)
     op.execute("DROP TRIGGER credit_notes_immutable ON credit_notes")
     op.execute("DROP FUNCTION credit_notes_immutable()")
     op.drop_table("credit_notes")

@@ -120,3 +120,37 @@ def test_a_correction_larger_than_the_next_invoice_is_a_credit_note(
         session.execute(text("UPDATE credit_notes SET total = 0"))
     with transaction(db) as session, pytest.raises(IntegrityError, match="immutable"):
         session.execute(text("DELETE FROM credit_notes"))
+
+
+def test_a_price_added_for_a_finalized_period_is_an_adjustment(
+    console: Console, db: Engine, app: FastAPI, now: datetime
+) -> None:
+    """October billed at 2.49: 2,675,550 s -> 1850.59. A price of 1.99 effective 20 Oct is
+    added after finalization: 1,638,750 s x 2.49 = 1133.47 and 1,036,800 s x 1.99 = 573.12,
+    1706.59 in all, so November corrects October by -144.00."""
+    world = october_with_failure(console, db)
+    october = run_invoice(console, "2026-10")
+    console.post(f"/v1/invoices/{october['id']}/finalize", {}, 200)
+    price = {"gpu_model": "H100", "price_per_hour": "1.99", "effective_from": "2026-10-20T00:00Z"}
+    console.post(f"/v1/plans/{world.plan['id']}/prices", price)
+    november = run_invoice(console, "2026-11")
+    adjustment = next(x for x in november["lines"] if x["kind"] == "adjustment")
+    assert (adjustment["amount"], adjustment["adjusts_invoice_id"]) == ("-144.00", october["id"])
+    assert adjustment["evidence"]["rerated"] == "1706.59"
+
+
+def test_maintenance_recorded_afterwards_is_credited_on_the_next_invoice(
+    console: Console, db: Engine, app: FastAPI, now: datetime
+) -> None:
+    """An hour of GPU-B recorded as maintenance after October was finalized: 3,600 s fewer
+    billable, 2,671,950 s x 2.49 = 1848.10, so November corrects October by -2.49."""
+    world = october_with_failure(console, db)
+    october = run_invoice(console, "2026-10")
+    console.post(f"/v1/invoices/{october['id']}/finalize", {}, 200)
+    window = {"start_at": "2026-10-25T10:00:00Z", "end_at": "2026-10-25T11:00:00Z"}
+    recorded = console.post("/v1/gpus/GPU-B/maintenance", {**window, "reason": "PSU swap"}, 201)
+    assert recorded["rentals"] == [world.rental["id"]]
+    november = run_invoice(console, "2026-11")
+    adjustment = next(x for x in november["lines"] if x["kind"] == "adjustment")
+    assert (adjustment["amount"], adjustment["evidence"]["rerated"]) == ("-2.49", "1848.10")
+    assert adjustment["evidence"]["buckets_s"]["maintenance"] == 3600

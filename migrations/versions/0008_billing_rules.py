@@ -11,7 +11,7 @@
   ``gpu_maintenance_windows.created_at``; existing rows get the migration's time.
 
 Revision ID: 0008
-Revises: 0009
+Revises: 0007 (0006 in the brief; 0009 and 0007 reached main first)
 Create Date: 2026-12-01 20:15:00
 """
 
@@ -21,7 +21,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0008"
-down_revision: str | None = "0009"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 from app.core.logging import configure_logging
@@ -183,10 +184,8 @@ def cmd_stripe_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_invoices_run(args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
-
     from app.billing.progress import ProgressBar
-    from app.billing.run import run_invoices
+    from app.billing.run import as_of_time, run_invoices
     from app.core.db import get_engine, transaction
     from app.core.errors import ApiError
     from app.wiring import install as install_subscribers
@@ -194,10 +193,11 @@ def cmd_invoices_run(args: argparse.Namespace) -> int:
     install_subscribers()  # finalizing queues the Stripe mirror, webhooks
     try:  # one transaction for the whole run: all drafts change together or not at all
         with database_url(args.data_dir) as url, transaction(get_engine(url)) as session:
+            now = as_of_time(args.as_of, datetime.now(UTC), ("--as-of",))
             summary = run_invoices(
                 session,
                 args.period,
-                datetime.now(UTC),
+                now,
                 customer_id=args.customer,
                 finalize=args.finalize,
                 force=args.force,
@@ -238,6 +238,17 @@ def cmd_register_node(args: argparse.Namespace) -> int:
         args.token_file.chmod(0o600)
     print(f"# node {node.id} ({args.hostname}): agent token issued", file=sys.stderr)
     return 0
+
+
+def _aware_time(text: str) -> datetime:
+    """An ISO 8601 time with its zone (``Z`` or an offset), for ``--as-of``."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"give the zone too, e.g. {text}Z")
+    return value
 
 
 def _version() -> str:
@@ -371,6 +382,13 @@ def build_parser() -> argparse.ArgumentParser:
     invoices_run.add_argument("--finalize", action="store_true", help="number and lock them")
     invoices_run.add_argument(
         "--force", action="store_true", help="finalize before the period's grace time passed"
+    )
+    invoices_run.add_argument(
+        "--as-of",
+        type=_aware_time,
+        default=None,
+        help="run as of this past time (ISO 8601 with a zone, e.g. 2026-11-01T06:00:00Z): "
+        "grace, vouchers, generated_at and finalized_at are judged then (default: now)",
     )
     _add_data_dir(invoices_run)
     invoices_run.set_defaults(handler=cmd_invoices_run)

@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     stripe_lease_s: int = Field(
         default=300, ge=1, description="How long a sync worker owns an outbox item it claimed."
     )
+    seller_name: str = Field(default="gpumeter", description="Seller name on invoices.")
+    seller_address: str = Field(default="", description="Seller postal address on invoices.")
+    seller_tax_id: str = Field(default="", description="Seller VAT / tax id on invoices.")
     secret_key: str | None = Field(
         default=None,
         min_length=16,

@@ -28,7 +28,6 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, lazyload
 
 from app.billing.domain import (
     Assignment,
-    GpuState,
     Migration,
     PlanTerms,
     PricePoint,
@@ -46,6 +45,7 @@ from app.plans.service import price_schedule
 from app.rentals.models import Migration as MigrationRow
 from app.rentals.models import Rental
 from app.rentals.visibility import served
+from metering_agent.protocol import GpuState
 
 _T = TypeVar("_T", Assignment, Migration)
 
@@ -223,7 +223,8 @@ def _migrations(session: Session, rental_ids: list[uuid.UUID], span: Span) -> li
             m.to_gpu_uuid,
             epoch(m.failed_at),
             epoch(m.resumed_at),
-            {"migration_id": m.id, "reason": m.reason},
+            # What the customer may read: the GPUs and the reason; no internal ids.
+            {"from_gpu": m.from_gpu_uuid, "to_gpu": m.to_gpu_uuid, "reason": m.reason},
         )
         for m in rows
     ]
@@ -271,13 +272,14 @@ class _PlanBook:
         plan = self._session.get_one(PricePlan, plan_id)
         schedule = price_schedule(self._session, plan_id, gpu_model, customer_id)
         return PlanTerms(
-            prices=tuple(PricePoint(gpu_model, epoch(at), price) for at, price in schedule),
+            prices=tuple(
+                PricePoint(gpu_model, epoch(at), price, cap) for at, price, cap in schedule
+            ),
             currency=plan.currency,
             increment_s=plan.increment_s,
             minimum_s=plan.minimum_s,
             bill_degraded=plan.bill_degraded,
             bill_unmetered=plan.bill_unmetered,
-            monthly_cap_per_gpu=plan.monthly_cap_per_gpu,
             voucher_tiers=tuple(
                 VoucherTier(int(t["min_days"]), Decimal(str(t["percent"])))
                 for t in plan.voucher_tiers

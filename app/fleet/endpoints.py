@@ -14,7 +14,16 @@ from app.core.deps import DbSession
 from app.core.pagination import Page, Paging, paginate
 from app.fleet import repository, service, telemetry
 from app.fleet.models import Pool
-from app.fleet.schemas import GpuCreate, GpuRead, GpuUpdate, NodeCreate, NodeRead, NodeRegistered
+from app.fleet.schemas import (
+    GpuCreate,
+    GpuRead,
+    GpuUpdate,
+    MaintenanceCreate,
+    MaintenanceRead,
+    NodeCreate,
+    NodeRead,
+    NodeRegistered,
+)
 from app.metering import reads, schemas
 
 router = APIRouter(prefix="/v1", tags=["fleet"])
@@ -115,3 +124,14 @@ def gpu_metrics(
 def fleet_health(session: DbSession, _: Admin) -> schemas.FleetHealth:
     """GPUs by last reported state and pool, and failures that began in the last 24 h."""
     return telemetry.fleet_health(session, int(time.time()))
+
+
+@router.post("/gpus/{gpu_uuid}/maintenance", status_code=201)
+def record_maintenance(
+    gpu_uuid: str, body: MaintenanceCreate, session: DbSession, admin: Admin
+) -> MaintenanceRead:
+    """Record a maintenance window with explicit start and end, in the past too: rented
+    seconds in it are not billed; the reply names the rentals it covers."""
+    gpu = service.get_gpu(session, gpu_uuid, admin)
+    window, rentals = service.record_maintenance(session, gpu, body)
+    return MaintenanceRead.model_validate(window).model_copy(update={"rentals": rentals})

@@ -40,8 +40,9 @@ class Gpu(Timestamped, Base):
     last_seen_at: Mapped[datetime | None]
 
 
-class MaintenanceWindow(Base):
-    """An interval during which the operator drained a GPU; rented seconds in it are not billed."""
+class MaintenanceWindow(Timestamped, Base):
+    """An interval during which the operator drained a GPU; rented seconds in it are not billed.
+    ``created_at`` tells billing whether a window recorded late touches a finalized period."""
 
     __tablename__ = "gpu_maintenance_windows"
     __table_args__ = (

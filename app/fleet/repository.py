@@ -64,6 +64,22 @@ def open_maintenance_window(session: Session, gpu_uuid: str) -> MaintenanceWindo
     )
 
 
+def rentals_assigned(
+    session: Session, gpu_uuid: str, start: datetime, end: datetime
+) -> list[uuid.UUID]:
+    """The rentals that held the GPU at some time in [start, end)."""
+    query = (
+        select(GpuAssignment.rental_id)
+        .distinct()
+        .where(
+            GpuAssignment.gpu_uuid == gpu_uuid,
+            GpuAssignment.start_at < end,
+            (GpuAssignment.end_at.is_(None)) | (GpuAssignment.end_at > start),
+        )
+    )
+    return sorted(session.scalars(query))
+
+
 def maintenance_windows(
     session: Session, gpu_uuids: list[str], start: datetime, end: datetime
 ) -> list[MaintenanceWindow]:

@@ -4,11 +4,11 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import Select, func, or_, select
+from sqlalchemy import ColumnElement, Select, exists, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
-from app.rentals.models import GpuAssignment, Rental
+from app.rentals.models import GpuAssignment, Migration, Rental
 
 
 def readable_rentals(principal: Principal) -> Select[Rental]:
@@ -81,3 +81,24 @@ def assignment_covering(
             or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > at),
         )
     )
+
+
+def changed_since(
+    session: Session, customer_id: uuid.UUID, start: datetime, end: datetime, since: datetime
+) -> bool:
+    def overlapping(model: type[Rental] | type[GpuAssignment]) -> ColumnElement[bool]:
+        return exists().where(
+            model.customer_id == customer_id,
+            model.start_at < end,
+            or_(model.end_at.is_(None), model.end_at > start),
+            model.changed_at > since,
+        )
+
+    migrated = exists().where(
+        Migration.customer_id == customer_id,
+        Migration.failed_at < end,
+        Migration.resumed_at > start,
+        Migration.created_at > since,
+    )
+    query = select(or_(overlapping(Rental), overlapping(GpuAssignment), migrated))
+    return bool(session.scalar(query))

@@ -233,3 +233,11 @@ def _flush_assignment(session: Session, assignment: GpuAssignment) -> None:
 
 def _iso_or(moment: datetime | None, otherwise: str) -> str:
     return moment.isoformat() if moment is not None else otherwise
+
+
+def changed_since(
+    session: Session, customer_id: uuid.UUID, start: datetime, end: datetime, since: datetime
+) -> bool:
+    """Whether a rental, assignment or migration of the customer overlapping [start, end) was
+    created or changed after ``since`` (billing: a correction to a finalized period)."""
+    return repository.changed_since(session, customer_id, start, end, since)

@@ -16,13 +16,18 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
 from enum import Enum
 from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine
 
+from app.billing.models import CreditNote
+from app.core.db import transaction
 from tests.harness import Console, bearer
 
 
@@ -63,6 +68,10 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/gpus"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/gpus/{gpu_uuid}"): Case(Expect.HIDDEN),
     ("PATCH", "/v1/gpus/{gpu_uuid}"): Case(Expect.ADMIN_ONLY, body={"pool": "spare"}),
+    ("POST", "/v1/gpus/{gpu_uuid}/maintenance"): Case(
+        Expect.ADMIN_ONLY,
+        body={"start_at": "2026-10-01T00:00:00Z", "end_at": "2026-10-01T01:00:00Z"},
+    ),
     ("POST", "/v1/plans"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/plans"): Case(Expect.SCOPED),
     # Both customers rent on the shared plan: B sees it, but never A's contract price.
@@ -93,6 +102,8 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/invoices"): Case(Expect.SCOPED, query="?customer_id={customer_id}"),
     ("GET", "/v1/invoices/{invoice_id}"): Case(Expect.HIDDEN),
     ("GET", "/v1/invoices/{invoice_id}/html"): Case(Expect.HIDDEN),
+    ("GET", "/v1/invoices/{invoice_id}/credit-notes"): Case(Expect.HIDDEN),
+    ("GET", "/v1/customers/{customer_id}/credit-notes"): Case(Expect.HIDDEN),
     ("POST", "/v1/invoices/{invoice_id}/finalize"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/invoices/{invoice_id}/void"): Case(Expect.ADMIN_ONLY, body={"reason": "x"}),
     ("POST", "/v1/invoices/{invoice_id}/paid"): Case(Expect.ADMIN_ONLY),
@@ -190,8 +201,31 @@ def test_every_route_has_a_tenancy_case(app: FastAPI) -> None:
 
 
 @pytest.fixture
-def world(console: Console) -> World:
-    return build_world(console)
+def world(console: Console, db: Engine) -> World:
+    world = build_world(console)
+    _credit_note(db, world.ids)
+    return world
+
+
+def _credit_note(db: Engine, ids: dict[str, str]) -> None:
+    """A credit note of A's, on A's invoice, for the credit-note routes to hide from B."""
+    invoice = uuid.UUID(ids["invoice_id"])
+    with transaction(db) as session:
+        session.add(
+            CreditNote(
+                customer_id=uuid.UUID(ids["customer_id"]),
+                number="CN-2026-000001",
+                invoice_id=invoice,
+                issued_with_invoice_id=invoice,
+                currency="USD",
+                amount=Decimal("1.00"),
+                tax_rate=Decimal("0"),
+                tax=Decimal("0.00"),
+                total=Decimal("1.00"),
+                reason="tenancy",
+                issued_at=datetime(2026, 12, 1, tzinfo=UTC),
+            )
+        )
 
 
 def call(client: TestClient, method: str, path: str, case: Case, key: str | None) -> Any:

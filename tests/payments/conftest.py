@@ -16,6 +16,7 @@ import stripe
 from sqlalchemy import Engine, text
 
 from app.billing import service as billing_service
+from app.billing.invoice import Invoice as BuiltInvoice
 from app.billing.models import Invoice, InvoiceLineRow
 from app.core.db import transaction
 from app.customers.models import Customer
@@ -125,7 +126,12 @@ class Mirror:
     def finalize(self, invoice_id: uuid.UUID) -> None:
         with transaction(self.engine) as session:
             invoice = session.get_one(Invoice, invoice_id)
-            billing_service.finalize_invoice(session, invoice, NOW, rated=[], force=True)
+            # The lines were written by hand above: nothing to rate, no vouchers, no notes.
+            built = BuiltInvoice(
+                str(invoice.id), str(invoice.customer_id), invoice.currency, (), (), ()
+            )
+            draft = billing_service.Draft(invoice, [], built)
+            billing_service.finalize_invoice(session, draft, NOW, force=True)
 
     def void(self, invoice_id: uuid.UUID) -> None:
         with transaction(self.engine) as session:

@@ -5,9 +5,13 @@ so every test package gets them without importing them."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi.testclient import TestClient
+
+T = TypeVar("T")
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -63,3 +67,16 @@ class Console:
     ) -> dict[str, Any]:
         body = {"gpu_uuid": gpu_uuid, "start_at": start, **fields}
         return self.post(f"/v1/rentals/{rental_id}/assignments", body, status)
+
+
+def wait_for(condition: Callable[[], T | None], what: str, timeout_s: float = 30) -> T:
+    """Poll ``condition`` until it returns something truthy (returned), or fail after
+    ``timeout_s`` saying ``what`` did not happen. Tests wait on conditions, never on sleeps."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.05)

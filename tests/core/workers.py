@@ -1,0 +1,59 @@
+"""Real `gpumeter worker` processes for the queue's end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, text
+
+GPUMETER = Path(sys.executable).parent / "gpumeter"
+# Short heartbeats, so a killed worker is found dead (and its jobs re-run) within seconds.
+FAST = {
+    "GPUMETER_WORKER_HEARTBEAT_S": "0.5",
+    "GPUMETER_WORKER_STALLED_S": "2",
+    "GPUMETER_WORKER_POLL_S": "0.5",
+    "GPUMETER_WORKER_SHUTDOWN_S": "3",
+}
+
+
+def start_worker(database_url: str, log: Path, **settings: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMETER_")}
+    env |= {"GPUMETER_DATABASE_URL": database_url, **FAST, **settings}
+    with log.open("ab") as out:
+        return subprocess.Popen([str(GPUMETER), "worker"], env=env, stdout=out, stderr=out)
+
+
+def live_workers(db: Engine) -> int:
+    with db.connect() as connection:
+        return connection.scalar(text("SELECT count(*) FROM procrastinate_workers")) or 0
+
+
+def stop(process: subprocess.Popen[bytes], timeout_s: float = 15) -> int:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    return process.wait(timeout=timeout_s)
+
+
+@contextmanager
+def workers(
+    database_url: str, log_dir: Path, count: int = 1, **settings: str
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` workers, stopped by SIGTERM (or killed, if they ignore it) at the end."""
+    started = [
+        start_worker(database_url, log_dir / f"worker-{n}.log", **settings) for n in range(count)
+    ]
+    try:
+        yield started
+    finally:
+        for process in started:
+            try:
+                stop(process)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

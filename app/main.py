@@ -25,6 +25,7 @@ from app.payments.endpoints import router as stripe_router
 from app.plans.endpoints import router as plans_router
 from app.rentals.endpoints import router as rentals_router
 from app.settings import get_settings
+from app.webhooks.endpoints import router as webhooks_router
 from app.wiring import install as install_subscribers
 
 ROUTERS = [
@@ -42,6 +43,7 @@ ROUTERS = [
     plans_router,
     rentals_router,
     stripe_router,
+    webhooks_router,
 ]
 
 

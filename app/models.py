@@ -10,6 +10,7 @@ from app.metering.models import HealthEventRow, MinuteMetrics, OpenMinuteMetrics
 from app.payments.models import PaymentFailure, StripeOutbox, StripeWebhookEvent
 from app.plans.models import PlanPrice, PricePlan
 from app.rentals.models import GpuAssignment, Migration, Rental
+from app.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 __all__ = [
     "ApiKey",
@@ -37,4 +38,7 @@ __all__ = [
     "StripeOutbox",
     "StripeWebhookEvent",
     "VoucherEntryRow",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpoint",
 ]

@@ -11,13 +11,16 @@ from __future__ import annotations
 import procrastinate
 
 from app.core import queue as job_queue
-from app.events.service import subscribe
+from app.events.service import ALL_TYPES, subscribe
 from app.payments import jobs as payments_jobs
 from app.payments.service import on_invoice_event
+from app.webhooks import jobs as webhook_jobs
+from app.webhooks.service import on_event as deliver_to_webhooks
 
 BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
     "queue": job_queue.core_tasks,
     "payments": payments_jobs.tasks,
+    "webhooks": webhook_jobs.tasks,
 }
 
 
@@ -25,6 +28,7 @@ def install() -> None:
     """Register every subscriber and every task; calling it again changes nothing."""
     subscribe("invoice.finalized", on_invoice_event)
     subscribe("invoice.voided", on_invoice_event)
+    subscribe(ALL_TYPES, deliver_to_webhooks)
     for namespace, blueprint in BLUEPRINTS.items():
         if not any(name.startswith(f"{namespace}:") for name in job_queue.queue.tasks):
             job_queue.queue.add_tasks_from(blueprint, namespace=namespace)

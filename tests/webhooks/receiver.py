@@ -7,6 +7,7 @@ it records each verified delivery and notices two deliveries of one message at o
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ class Receiver:
     rejected: list[str] = field(default_factory=list)
     overlaps: list[tuple[str, str]] = field(default_factory=list)
     held_requests: int = 0
+    delay_s: float = 0.0  # a slow endpoint: each answer takes this long
     _in_flight: set[tuple[str, str]] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
@@ -84,6 +86,8 @@ class Receiver:
                 request.send_response(400)
                 request.end_headers()
                 return
+            if self.delay_s:
+                time.sleep(self.delay_s)
             if 200 <= self.status < 300:
                 with self._lock:
                     self.received.append(Delivery(request.path, key[1], payload))

@@ -25,7 +25,6 @@ from typing import Any
 import procrastinate
 from procrastinate import exceptions, job_context, manager, worker
 from prometheus_client import Histogram
-from psycopg_pool import AsyncConnectionPool
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
@@ -108,15 +107,14 @@ def conninfo(engine: Engine) -> str:
 
 @asynccontextmanager
 async def opened(engine: Engine, settings: Settings) -> AsyncIterator[procrastinate.App]:
-    """The queue app with its own connection pool on ``engine``'s database."""
+    """The queue app, for this block, on its own connection pool to ``engine``'s database."""
     size = settings.worker_concurrency + 2  # jobs, plus LISTEN and heartbeats
-    pool = AsyncConnectionPool(conninfo(engine), min_size=1, max_size=size, open=False)
-    await pool.open(wait=True, timeout=30)
-    try:
-        async with queue.open_async(pool):
-            yield queue
-    finally:
-        await pool.close()
+    connector = procrastinate.PsycopgConnector(
+        conninfo=conninfo(engine), min_size=1, max_size=size, timeout=30
+    )
+    with queue.replace_connector(connector) as app:
+        async with app.open_async():
+            yield app
 
 
 async def run_worker(

@@ -31,7 +31,13 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 if not Path(CHROMIUM).exists() and os.environ.get("CI") != "true":
     pytest.skip("Debian's chromium is not installed (CI installs it)", allow_module_level=True)
 
-from playwright.sync_api import Browser, Page, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import (  # noqa: E402
+    Browser,
+    Page,
+    ViewportSize,
+    expect,
+    sync_playwright,
+)
 
 ARGS = [
     "--headless",
@@ -44,7 +50,10 @@ ARGS = [
     "--disable-sync",
 ]
 SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
-SIZES = {"laptop": {"width": 1280, "height": 800}, "phone": {"width": 390, "height": 844}}
+SIZES: dict[str, ViewportSize] = {
+    "laptop": {"width": 1280, "height": 800},
+    "phone": {"width": 390, "height": 844},
+}
 
 
 @pytest.fixture(scope="module")

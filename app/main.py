@@ -24,6 +24,7 @@ from app.metering.endpoints import router as metering_router
 from app.payments.endpoints import router as stripe_router
 from app.plans.endpoints import router as plans_router
 from app.rentals.endpoints import router as rentals_router
+from app.schedule.endpoints import router as schedule_router
 from app.settings import get_settings
 from app.webhooks.endpoints import router as webhooks_router
 from app.wiring import install as install_subscribers
@@ -42,6 +43,7 @@ ROUTERS = [
     metering_router,
     plans_router,
     rentals_router,
+    schedule_router,
     stripe_router,
     webhooks_router,
 ]

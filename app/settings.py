@@ -102,6 +102,10 @@ class Settings(BaseSettings):
         default=True,
         description="The scheduled monthly run finalizes the drafts (false: drafts only).",
     )
+    invoice_schedule_cron: str = Field(
+        default="*/5 * * * *",
+        description="When workers check for due monthly runs (cron; a 6th field is seconds).",
+    )
     nats_url: str | None = Field(
         default=None, description="NATS server; set: every event is published to JetStream too."
     )

@@ -14,6 +14,7 @@ from app.core import queue as job_queue
 from app.events.service import ALL_TYPES, subscribe
 from app.payments import jobs as payments_jobs
 from app.payments.service import on_invoice_event
+from app.schedule import jobs as schedule_jobs
 from app.webhooks import jobs as webhook_jobs
 from app.webhooks.service import on_event as deliver_to_webhooks
 
@@ -21,6 +22,7 @@ BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
     "queue": job_queue.core_tasks,
     "payments": payments_jobs.tasks,
     "webhooks": webhook_jobs.tasks,
+    "invoice_schedule": schedule_jobs.tasks,
 }
 
 

@@ -11,7 +11,8 @@ import uuid
 from datetime import datetime
 from enum import StrEnum
 
-from sqlalchemy import ARRAY, ForeignKey, Index, Integer, String, UniqueConstraint, func, text
+from sqlalchemy import ForeignKey, Index, Integer, String, UniqueConstraint, func, text
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.base import Base, Timestamped, pg_enum

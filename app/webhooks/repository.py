@@ -15,7 +15,7 @@ def endpoints_for(session: Session, event: DomainEvent) -> Sequence[WebhookEndpo
     (or every customer's)."""
     query = select(WebhookEndpoint).where(
         WebhookEndpoint.enabled,
-        or_(WebhookEndpoint.event_types == [], WebhookEndpoint.event_types.any(event.type)),
+        or_(WebhookEndpoint.event_types == [], WebhookEndpoint.event_types.contains([event.type])),
         or_(
             WebhookEndpoint.customer_id.is_(None),
             WebhookEndpoint.customer_id == event.customer_id,
@@ -24,13 +24,13 @@ def endpoints_for(session: Session, event: DomainEvent) -> Sequence[WebhookEndpo
     return session.scalars(query.order_by(WebhookEndpoint.id)).all()
 
 
-def endpoints_query() -> Select[tuple[WebhookEndpoint]]:
+def endpoints_query() -> Select[WebhookEndpoint]:
     return select(WebhookEndpoint).order_by(WebhookEndpoint.created_at, WebhookEndpoint.id)
 
 
 def deliveries_query(
     endpoint_id: uuid.UUID, status: DeliveryStatus | None
-) -> Select[tuple[WebhookDelivery]]:
+) -> Select[WebhookDelivery]:
     query = select(WebhookDelivery).where(WebhookDelivery.endpoint_id == endpoint_id)
     if status is not None:
         query = query.where(WebhookDelivery.status == status)

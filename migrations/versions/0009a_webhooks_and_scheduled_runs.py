@@ -1,4 +1,5 @@
-"""webhooks: endpoints, one delivery per event and endpoint, the attempts log
+"""webhooks: endpoints, one delivery per event and endpoint, the attempts log; the scheduled
+invoice runs
 
 Revision ID: 0009a
 Revises: 0009
@@ -9,6 +10,7 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision: str = "0009a"
 down_revision: str | None = "0009"
@@ -16,6 +18,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 STATUS = sa.Enum("pending", "succeeded", "failed", name="webhook_delivery_status")
+RUN_STATUS = sa.Enum("pending", "succeeded", "failed", name="scheduled_run_status")
 
 
 def _now() -> sa.TextClause:
@@ -104,9 +107,30 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_webhook_attempts")),
     )
     op.create_index(op.f("ix_webhook_attempts_delivery_id"), "webhook_attempts", ["delivery_id"])
+    op.create_table(
+        "scheduled_invoice_runs",
+        sa.Column("id", sa.BigInteger(), autoincrement=True, nullable=False),
+        sa.Column("period", sa.String(length=7), nullable=False),
+        sa.Column("timezone", sa.String(length=64), nullable=False),
+        sa.Column("status", RUN_STATUS, nullable=False),
+        sa.Column("finalize", sa.Boolean(), nullable=False),
+        sa.Column("attempts", sa.Integer(), nullable=False),
+        sa.Column("customers", sa.Integer(), nullable=False),
+        sa.Column("counts", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
+        sa.Column("failures", postgresql.JSONB(astext_type=sa.Text()), nullable=False),
+        sa.Column("error", sa.String(length=2000), nullable=True),
+        sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("created_at", sa.DateTime(timezone=True), server_default=_now(), nullable=False),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_scheduled_invoice_runs")),
+        sa.UniqueConstraint(
+            "period", "timezone", name=op.f("uq_scheduled_invoice_runs_period_timezone")
+        ),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("scheduled_invoice_runs")
+    RUN_STATUS.drop(op.get_bind())
     op.drop_table("webhook_attempts")
     op.drop_table("webhook_deliveries")
     op.drop_table("webhook_endpoints")

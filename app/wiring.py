@@ -11,10 +11,12 @@ from __future__ import annotations
 import procrastinate
 
 from app.core import queue as job_queue
+from app.events import stream
 from app.events.service import ALL_TYPES, subscribe
 from app.payments import jobs as payments_jobs
 from app.payments.service import on_invoice_event
 from app.schedule import jobs as schedule_jobs
+from app.settings import get_settings
 from app.webhooks import jobs as webhook_jobs
 from app.webhooks.service import on_event as deliver_to_webhooks
 
@@ -23,6 +25,7 @@ BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
     "payments": payments_jobs.tasks,
     "webhooks": webhook_jobs.tasks,
     "invoice_schedule": schedule_jobs.tasks,
+    "nats": stream.tasks,
 }
 
 
@@ -31,6 +34,8 @@ def install() -> None:
     subscribe("invoice.finalized", on_invoice_event)
     subscribe("invoice.voided", on_invoice_event)
     subscribe(ALL_TYPES, deliver_to_webhooks)
+    if get_settings().nats_url:
+        subscribe(ALL_TYPES, stream.queue_publication)
     for namespace, blueprint in BLUEPRINTS.items():
         if not any(name.startswith(f"{namespace}:") for name in job_queue.queue.tasks):
             job_queue.queue.add_tasks_from(blueprint, namespace=namespace)

@@ -34,6 +34,9 @@ LATENCY = Histogram(
     "From an event's time to the 2xx of its delivery (retries included).",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600, 86400),
 )
+# One client (its TLS context and connection pool) for every delivery of this process;
+# httpx clients are thread-safe. Redirects are not followed: a 3xx is a failed attempt.
+_CLIENT = httpx.Client(follow_redirects=False)
 
 
 @dataclass(frozen=True)
@@ -96,10 +99,13 @@ def send(request: Request, settings: Settings) -> Outcome:
     try:
         check_target(request.url, allow_private=settings.webhook_allow_private)
         headers = signing.headers(request.message_id, _now(), request.body, request.secrets)
-        with (
-            httpx.Client(timeout=settings.webhook_timeout_s, follow_redirects=False) as client,
-            client.stream("POST", request.url, content=request.body, headers=headers) as answer,
-        ):
+        with _CLIENT.stream(
+            "POST",
+            request.url,
+            content=request.body,
+            headers=headers,
+            timeout=settings.webhook_timeout_s,
+        ) as answer:
             status, error = answer.status_code, None
     except RefusedTarget as refused:
         status, error = None, f"refused: {refused}"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
 from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 
 router = APIRouter(tags=["operations"])
 
@@ -25,10 +26,18 @@ _DEPTH = text(
 )
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={503: {"description": "database unreachable or not migrated"}},
+)
 def metrics(request: Request) -> Response:
-    with request.app.state.engine.connect() as connection:
-        rows = connection.execute(_DEPTH).all()
+    try:
+        with request.app.state.engine.connect() as connection:
+            rows = connection.execute(_DEPTH).all()
+    except SQLAlchemyError as error:
+        reason = f"queue depth unavailable: {type(error).__name__}"
+        return Response(reason, status_code=503, media_type="text/plain")
     QUEUE_JOBS.clear()
     for task, status, count in rows:
         QUEUE_JOBS.labels(task, status).set(count)

@@ -22,9 +22,11 @@ FAST = {
 }
 
 
-def start_worker(database_url: str, log: Path, **settings: str) -> subprocess.Popen[bytes]:
+def start_worker(
+    database_url: str, log: Path, settings: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMETER_")}
-    env |= {"GPUMETER_DATABASE_URL": database_url, **FAST, **settings}
+    env |= {"GPUMETER_DATABASE_URL": database_url, **FAST, **(settings or {})}
     with log.open("ab") as out:
         return subprocess.Popen([str(GPUMETER), "worker"], env=env, stdout=out, stderr=out)
 
@@ -42,11 +44,11 @@ def stop(process: subprocess.Popen[bytes], timeout_s: float = 15) -> int:
 
 @contextmanager
 def workers(
-    database_url: str, log_dir: Path, count: int = 1, **settings: str
+    database_url: str, log_dir: Path, *, count: int = 1, settings: dict[str, str] | None = None
 ) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``count`` workers, stopped by SIGTERM (or killed, if they ignore it) at the end."""
     started = [
-        start_worker(database_url, log_dir / f"worker-{n}.log", **settings) for n in range(count)
+        start_worker(database_url, log_dir / f"worker-{n}.log", settings) for n in range(count)
     ]
     try:
         yield started

@@ -66,7 +66,7 @@ def test_two_workers_run_a_past_month_exactly_once(
         "GPUMETER_INVOICE_SCHEDULE_CRON": "* * * * * */1",
         "GPUMETER_INVOICE_GRACE_HOURS": "0",
     }
-    with workers(database_url, tmp_path, count=2, **every_second):
+    with workers(database_url, tmp_path, count=2, settings=every_second):
         wait_for(lambda: [r["status"] for r in runs(console)] == ["succeeded"], "the run", 90)
         logs = [tmp_path / f"worker-{n}.log" for n in range(2)]
         wait_for(  # several more ticks, on either worker, after the run

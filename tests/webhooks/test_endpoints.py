@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -18,7 +19,8 @@ from tests.webhooks.receiver import Receiver
 
 def publish_one(db: Engine, customer_id: str | None = None, type_: str = "test.happened") -> str:
     with transaction(db) as session:
-        return str(publish(session, type_, {}, subject="thing/1", customer_id=customer_id).id)
+        owner = uuid.UUID(customer_id) if customer_id else None
+        return str(publish(session, type_, {}, subject="thing/1", customer_id=owner).id)
 
 
 def log(console: Console, endpoint: dict[str, Any]) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from app.core.logging import configure_logging
-from app.settings import get_settings
+from app.settings import embedded_secret_key, get_settings
 
 
 @contextmanager
@@ -47,11 +47,37 @@ def exit_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 
+MAX_HEADER_BYTES = 64 * 1024
+CONNECTIONS_PER_WORKER = 2048
+
+
+def ensure_secret_key(data_dir: Path | None) -> bool:
+    """Give the workers a signing secret: the configured one, or for the embedded single-box
+    default one generated once in the data dir. False: a configured database without one."""
+    settings = get_settings()
+    if settings.secret_key:
+        return True
+    if settings.database_url:
+        print(
+            "gpumeter serve: GPUMETER_SECRET_KEY is not set; it signs portal links and session "
+            "cookies. Set it to a long random value, the same for every instance, e.g. "
+            "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`",
+            file=sys.stderr,
+        )
+        return False
+    os.environ["GPUMETER_SECRET_KEY"] = embedded_secret_key(data_dir or settings.data_dir)
+    get_settings.cache_clear()
+    return True
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.core import migrate
+    from app.core.limits import BoundedH11Protocol
 
+    if not ensure_secret_key(args.data_dir):
+        return 2
     exit_cleanly_on_sigterm()
     with database_url(args.data_dir) as url:
         migrate.upgrade(url)
@@ -60,6 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.no_worker:
             os.environ["GPUMETER_WORKER_IN_PROCESS"] = "false"
         get_settings.cache_clear()
+        settings = get_settings()
         uvicorn.run(
             "app.main:app_from_environment",
             factory=True,
@@ -68,6 +95,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             log_config=None,
             access_log=False,
+            # Slow and idle connections are closed (headers: BoundedH11Protocol; bodies:
+            # app.core.limits); shedding is the app's (JSON 503), this is only a hard cap.
+            http=BoundedH11Protocol,
+            timeout_keep_alive=settings.keep_alive_s,
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+            limit_concurrency=CONNECTIONS_PER_WORKER,
+            timeout_graceful_shutdown=settings.shutdown_timeout_s,
         )
     return 0
 
@@ -198,22 +232,20 @@ def cmd_invoices_run(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from app.demo.run import DemoOptions, run_demo
 
-    options = DemoOptions(data_dir=args.data_dir, duration=args.duration, port=args.port)
+    options = DemoOptions(
+        data_dir=args.data_dir, duration=args.duration, port=args.port, verbose=args.verbose
+    )
     return run_demo(options, database_url)
 
 
 def cmd_register_node(args: argparse.Namespace) -> int:
     from app.core.db import get_engine, transaction
-    from app.fleet import repository, service
+    from app.fleet import service
     from app.fleet.schemas import NodeCreate
 
+    data = NodeCreate(hostname=args.hostname, datacenter=args.datacenter)
     with database_url(args.data_dir) as url, transaction(get_engine(url)) as session:
-        node = repository.node_by_hostname(session, args.hostname)
-        if node is None:
-            data = NodeCreate(hostname=args.hostname, datacenter=args.datacenter)
-            node, issued = service.register_node(session, data)
-        else:  # registered before (a restarted deployment): rotate its token
-            issued = service.issue_node_token(session, node)
+        node, issued = service.enroll_node(session, data)
     if args.token_file is None:
         print(issued.secret)
     else:
@@ -223,10 +255,20 @@ def cmd_register_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpumeter")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpumeter", description="Per-second GPU metering and billing service."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the API service under uvicorn")
@@ -319,6 +361,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the demo's database, logs and spools here (default: a temporary directory, "
         "removed at exit)",
     )
+    demo.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="stream the demo's and its processes' JSON logs to the terminal (default: into "
+        "demo.log, server.log and agent-*.log in the data directory)",
+    )
     demo.set_defaults(handler=cmd_demo)
 
     stripe = commands.add_parser("stripe", help="the Stripe mirror").add_subparsers(
@@ -371,9 +420,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import app.models  # noqa: F401 - every table registered before any command's session
+    from app.core.embedded_pg import PostgresDidNotStop
+
     args = build_parser().parse_args(argv)
     configure_logging(get_settings().log_level)
-    return args.handler(args)
+    try:
+        return int(args.handler(args))
+    except PostgresDidNotStop as error:
+        print(f"gpumeter: {error}; see the log in its data directory", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

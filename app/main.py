@@ -8,12 +8,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
+import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
 from app.auth.endpoints import router as keys_router
+from app.auth.middleware import AuthenticateFirst
 from app.billing.endpoints import customer_router as billing_customer_router
 from app.billing.endpoints import router as invoices_router
 from app.core.db import get_engine
-from app.core.errors import install_error_handlers
+from app.core.errors import document_errors, install_error_handlers
 from app.core.health import router as health_router
+from app.core.limits import RequestLimits
 from app.core.metrics import router as metrics_router
 from app.core.queue import worker_in_background
 from app.customers.endpoints import router as customers_router
@@ -72,8 +75,12 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     install_subscribers()
     install_error_handlers(app)
     dashboard.install(app)
+    # Outermost first on the way in: size and concurrency limits, then the key, then the app.
+    app.add_middleware(AuthenticateFirst)
+    app.add_middleware(RequestLimits)
     for router in ROUTERS:
         app.include_router(router)
+    document_errors(app)
     return app
 
 

@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from importlib.metadata import version
 from pathlib import Path
 
 import httpx
@@ -14,12 +14,14 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine
 
+from app.cli import main
 from app.core.db import transaction
 from app.core.local_service import free_port, wait_until_ready
+from app.core.processes import wait_for_exit
 from app.core.scratch_db import scratch_database
 from app.customers.models import Customer
 from app.main import create_app
-from app.settings import sqlalchemy_url
+from app.settings import SECRET_KEY_FILE, embedded_secret_key, sqlalchemy_url
 
 BIN = Path(sys.executable).parent
 
@@ -39,6 +41,13 @@ def test_help_is_available_for_every_command() -> None:
             [BIN / "gpumeter", *args], capture_output=True, text=True, check=True
         )
         assert "usage: gpumeter" in result.stdout
+
+
+def test_version_is_the_installed_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gpumeter {version('gpumeter')}"
 
 
 def test_db_upgrade_and_create_key_on_a_configured_database(database_url: str, db: object) -> None:
@@ -158,16 +167,27 @@ def test_serve_without_a_url_runs_on_embedded_postgres_and_stops_it(
     assert wait_for_exit(postgres_pid, timeout_s=10), f"postgres {postgres_pid} still runs"
 
 
-def wait_for_exit(pid: int, timeout_s: float) -> bool:
-    """True once ``pid`` is gone or a zombie (exited, waiting for a parent that may never reap
-    it in a container without an init process)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except FileNotFoundError:
-            return True
-        if "\nState:\tZ" in status:
-            return True
-        time.sleep(0.1)
-    return False
+def test_serve_refuses_to_start_without_a_secret_on_a_configured_database(
+    database_url: str,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GPUMETER_SECRET_KEY"}
+    env["GPUMETER_DATABASE_URL"] = database_url
+    refused = subprocess.run(
+        [BIN / "gpumeter", "serve", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2
+    assert "GPUMETER_SECRET_KEY is not set" in refused.stderr
+
+
+def test_the_embedded_default_generates_its_secret_once_readable_only_by_its_owner(
+    tmp_path: Path,
+) -> None:
+    first = embedded_secret_key(tmp_path / "data")
+    assert len(first) >= 32
+    assert (tmp_path / "data" / SECRET_KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert embedded_secret_key(tmp_path / "data") == first  # kept, not regenerated
+    assert embedded_secret_key(tmp_path / "other") != first

@@ -8,11 +8,12 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from sqlalchemy import Select
 from sqlalchemy.orm import Session
 
 from app.auth import repository
 from app.auth.models import ApiKey, KeyKind
-from app.core.errors import not_found
+from app.core.errors import Conflict, not_found
 
 PREFIX_LENGTH = 12
 
@@ -79,11 +80,22 @@ def authenticate(session: Session, secret: str) -> Principal | None:
     return Principal(key.id, key.kind, key.customer_id, key.node_id)
 
 
+def customer_keys_query(customer_id: uuid.UUID) -> Select[ApiKey]:
+    """The customer's API keys (revoked ones too), oldest first."""
+    return repository.keys_query(kind=KeyKind.CUSTOMER, customer_id=customer_id)
+
+
 def revoke_key(session: Session, key_id: uuid.UUID) -> ApiKey:
     key = session.get(ApiKey, key_id)
     if key is None:
         raise not_found("API key", key_id)
     if key.revoked_at is None:
+        if key.kind == KeyKind.ADMIN and repository.lock_active_admin_keys(session) == [key.id]:
+            raise Conflict(
+                f"API key {key_id} is the last active admin key; create another admin key "
+                "before revoking this one",
+                ("path", "key_id"),
+            )
         key.revoked_at = datetime.now(UTC)
     return key
 

@@ -9,8 +9,9 @@ from functools import lru_cache
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
-import app.models  # noqa: F401 - every table registered before any session, so foreign keys resolve
 from app.settings import get_settings, sqlalchemy_url
+
+CONNECT_TIMEOUT_S = 5
 
 
 @lru_cache
@@ -26,7 +27,9 @@ def get_engine(url: str | None = None) -> Engine:
         sqlalchemy_url(url),
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_pool_size,
+        pool_timeout=settings.db_pool_timeout_s,  # then 503 (app.core.errors), never a hang
         pool_pre_ping=True,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )
 
 

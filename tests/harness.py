@@ -5,13 +5,12 @@ so every test package gets them without importing them."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi.testclient import TestClient
 
-T = TypeVar("T")
+from app.core.processes import wait_until
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -69,14 +68,8 @@ class Console:
         return self.post(f"/v1/rentals/{rental_id}/assignments", body, status)
 
 
-def wait_for(condition: Callable[[], T | None], what: str, timeout_s: float = 30) -> T:
-    """Poll ``condition`` until it returns something truthy (returned), or fail after
-    ``timeout_s`` saying ``what`` did not happen. Tests wait on conditions, never on sleeps."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
+def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 30) -> None:
+    """Fail unless ``condition`` turns truthy within ``timeout_s``, saying ``what`` did not
+    happen. Tests wait on conditions, never on fixed sleeps."""
+    if not wait_until(lambda: bool(condition()), timeout_s, poll_s=0.05):
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

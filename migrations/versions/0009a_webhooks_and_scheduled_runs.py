@@ -2,7 +2,7 @@
 invoice runs
 
 Revision ID: 0009a
-Revises: 0009
+Revises: 0007
 Create Date: 2026-12-01 20:50:00
 """
 
@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0009a"
-down_revision: str | None = "0009"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

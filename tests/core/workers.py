@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import Engine, text
+
+from app.core.processes import stop_child
 
 GPUMETER = Path(sys.executable).parent / "gpumeter"
 # Short heartbeats, so a killed worker is found dead (and its jobs re-run) within seconds.
@@ -36,12 +37,6 @@ def live_workers(db: Engine) -> int:
         return connection.scalar(text("SELECT count(*) FROM procrastinate_workers")) or 0
 
 
-def stop(process: subprocess.Popen[bytes], timeout_s: float = 15) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    return process.wait(timeout=timeout_s)
-
-
 @contextmanager
 def workers(
     database_url: str, log_dir: Path, *, count: int = 1, settings: dict[str, str] | None = None
@@ -53,9 +48,5 @@ def workers(
     try:
         yield started
     finally:
-        for process in started:
-            try:
-                stop(process)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        for n, process in enumerate(started):
+            stop_child(process, f"worker-{n}", timeout_s=15)

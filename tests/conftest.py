@@ -101,7 +101,8 @@ def db(engine: Engine) -> Engine:
 
 @pytest.fixture
 def app(db: Engine) -> FastAPI:
-    return create_app(db)
+    """The service without its in-process queue worker (tests that need one start it)."""
+    return create_app(db, worker=False)
 
 
 @pytest.fixture

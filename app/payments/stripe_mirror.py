@@ -1,4 +1,5 @@
-"""The Stripe sync worker: drains the outbox, mirroring each invoice into Stripe.
+"""The Stripe sync: drains the outbox, mirroring each invoice into Stripe (a queue job runs it,
+``app.payments.jobs``).
 
 Per outbox row (one per invoice), under a lease taken with ``FOR UPDATE SKIP LOCKED`` so
 several workers never work on one invoice at once:
@@ -26,20 +27,17 @@ next pass; any other is stored on the credit note and it is not tried again.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
-import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import stripe
-from fastapi import FastAPI
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
@@ -59,10 +57,9 @@ from app.payments.stripe_api import (
     invoice_key,
     is_transient,
     line_key,
-    make_client,
     to_stripe_amount,
 )
-from app.settings import Settings, get_settings
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -426,34 +423,3 @@ def _credit_note_params(invoice: Invoice, note: CreditNote) -> stripe.params.Cre
         "metadata": {META_CREDIT_NOTE: str(note.id), "gpumeter_number": note.number},
     }
 
-
-def run_forever(
-    engine: Engine, client: stripe.StripeClient, settings: Settings, stop: threading.Event
-) -> None:
-    """Poll the outbox until ``stop`` is set; a failing pass is logged and retried."""
-    owner = worker_id()
-    while not stop.is_set():
-        try:
-            sync_due(engine, client, settings, owner=owner)
-        except Exception:
-            # A crash mid-row leaves its lease to expire; the row is resumed after that.
-            log.exception("stripe sync pass failed")
-        stop.wait(settings.stripe_poll_interval_s)
-
-
-@asynccontextmanager
-async def stripe_sync_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Run the sync worker in a thread of this process while the app serves, if enabled."""
-    settings = get_settings()
-    if not (settings.stripe_api_key and settings.stripe_sync_in_process):
-        yield
-        return
-    stop = threading.Event()
-    args = (app.state.engine, make_client(settings), settings, stop)
-    thread = threading.Thread(target=run_forever, args=args, name="stripe-sync", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.to_thread(thread.join)

@@ -50,6 +50,7 @@ class Case:
 ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/healthz"): Case(Expect.PUBLIC),
     ("GET", "/readyz"): Case(Expect.PUBLIC),
+    ("GET", "/metrics"): Case(Expect.PUBLIC),
     ("POST", "/v1/keys"): Case(Expect.ADMIN_ONLY, body={"name": "x"}),
     ("GET", "/v1/keys"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/keys/{key_id}/revoke"): Case(Expect.ADMIN_ONLY),
@@ -117,6 +118,14 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/stripe/sync"): Case(Expect.ADMIN_ONLY, query="?customer_id={customer_id}"),
     ("GET", "/v1/stripe/invoices/{invoice_id}"): Case(Expect.HIDDEN),
     ("POST", "/v1/stripe/invoices/{invoice_id}/retry"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/webhooks/endpoints"): Case(Expect.ADMIN_ONLY, body={"url": "https://x.io"}),
+    ("GET", "/v1/webhooks/endpoints"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/webhooks/endpoints/{endpoint_id}"): Case(Expect.ADMIN_ONLY),
+    ("PATCH", "/v1/webhooks/endpoints/{endpoint_id}"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/webhooks/endpoints/{endpoint_id}/secret"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/webhooks/endpoints/{endpoint_id}/deliveries"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/webhooks/deliveries/{delivery_id}/resend"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/scheduled-invoice-runs"): Case(Expect.ADMIN_ONLY),
 }
 
 A_CONTRACT_PRICE = "1.2345678901"
@@ -175,6 +184,8 @@ def build_world(console: Console) -> World:
         "assignment_id": str(assignment["id"]),
         "key_id": a_key["id"],
         "invoice_id": invoice_id,
+        "endpoint_id": str(uuid.uuid4()),  # admin-only routes: refused before any lookup
+        "delivery_id": "1",
     }
     markers = [
         a["id"],

@@ -60,7 +60,6 @@ def settings(monkeypatch: pytest.MonkeyPatch, fake: FakeStripe) -> Iterator[Sett
         stripe_api_key=fake.api_key,
         stripe_api_base=fake.url,
         stripe_webhook_secret=WEBHOOK_SECRET,
-        stripe_sync_in_process="false",
         stripe_max_network_retries=0,
         stripe_retry_base_s=0.2,
         stripe_retry_max_s=1,

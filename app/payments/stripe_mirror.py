@@ -422,4 +422,3 @@ def _credit_note_params(invoice: Invoice, note: CreditNote) -> stripe.params.Cre
         "memo": f"{note.number}: {note.reason}"[:500],
         "metadata": {META_CREDIT_NOTE: str(note.id), "gpumeter_number": note.number},
     }
-

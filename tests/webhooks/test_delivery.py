@@ -70,6 +70,7 @@ def _every_event_type(app: FastAPI, console: Console, db: Engine, receiver: Rece
         "invoice.finalized",
         "invoice.voided",
         "invoice.paid",
+        "voucher.issued",  # October's tier voucher, issued at finalization
         "gpu.state_changed",
         "webhook_endpoint.disabled",
     }

@@ -12,6 +12,7 @@ import pytest
 
 from app.core.local_service import free_port
 from app.core.processes import wait_until
+from metering_agent.spool import parse_entries
 from tests.metering_agent.agent_helpers import Sink, assert_no_overlap, log_events, start_agent
 
 pytestmark = pytest.mark.e2e  # real agent processes
@@ -26,16 +27,14 @@ STATE_FLAPS = [
 def spooled(spool: Path) -> set[tuple[str, int, int]]:
     """Records durable in the spool directory: sealed batches and the journal."""
     found = set()
-    for path in (spool / "batches").glob("*.json"):
-        found |= {
-            (r["gpu_uuid"], r["start"], r["end"]) for r in json.loads(path.read_bytes())["records"]
-        }
-    journal = spool / "journal.jsonl"
-    for line in journal.read_text().splitlines() if journal.exists() else []:
-        entry = json.loads(line)
-        if "record" in entry:
-            r = entry["record"]
-            found.add((r["gpu_uuid"], r["start"], r["end"]))
+    for path in [*(spool / "batches").glob("*.jsonl"), spool / "journal.jsonl"]:
+        if path.exists():
+            entries, _ = parse_entries(path, path.read_bytes())
+            found |= {
+                (e["record"]["gpu_uuid"], e["record"]["start"], e["record"]["end"])
+                for e in entries
+                if "record" in e
+            }
     return found
 
 

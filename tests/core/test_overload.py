@@ -1,6 +1,7 @@
 """Overload sheds, never wedges: a real `gpumeter serve --workers 2` under more load than it
 runs at once answers 503 + Retry-After in the error shape (no other 5xx), keeps answering
-/healthz, is quick again once the load stops, and stops within 10 s of SIGTERM under load."""
+/healthz, answers every request once the load stops, and stops within 10 s of SIGTERM under
+load."""
 
 from __future__ import annotations
 
@@ -104,12 +105,13 @@ def test_overload_is_shed_with_503_and_the_service_recovers(
         for worker in workers:
             worker.join(20)
     assert {code for code in statuses if code >= 500} == {503}, statuses
-    # Quiet again: answered at once, with nothing left wedged.
-    started = time.monotonic()
+    # Quiet again: every request answered 200, none left waiting on anything wedged (the
+    # figure, time back to the quiet p99, is bench/overload.py's; not a timed test).
     for _ in range(10):
-        response = httpx.get(f"{base}/v1/customers", headers={"Authorization": f"Bearer {key}"})
+        response = httpx.get(
+            f"{base}/v1/customers", headers={"Authorization": f"Bearer {key}"}, timeout=10
+        )
         assert response.status_code == 200
-    assert time.monotonic() - started < 5
 
 
 @pytest.mark.e2e

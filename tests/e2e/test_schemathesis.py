@@ -92,5 +92,6 @@ def test_no_input_gets_a_5xx_or_an_undocumented_status(
         text=True,
         timeout=600,
         env={**os.environ, "NO_COLOR": "1"},
+        cwd=tmp_path,  # its caches stay out of the repository
     )
     assert result.returncode == 0, result.stdout[-12000:] + result.stderr[-2000:]

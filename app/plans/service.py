@@ -4,6 +4,7 @@ import uuid
 from datetime import datetime
 from decimal import Decimal
 
+from sqlalchemy import Select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -23,8 +24,13 @@ def get_plan(session: Session, plan_id: uuid.UUID, principal: Principal) -> Pric
     return plan
 
 
+def visible_prices_query(plan: PricePlan, principal: Principal) -> Select[tuple[PlanPrice]]:
+    """The plan's prices this caller may see: never another customer's contract."""
+    return repository.prices_query(plan.id, customer_id=principal.customer_scope)
+
+
 def visible_prices(session: Session, plan: PricePlan, principal: Principal) -> list[PriceRead]:
-    query = repository.prices_query(plan.id, customer_id=principal.customer_scope)
+    query = visible_prices_query(plan, principal)
     return [PriceRead.model_validate(price) for price in session.scalars(query)]
 
 

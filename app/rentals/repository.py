@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
-from app.rentals.models import GpuAssignment, Rental
+from app.rentals.models import GpuAssignment, Migration, Rental
 
 
 def rentals_query(
@@ -25,6 +25,15 @@ def rentals_query(
     if active_from is not None:
         query = query.where(or_(Rental.end_at.is_(None), Rental.end_at > active_from))
     return query
+
+
+def migrations_query(rental_id: uuid.UUID) -> Select[tuple[Migration]]:
+    """A rental's migrations, oldest first (as the rental's own list orders them)."""
+    return (
+        select(Migration)
+        .where(Migration.rental_id == rental_id)
+        .order_by(Migration.failed_at, Migration.id)
+    )
 
 
 def overlapping_assignments(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 
 from app.auth.endpoints import router as keys_router
@@ -37,11 +38,13 @@ ROUTERS = [
 
 
 def create_app(engine: Engine | None = None) -> FastAPI:
-    app = FastAPI(
+    # Swagger UI and ReDoc from packaged assets: /docs works offline (no CDN).
+    app = FastAPIOffline(
         title="gpumeter",
         version="0.1.0",
         description="Per-second GPU metering and billing: console API, ingest, invoices.",
         lifespan=stripe_sync_lifespan,  # the Stripe sync worker, when Stripe is configured
+        favicon_url="/favicon.ico",
     )
     app.state.engine = engine or get_engine()
     install_error_handlers(app)

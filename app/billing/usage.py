@@ -184,6 +184,7 @@ def _effective(usage: EffectiveUsage) -> EffectiveRead:
         rented_s=usage.rented_s,
         credited_s=usage.credited_s,
         idle_s=usage.idle_s,
+        unmeasured_s=usage.unmeasured_s,
         effective_s=usage.effective_s,
         effective_gpu_hours=str(usage.effective_gpu_hours),
     )

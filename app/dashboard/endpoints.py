@@ -6,6 +6,7 @@ portal link or the sign-in form sets); a page that names another customer's obje
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,11 +15,13 @@ from typing import Annotated, Any
 from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import Field
 from sqlalchemy.orm import Session
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.auth.deps import Admin, BearerCredentials, current_principal
 from app.auth.models import KeyKind
@@ -27,10 +30,10 @@ from app.billing.endpoints import Now
 from app.billing.loader import PERIOD_PATTERN, BillingPeriod
 from app.core.deps import DbSession
 from app.core.epoch import from_epoch
-from app.core.errors import Unauthorized
+from app.core.errors import ApiError, Unauthorized
 from app.core.schemas import Schema
 from app.customers.service import get_customer
-from app.dashboard import formatting, invoices, pdf, service, sessions
+from app.dashboard import formatting, invoices, pdf, service, sessions, wording
 from app.dashboard.bands import ROW_H, WIDTH
 
 HERE = Path(__file__).parent
@@ -42,6 +45,7 @@ TEMPLATES.env.globals.update(
     shift_period=service.shift_period,
     line_label=invoices.label,
     line_detail=invoices.detail,
+    event_text=wording.event,
     ROW_H=ROW_H,
     WIDTH=WIDTH,
 )
@@ -169,7 +173,11 @@ class Page:
 
     def render(self, template: str, **context: Any) -> Response:
         current = service.current_period_of(self.v.customer, self.now)
-        return _render(self.request, template, v=self.v, current_period=current, **context)
+        period = context.get("period")
+        closed = period is not None and service.is_closed(period, self.now)
+        return _render(
+            self.request, template, v=self.v, current_period=current, closed=closed, **context
+        )
 
 
 def page(
@@ -192,7 +200,8 @@ PeriodParam = Annotated[str | None, Query(pattern=PERIOD_PATTERN)]
 def customers_page(request: Request, session: DbSession, admin: PagePrincipal) -> Response:
     if not admin.is_admin:
         return RedirectResponse("/dashboard", status_code=303)
-    return _render(request, "customers.html", customers=service.all_customers(session))
+    customers = service.all_customers(session)
+    return _render(request, "customers.html", customers=customers, signed_in=True)
 
 
 @pages.get("", name="overview")
@@ -241,14 +250,75 @@ def what_if_page(p: CustomerPage, period: PeriodParam = None) -> Response:
 _PRIVATE = {"Cache-Control": "private, no-store"}
 
 
-def _render(request: Request, template: str, **context: Any) -> Response:
-    values = {"v": None, "fmt": None, **context}
+def _render(request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
+    values = {"v": None, "fmt": None, "signed_in": False, **context}
     if values["v"] is not None:
         values["fmt"] = values["v"].fmt
-    return TEMPLATES.TemplateResponse(request, template, values, headers=_PRIVATE)
+        values["signed_in"] = True
+    return TEMPLATES.TemplateResponse(
+        request, template, values, status_code=status_code, headers=_PRIVATE
+    )
+
+
+# --- errors as pages ----------------------------------------------------------------------
+
+_TITLES = {
+    401: "Sign in again",
+    403: "Not allowed",
+    404: "Not found",
+    422: "That address is not valid",
+}
+
+
+def _wants_page(request: Request) -> bool:
+    path = request.url.path
+    return path.startswith("/dashboard") and not path.startswith("/dashboard/static")
+
+
+def _html_errors(app: FastAPI) -> None:
+    """Dashboard routes answer errors with a page; the API's JSON handler says what failed."""
+    for kind in (ApiError, RequestValidationError, StarletteHTTPException):
+        as_json = app.exception_handlers[kind]
+
+        async def handler(request: Request, exc: Exception, as_json: Any = as_json) -> Response:
+            response: Response = await as_json(request, exc)
+            if response.status_code < 400 or not _wants_page(request):
+                return response
+            return _error_page(request, response)
+
+        app.add_exception_handler(kind, handler)
+
+
+def _error_page(request: Request, response: Response) -> Response:
+    status = response.status_code
+    problems = [_problem(item) for item in json.loads(bytes(response.body))["detail"]]
+    return _render(
+        request,
+        "error.html",
+        status_code=status,
+        status=status,
+        title=_TITLES.get(status, "Something went wrong"),
+        problems=problems,
+    )
+
+
+def _problem(item: dict[str, Any]) -> str:
+    if item.get("loc") == ["query", "period"] and item.get("type") == "string_pattern_mismatch":
+        return "period must be a month written YYYY-MM, for example 2026-10 (period)"
+    where = [str(part) for part in item.get("loc", []) if part not in ("path", "query", "body")]
+    return f"{item['msg']} ({'.'.join(where)})" if where else str(item["msg"])
+
+
+def favicon() -> FileResponse:
+    return FileResponse(STATIC / "favicon.ico", media_type="image/x-icon")
 
 
 def install(app: FastAPI) -> None:
-    """What the dashboard needs besides its routers: its assets and the cookie session."""
+    """What the dashboard needs besides its routers: assets, the cookie session, error pages.
+
+    Call after ``install_error_handlers``: the page handlers wrap the API's JSON ones.
+    """
     app.mount("/dashboard/static", StaticFiles(directory=STATIC), name="dashboard_static")
+    app.add_api_route("/favicon.ico", favicon, include_in_schema=False)
     app.add_middleware(sessions.SessionCookieMiddleware)
+    _html_errors(app)

@@ -1,4 +1,8 @@
-"""The dashboard's own read: recent health events on the customer's GPUs while it rented them."""
+"""The dashboard's own read: recent health events on the customer's GPUs while it rented them.
+
+An assignment's end second is included: a migration ends the failed GPU's assignment at
+``failed_at``, the very second of the failure event that caused it.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,8 @@ _EVENTS_DURING_ASSIGNMENTS = text("""
 SELECT e.event_id, e.gpu_uuid, e.at, e.kind, e.code, e.state, e.rule, e.detail, a.rental_id
 FROM gpu_assignments a
 JOIN health_events e ON e.gpu_uuid = a.gpu_uuid
-  AND e.at >= GREATEST(extract(epoch FROM a.start_at)::bigint, :lo)
-  AND e.at < LEAST(COALESCE(extract(epoch FROM a.end_at)::bigint, :hi), :hi)
+  AND e.at >= GREATEST(extract(epoch FROM a.start_at)::bigint, :lo) AND e.at < :hi
+  AND (a.end_at IS NULL OR e.at <= extract(epoch FROM a.end_at)::bigint)
 WHERE a.customer_id = :customer
   AND a.start_at < to_timestamp(:hi) AND (a.end_at IS NULL OR a.end_at > to_timestamp(:lo))
 ORDER BY e.at DESC, e.event_id
@@ -24,7 +28,7 @@ LIMIT :limit
 def latest_events(
     session: Session, customer_id: uuid.UUID, lo: int, hi: int, limit: int
 ) -> list[dict[str, Any]]:
-    """Newest first: events of [lo, hi) on GPUs during the customer's assignments of them."""
+    """Newest first: events of [lo, hi) on GPUs during (or ending) the customer's assignments."""
     rows = session.execute(
         _EVENTS_DURING_ASSIGNMENTS, {"customer": customer_id, "lo": lo, "hi": hi, "limit": limit}
     )

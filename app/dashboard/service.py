@@ -79,6 +79,11 @@ def period_of(customer: Customer, name: str | None, now: datetime) -> BillingPer
         raise Unprocessable(str(error), ("query", "period")) from None
 
 
+def is_closed(period: BillingPeriod, now: datetime) -> bool:
+    """The month is over: its figures are final (before late data), not "to date"."""
+    return epoch(now) >= period.span[1]
+
+
 # --- overview ---------------------------------------------------------------------------
 
 

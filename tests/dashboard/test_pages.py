@@ -154,7 +154,7 @@ def test_invoice_page_and_pdf_show_the_invoice_total(client: TestClient, seeded:
     text = "\n".join(p.extract_text() for p in PdfReader(io.BytesIO(response.content)).pages)
     total = f"€{Decimal(inv['total']):,.2f}"
     assert inv["number"] in text and total in text
-    assert "Failure credit" in text and "code=79" in text
+    assert "Failure credit" in text and "XID 79: GPU has fallen off the bus" in text
 
 
 def test_what_if_equals_the_api(client: TestClient, seeded: World) -> None:

@@ -8,33 +8,38 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, RedirectResponse, Response
+from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import Field
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.auth.deps import Admin, BearerCredentials, current_principal
+from app.auth.deps import Admin, BearerCredentials, ConsoleUser, current_principal
 from app.auth.models import KeyKind
 from app.auth.service import Principal, authenticate
 from app.billing.endpoints import Now
 from app.billing.loader import PERIOD_PATTERN, BillingPeriod
+from app.core.db import transaction
 from app.core.deps import DbSession
 from app.core.epoch import from_epoch
 from app.core.errors import ApiError, Unauthorized
 from app.core.schemas import Schema
+from app.customers.models import Customer
 from app.customers.service import get_customer
-from app.dashboard import formatting, invoices, pdf, service, sessions, wording
+from app.dashboard import exports, formatting, invoices, pdf, service, sessions, wording
 from app.dashboard.bands import ROW_H, WIDTH
+from app.settings import get_settings
 
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
@@ -52,6 +57,11 @@ TEMPLATES.env.globals.update(
 
 router = APIRouter(tags=["dashboard"])
 pages = APIRouter(prefix="/dashboard", include_in_schema=False)
+PeriodParam = Annotated[
+    str | None, Query(pattern=PERIOD_PATTERN, description="YYYY-MM; default: the current month.")
+]
+# Pages show one customer's money: never let a shared cache keep them.
+_PRIVATE = {"Cache-Control": "private, no-store"}
 
 
 # --- portal links (JSON API) --------------------------------------------------------------
@@ -81,6 +91,54 @@ def create_portal_link(
     link = sessions.portal_link(customer_id, (body or PortalLinkCreate()).ttl_s)
     url = str(request.url_for("open_portal_link", token=link.token))
     return PortalLinkRead(url=url, expires_at=from_epoch(link.expires_at))
+
+
+# --- exports (JSON API side: CSV bodies) ----------------------------------------------------
+
+
+class ExportKind(StrEnum):
+    USAGE = "usage.csv"
+    FOCUS = "focus.csv"
+
+
+@router.get(
+    "/v1/customers/{customer_id}/exports/{kind}",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/csv": {}}}},
+)
+def export_period(
+    customer_id: uuid.UUID,
+    kind: ExportKind,
+    request: Request,
+    session: DbSession,
+    caller: ConsoleUser,
+    now: Now,
+    period: PeriodParam = None,
+) -> StreamingResponse:
+    """The period's invoice as cost and usage rows per rental, GPU and day: ``usage.csv``, or
+    ``focus.csv`` in the FinOps FOCUS 1.2 format. Streamed; sums to the invoice's total."""
+    customer = get_customer(session, customer_id, caller)
+    return _export(request, session, customer, service.period_of(customer, period, now), kind)
+
+
+def _export(
+    request: Request, session: Session, customer: Customer, period: BillingPeriod, kind: ExportKind
+) -> StreamingResponse:
+    invoice = exports.period_invoice(session, customer, period)  # 404 before streaming starts
+    engine, provider = request.app.state.engine, get_settings().provider_name
+
+    def body() -> Iterator[str]:
+        # Its own read-only transaction: the request's has committed when streaming begins.
+        with transaction(engine) as stream:
+            parts = exports.day_parts(stream, invoice, period)
+            if kind is ExportKind.FOCUS:
+                yield from exports.focus_csv(parts, invoice, customer, provider)
+            else:
+                yield from exports.usage_csv(parts, invoice, customer.billing_timezone)
+
+    name = f"gpumeter-{period.name}-{kind.value}"
+    headers = {"Content-Disposition": f'attachment; filename="{name}"', **_PRIVATE}
+    return StreamingResponse(body(), media_type="text/csv; charset=utf-8", headers=headers)
 
 
 # --- sign-in ------------------------------------------------------------------------------
@@ -193,7 +251,6 @@ def page(
 
 
 CustomerPage = Annotated[Page, Depends(page)]
-PeriodParam = Annotated[str | None, Query(pattern=PERIOD_PATTERN)]
 
 
 @pages.get("/customers", name="customers")
@@ -239,15 +296,16 @@ def invoice_pdf(p: CustomerPage, invoice_id: uuid.UUID) -> Response:
     )
 
 
+@pages.get("/exports/{kind}", name="export")
+def export_page(p: CustomerPage, kind: ExportKind, period: PeriodParam = None) -> Response:
+    return _export(p.request, p.session, p.v.customer, p.period(period), kind)
+
+
 @pages.get("/what-if", name="what_if")
 def what_if_page(p: CustomerPage, period: PeriodParam = None) -> Response:
     billing_period = p.period(period)
     table = service.what_if(p.session, p.v, billing_period, p.now)
     return p.render("what_if.html", period=billing_period, table=table)
-
-
-# Pages show one customer's money: never let a shared cache keep them.
-_PRIVATE = {"Cache-Control": "private, no-store"}
 
 
 def _render(request: Request, template: str, status_code: int = 200, **context: Any) -> Response:

@@ -34,10 +34,12 @@ from app.core.db import transaction
 from app.core.deps import DbSession
 from app.core.epoch import from_epoch
 from app.core.errors import ApiError, Unauthorized
+from app.core.pagination import Page as PageOf
+from app.core.pagination import Paging, page_of
 from app.core.schemas import Schema
 from app.customers.models import Customer
 from app.customers.service import get_customer
-from app.dashboard import exports, formatting, invoices, pdf, service, sessions, wording
+from app.dashboard import exports, formatting, incidents, invoices, pdf, service, sessions, wording
 from app.dashboard.bands import ROW_H, WIDTH
 from app.settings import get_settings
 
@@ -91,6 +93,25 @@ def create_portal_link(
     link = sessions.portal_link(customer_id, (body or PortalLinkCreate()).ttl_s)
     url = str(request.url_for("open_portal_link", token=link.token))
     return PortalLinkRead(url=url, expires_at=from_epoch(link.expires_at))
+
+
+@router.get("/v1/customers/{customer_id}/incidents")
+def list_incidents(
+    customer_id: uuid.UUID,
+    session: DbSession,
+    caller: ConsoleUser,
+    now: Now,
+    paging: Paging,
+    period: PeriodParam = None,
+) -> PageOf[incidents.IncidentRead]:
+    """The period's GPU failures and migrations on this customer's rentals, oldest first:
+    cause, when the service heard of it, where the rental moved and how fast, the credit."""
+    customer = get_customer(session, customer_id, caller)
+    fmt = formatting.Formatter(customer.currency, customer.billing_timezone)
+    found = incidents.incidents(
+        session, customer, service.period_of(customer, period, now), now, fmt
+    )
+    return page_of(found, paging)
 
 
 # --- exports (JSON API side: CSV bodies) ----------------------------------------------------

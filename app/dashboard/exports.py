@@ -159,9 +159,14 @@ class DayPart:
     seconds: Decimal | None  # the line's GPU-seconds in this part (exact; may be fractional)
 
 
-def period_invoice(session: Session, customer: Customer, period: BillingPeriod) -> Invoice:
+def find_invoice(session: Session, customer: Customer, period: BillingPeriod) -> Invoice | None:
+    """The customer's invoice for the period (draft or finalized), if the run made one."""
     query = billing_repository.invoices_query(customer_id=customer.id, period=period.name)
-    invoice = session.scalar(query.where(Invoice.status != InvoiceStatus.VOID))
+    return session.scalar(query.where(Invoice.status != InvoiceStatus.VOID))
+
+
+def period_invoice(session: Session, customer: Customer, period: BillingPeriod) -> Invoice:
+    invoice = find_invoice(session, customer, period)
     if invoice is None:
         raise NotFound(
             f"no invoice for {period.name} yet: exports are of the period's invoice, which the "

@@ -53,6 +53,8 @@ def hours(seconds: int | float) -> str:
 def duration(seconds: int) -> str:
     minutes, s = divmod(int(seconds), 60)
     h, m = divmod(minutes, 60)
+    if h >= 48:
+        return f"{h // 24} d {h % 24} h"
     if h:
         return f"{h} h {m:02d} min"
     return f"{m} min {s:02d} s" if m else f"{s} s"

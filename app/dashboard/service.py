@@ -27,7 +27,7 @@ from app.core.errors import NotFound, Unprocessable, not_found
 from app.customers.models import Customer
 from app.customers.repository import customers_query
 from app.customers.service import get_customer
-from app.dashboard import bands, repository
+from app.dashboard import bands, incidents, repository
 from app.dashboard.formatting import Formatter
 from app.rentals.models import Rental
 from app.rentals.service import get_rental
@@ -91,6 +91,7 @@ def is_closed(period: BillingPeriod, now: datetime) -> bool:
 class Overview:
     usage: billing_schemas.UsageRead
     events: list[dict[str, Any]]
+    incidents: list[incidents.IncidentRead]
 
     @property
     def idle_share(self) -> Decimal | None:
@@ -106,7 +107,7 @@ def overview(session: Session, v: Viewer, period: BillingPeriod, now: datetime) 
     usage = billing_usage.usage(session, v.customer, period.name, now)
     hi = min(period.span[1], epoch(now))
     events = repository.latest_events(session, v.customer.id, period.span[0], hi, LATEST_EVENTS)
-    return Overview(usage, events)
+    return Overview(usage, events, incidents.incidents(session, v.customer, period, now, v.fmt))
 
 
 # --- rental -------------------------------------------------------------------------------
@@ -117,6 +118,7 @@ class RentalPage:
     rental: Rental
     chart: bands.BandChart | None  # None: nothing of the rental falls in the period yet
     window: tuple[int, int]
+    incidents: list[incidents.IncidentRead]
 
 
 def rental_page(
@@ -126,9 +128,15 @@ def rental_page(
     if rental.customer_id != v.customer.id:  # an admin's link naming two customers
         raise not_found("rental", rental_id)
     window = _rented_window(rental, period, now)
+    mine = [
+        i
+        for i in incidents.incidents(session, v.customer, period, now, v.fmt)
+        if i.rental_id == rental.id
+    ]
     if window[0] >= window[1]:
-        return RentalPage(rental, None, window)
-    return RentalPage(rental, bands.build(session, rental, v.principal, v.fmt, window), window)
+        return RentalPage(rental, None, window, mine)
+    chart = bands.build(session, rental, v.principal, v.fmt, window)
+    return RentalPage(rental, chart, window, mine)
 
 
 def _rented_window(rental: Rental, period: BillingPeriod, now: datetime) -> tuple[int, int]:

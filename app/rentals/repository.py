@@ -36,6 +36,21 @@ def migrations_query(rental_id: uuid.UUID) -> Select[tuple[Migration]]:
     )
 
 
+def customer_migrations_query(
+    customer_id: uuid.UUID, start: datetime, end: datetime
+) -> Select[tuple[Migration]]:
+    """The customer's migrations that failed over in [start, end), oldest first."""
+    return (
+        select(Migration)
+        .where(
+            Migration.customer_id == customer_id,
+            Migration.failed_at >= start,
+            Migration.failed_at < end,
+        )
+        .order_by(Migration.failed_at, Migration.id)
+    )
+
+
 def overlapping_assignments(
     session: Session,
     gpu_uuid: str,

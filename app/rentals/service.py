@@ -26,6 +26,13 @@ def get_rental(session: Session, rental_id: uuid.UUID, principal: Principal) -> 
     return rental
 
 
+def customer_migrations(
+    session: Session, customer_id: uuid.UUID, start: datetime, end: datetime
+) -> list[Migration]:
+    """Read interface: the customer's migrations that failed over in [start, end)."""
+    return list(session.scalars(repository.customer_migrations_query(customer_id, start, end)))
+
+
 def create_rental(session: Session, data: RentalCreate) -> Rental:
     customer = session.get(Customer, data.customer_id)
     if customer is None:

@@ -17,7 +17,7 @@ from app.billing.endpoints import clock
 from app.dashboard import sessions, tokens
 from app.settings import get_settings
 from tests.dashboard import world
-from tests.dashboard.world import PERIOD, World
+from tests.dashboard.world import PERIOD, World, ts
 from tests.harness import Console, bearer
 
 PAGES = [
@@ -298,3 +298,40 @@ def test_docs_are_served_without_a_cdn(client: TestClient) -> None:
     assert assets, html
     for asset in assets:
         assert client.get(asset).status_code == 200, asset
+
+
+def test_incidents_read_for_a_person_and_equal_the_invoice_credits(
+    client: TestClient, seeded: World
+) -> None:
+    headers = bearer(seeded.acme.key)
+    api = client.get(
+        f"/v1/customers/{seeded.acme.customer['id']}/incidents?period={PERIOD}", headers=headers
+    ).json()
+    [incident] = api["items"]
+    credits = [
+        Decimal(line["amount"])
+        for line in seeded.invoice["lines"]
+        if line["kind"] in ("failure_credit", "migration_credit")
+    ]
+    assert Decimal(incident["credited"]) == -sum(credits) == Decimal("1.97")
+    assert (incident["gpu_uuid"], incident["moved_to_gpu"], incident["downtime_s"]) == (
+        "GPU-A-1",
+        "GPU-A-2",
+        47 * 60 + 30,
+    )
+    assert incident["summary"].startswith(
+        "GPU-A-1 failed 2026-10-10 14:00:00 CEST (XID 79: GPU has fallen off the bus), reported"
+    )
+    assert incident["summary"].endswith(
+        "detection time unknown, moved to GPU-A-2 in 47 min 30 s, credited €1.97"
+    )
+    rental = seeded.acme.rental["id"]
+    for path in (f"/dashboard?period={PERIOD}", f"/dashboard/rentals/{rental}?period={PERIOD}"):
+        html = client.get(path, headers=headers).text
+        assert incident["summary"] in html, path
+        assert f"focus=GPU-A-1%40{ts(world.FAILED_AT)}" in html, path
+    other = client.get(
+        f"/v1/customers/{seeded.other.customer['id']}/incidents?period={PERIOD}",
+        headers=bearer(seeded.other.key),
+    ).json()
+    assert other["items"] == []

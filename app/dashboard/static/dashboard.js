@@ -199,6 +199,14 @@
   });
   // An incident marker (a button: click, Enter or Space) does the same for its incident.
   document.querySelectorAll(".incident").forEach((marker) => marker.addEventListener("click", () => focusPiece(marker)));
-  range = clamp(full[0], full[1]);
+  // ?focus=GPU@second (an incident's "Evidence" link): open the charts on that GPU there.
+  const focus = new URLSearchParams(location.search).get("focus");
+  const [focusGpu, focusAt] = focus ? focus.split("@") : [];
+  if (focusGpu && [...pick.options].some((o) => o.value === focusGpu) && Number(focusAt)) {
+    pick.value = focusGpu;
+    range = clamp(Number(focusAt) - 1800, Number(focusAt) + 3600);
+  } else {
+    range = clamp(full[0], full[1]);
+  }
   load();
 })();

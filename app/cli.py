@@ -155,7 +155,9 @@ def cmd_invoices_run(args: argparse.Namespace) -> int:
     from app.billing.run import run_invoices
     from app.core.db import get_engine, transaction
     from app.core.errors import ApiError
+    from app.wiring import install as install_subscribers
 
+    install_subscribers()  # finalizing queues the Stripe mirror, webhooks
     try:  # one transaction for the whole run: all drafts change together or not at all
         with database_url(args.data_dir) as url, transaction(get_engine(url)) as session:
             summary = run_invoices(

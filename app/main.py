@@ -14,12 +14,14 @@ from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
 from app.customers.endpoints import router as customers_router
 from app.dashboard import endpoints as dashboard
+from app.events.endpoints import router as events_router
 from app.fleet.endpoints import router as fleet_router
 from app.metering.endpoints import router as metering_router
 from app.payments.endpoints import router as stripe_router
 from app.payments.stripe_mirror import stripe_sync_lifespan
 from app.plans.endpoints import router as plans_router
 from app.rentals.endpoints import router as rentals_router
+from app.wiring import install as install_subscribers
 
 ROUTERS = [
     health_router,
@@ -27,6 +29,7 @@ ROUTERS = [
     customers_router,
     dashboard.router,
     dashboard.pages,
+    events_router,
     fleet_router,
     invoices_router,
     billing_customer_router,
@@ -47,6 +50,7 @@ def create_app(engine: Engine | None = None) -> FastAPI:
         favicon_url="/favicon.ico",
     )
     app.state.engine = engine or get_engine()
+    install_subscribers()
     install_error_handlers(app)
     dashboard.install(app)
     for router in ROUTERS:

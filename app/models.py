@@ -4,6 +4,7 @@ from app.auth.models import ApiKey, KeyKind
 from app.billing.models import Invoice, InvoiceLineRow, InvoiceNumberCounter, VoucherEntryRow
 from app.core.base import Base
 from app.customers.models import Customer
+from app.events.models import DomainEvent
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.metering.models import HealthEventRow, MinuteMetrics, OpenMinuteMetrics, StateSegment
 from app.payments.models import PaymentFailure, StripeOutbox, StripeWebhookEvent
@@ -14,6 +15,7 @@ __all__ = [
     "ApiKey",
     "Base",
     "Customer",
+    "DomainEvent",
     "Gpu",
     "GpuAssignment",
     "HealthEventRow",

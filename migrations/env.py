@@ -5,6 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine, pool
 
+from app.core.migrate import ours
 from app.models import Base
 from app.settings import get_settings, sqlalchemy_url
 
@@ -21,7 +22,12 @@ def _url() -> str:
 def run_migrations_online() -> None:
     engine = create_engine(_url(), poolclass=pool.NullPool)
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=Base.metadata, compare_type=True)
+        context.configure(
+            connection=connection,
+            target_metadata=Base.metadata,
+            compare_type=True,
+            include_name=ours,
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

@@ -23,9 +23,16 @@ from app.core.db import transaction
 from app.core.scratch_db import scratch_database
 from app.main import create_app
 from app.settings import sqlalchemy_url
+from app.wiring import install as install_subscribers
 from tests.harness import Console
 
 SERVER_URL_ENV = "GPUMETER_DATABASE_URL"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def subscribers() -> None:
+    """The event subscribers every entry point registers (app factory, worker, CLI)."""
+    install_subscribers()
 
 
 @pytest.fixture(scope="session")

@@ -45,6 +45,7 @@ from app.billing.lines import InvoiceLine, LineKind
 from app.billing.loader import BillingPeriod, PeriodInputs, load_inputs
 from app.billing.models import Invoice, InvoiceStatus, VoucherEntryRow
 from app.billing.rating import RatedRental, rate_rentals
+from app.billing.schemas import money
 from app.billing.vouchers import (
     EntryKind,
     VoucherEntry,
@@ -56,8 +57,8 @@ from app.core.epoch import epoch, from_epoch
 from app.core.errors import Conflict, Unprocessable, not_found
 from app.core.money import minor_units, round_money
 from app.customers.models import Customer
+from app.events.service import publish
 from app.metering.repository import late_segments_since
-from app.payments import service as payments_service
 from app.settings import get_settings
 
 LATE_MARGIN = timedelta(hours=1)
@@ -147,7 +148,7 @@ def finalize_invoice(
     span = (epoch(invoice.period_start), epoch(invoice.period_end))
     tier = issue_tier_vouchers(rated, span, epoch(now))
     repository.insert_entries(session, [_entry_row(e, invoice) for e in tier])
-    payments_service.queue_stripe_sync(session, invoice)
+    _publish(session, "invoice.finalized", invoice)
     return invoice
 
 
@@ -195,7 +196,7 @@ def void_invoice(session: Session, invoice: Invoice, now: datetime, reason: str)
         for e in applied
     ]
     repository.insert_entries(session, returned)
-    payments_service.queue_stripe_sync(session, invoice)
+    _publish(session, "invoice.voided", invoice, reason=reason)
     return invoice
 
 
@@ -207,6 +208,7 @@ def mark_invoice_paid(session: Session, invoice: Invoice, paid_at: datetime) -> 
     invoice.status = InvoiceStatus.PAID
     invoice.paid_at = paid_at
     session.flush()
+    _publish(session, "invoice.paid", invoice)
     return invoice
 
 
@@ -265,6 +267,30 @@ def ledger(entries: Iterable[VoucherEntryRow]) -> list[VoucherEntry]:
         )
         for e in entries
     ]
+
+
+def _publish(session: Session, event_type: str, invoice: Invoice, **extra: str) -> None:
+    """The invoice's lifecycle event (payments mirrors it to Stripe; webhooks deliver it)."""
+    stamps = {
+        "finalized_at": invoice.finalized_at,
+        "voided_at": invoice.voided_at,
+        "paid_at": invoice.paid_at,
+    }
+    data = {
+        "invoice_id": invoice.id,
+        "number": invoice.number,
+        "period": invoice.period,
+        "status": invoice.status.value,
+        "currency": invoice.currency,
+        "subtotal": money(invoice.subtotal, invoice.currency),
+        "tax": money(invoice.tax, invoice.currency),
+        "total": money(invoice.total, invoice.currency),
+        **{name: at.isoformat() for name, at in stamps.items() if at is not None},
+        **extra,
+    }
+    publish(
+        session, event_type, data, subject=f"invoice/{invoice.id}", customer_id=invoice.customer_id
+    )
 
 
 # --- drafts -------------------------------------------------------------------------------

@@ -12,6 +12,15 @@ from sqlalchemy import Engine
 
 import migrations
 
+# The job queue's own tables (procrastinate's schema, built by a migration from the library's
+# SQL) have no models; autogenerate must not take them for tables to drop.
+FOREIGN_TABLE_PREFIX = "procrastinate_"
+
+
+def ours(name: str | None, type_: str, _parents: object) -> bool:
+    """Alembic's ``include_name`` hook: compare only objects gpumeter's models own."""
+    return not (type_ == "table" and (name or "").startswith(FOREIGN_TABLE_PREFIX))
+
 
 def alembic_config(database_url: str) -> Config:
     config = Config()

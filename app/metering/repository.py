@@ -75,17 +75,22 @@ def register_gpus(session: Session, node_id: uuid.UUID, models: dict[str, str]) 
     )
 
 
-def touch_gpus(session: Session, latest: dict[str, tuple[str, str, int]]) -> None:
-    """Record each GPU's latest state and time (model fills one registered from events only)."""
+def touch_gpus(
+    session: Session, latest: dict[str, tuple[str, str, int]]
+) -> list[tuple[str, str | None, str, int]]:
+    """Record each GPU's latest state and time (model fills one registered from events only).
+    Returns (gpu, state before, state now, seen) for each GPU whose state changed."""
     gpus = list(latest)
-    session.execute(
+    rows = session.execute(
         text("""
         UPDATE gpus g SET last_state = t.state, last_seen_at = to_timestamp(t.seen),
             model = CASE WHEN g.model = 'unknown' THEN t.model ELSE g.model END
         FROM unnest(CAST(:u AS text[]), CAST(:m AS text[]), CAST(:s AS text[]),
-                    CAST(:t AS bigint[])) AS t(uuid, model, state, seen)
-        WHERE g.uuid = t.uuid
+                    CAST(:t AS bigint[])) AS t(uuid, model, state, seen),
+             gpus before
+        WHERE g.uuid = t.uuid AND before.uuid = g.uuid
           AND (g.last_seen_at IS NULL OR g.last_seen_at <= to_timestamp(t.seen))
+        RETURNING g.uuid, before.last_state, g.last_state, t.seen
         """),
         {
             "u": gpus,
@@ -94,6 +99,7 @@ def touch_gpus(session: Session, latest: dict[str, tuple[str, str, int]]) -> Non
             "t": [latest[g][2] for g in gpus],
         },
     )
+    return [(gpu, before, now, seen) for gpu, before, now, seen in rows if before != now]
 
 
 def segments_near(session: Session, windows: dict[str, tuple[int, int]]) -> dict[str, list[Span]]:

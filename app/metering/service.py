@@ -19,15 +19,25 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app.core.epoch import from_epoch
 from app.core.errors import Conflict, Forbidden, PayloadTooLarge, Unprocessable
+from app.events.service import publish
 from app.metering import packing, repository
 from app.metering.segments import Judgement, Span, changes, judge, merge
 from app.metering.validation import batch_errors
 from app.settings import Settings
-from metering_agent.protocol import FieldError, IngestBatch, IngestResult, UsageRecord
+from metering_agent.protocol import (
+    FieldError,
+    GpuState,
+    HealthEvent,
+    IngestBatch,
+    IngestResult,
+    UsageRecord,
+)
 
 UNKNOWN_MODEL = "unknown"  # a GPU first seen in an event; its first record names the model
 
@@ -52,7 +62,8 @@ def ingest(
     events_new = repository.insert_events(session, batch.events) if batch.events else 0
     _attach_evidence(session, batch, created)
     if batch.records:
-        repository.touch_gpus(session, _latest(batch.records))
+        changed = repository.touch_gpus(session, _latest(batch.records))
+        _publish_state_changes(session, changed, batch.events)
     return IngestResult(
         batch_id=batch.batch_id,
         accepted=len(accepted),
@@ -169,6 +180,41 @@ def _attach_evidence(session: Session, batch: IngestBatch, created: list[tuple[s
     keys = {(e.gpu_uuid, e.at) for e in batch.events if e.state is not None} | set(created)
     if keys:
         repository.attach_evidence(session, sorted(keys))
+
+
+def _publish_state_changes(
+    session: Session,
+    changed: list[tuple[str, str | None, str, int]],
+    health_events: list[HealthEvent],
+) -> None:
+    """``gpu.state_changed`` for each GPU that moved to another state, with the batch's health
+    events of that GPU as evidence. A GPU first seen healthy has not changed."""
+    for gpu, before, now, seen in changed:
+        if before is None and now == GpuState.HEALTHY:
+            continue
+        change = "recovered" if now == GpuState.HEALTHY else now
+        evidence = [_evidence(e) for e in health_events if e.gpu_uuid == gpu]
+        data = {
+            "gpu_uuid": gpu,
+            "change": change,
+            "from_state": before,
+            "to_state": now,
+            "seen_at": from_epoch(seen).isoformat(),
+            "evidence": evidence,
+        }
+        publish(session, "gpu.state_changed", data, subject=f"gpu/{gpu}")
+
+
+def _evidence(event: HealthEvent) -> dict[str, Any]:
+    return {
+        "event_id": event.event_id,
+        "kind": event.kind.value,
+        "at": from_epoch(event.at).isoformat(),
+        "code": event.code,
+        "state": event.state,
+        "rule": event.rule,
+        "detail": event.detail,
+    }
 
 
 def _latest(records: list[UsageRecord]) -> dict[str, tuple[str, str, int]]:

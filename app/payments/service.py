@@ -23,6 +23,7 @@ from app.billing import service as billing_service
 from app.billing.models import Invoice, InvoiceStatus
 from app.core.epoch import from_epoch
 from app.core.errors import ApiError, Conflict, not_found
+from app.events.models import DomainEvent
 from app.payments import repository
 from app.payments.models import (
     PaymentFailure,
@@ -40,8 +41,15 @@ def stripe_enabled() -> bool:
     return bool(get_settings().stripe_api_key)
 
 
+def on_invoice_event(session: Session, event: DomainEvent) -> None:
+    """``invoice.finalized`` / ``invoice.voided``: queue the Stripe mirror of the invoice, in
+    the transaction that finalized or voided it (the outbox guarantee)."""
+    invoice = session.get_one(Invoice, uuid.UUID(event.data["invoice_id"]))
+    queue_stripe_sync(session, invoice)
+
+
 def queue_stripe_sync(session: Session, invoice: Invoice) -> None:
-    """Billing's hook after finalizing or voiding ``invoice``, in the same transaction."""
+    """Queue ``invoice`` (just finalized or voided) for the sync, in the same transaction."""
     if not stripe_enabled() or invoice.status == InvoiceStatus.DRAFT:
         return
     target = SyncTarget.VOID if invoice.status == InvoiceStatus.VOID else SyncTarget.FINALIZED

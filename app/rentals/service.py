@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.core.errors import Conflict, Loc, NotFound, Unprocessable, not_found
 from app.customers.models import Customer
+from app.events.service import publish
 from app.fleet.models import Gpu, Pool
 from app.plans.models import PricePlan
 from app.plans.service import price_schedule
@@ -159,7 +160,23 @@ def migrate(session: Session, rental: Rental, data: MigrationCreate) -> Migratio
     session.add(migration)
     session.flush()
     session.expire(rental, ["assignments", "migrations"])
+    _publish_migrated(session, rental, migration)
     return migration
+
+
+def _publish_migrated(session: Session, rental: Rental, migration: Migration) -> None:
+    data = {
+        "rental_id": rental.id,
+        "migration_id": migration.id,
+        "from_gpu_uuid": migration.from_gpu_uuid,
+        "to_gpu_uuid": migration.to_gpu_uuid,
+        "failed_at": migration.failed_at.isoformat(),
+        "resumed_at": migration.resumed_at.isoformat(),
+        "downtime_s": int((migration.resumed_at - migration.failed_at).total_seconds()),
+        "reason": migration.reason,
+    }
+    subject, customer_id = f"rental/{rental.id}", rental.customer_id
+    publish(session, "rental.migrated", data, subject=subject, customer_id=customer_id)
 
 
 def _check_assignable(

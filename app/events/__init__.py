@@ -1,0 +1,1 @@
+"""Domain events: an outbox of what happened, written in the transaction of the change."""

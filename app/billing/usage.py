@@ -49,7 +49,7 @@ def usage(session: Session, customer: Customer, period_name: str, now: datetime)
     inputs = load_inputs(session, [customer.id], span)
     with core_errors(customer):
         rated = rate(inputs, customer.id)
-    idle = _idle_by_gpu(session, inputs.gpus, span)
+    idle = idle_by_gpu(session, inputs.gpus, span)
     currency, zero = customer.currency, Decimal(0)
     forecasts = [_forecast(r, span[1], period.span[1], currency) for r in rated]
     total = sum((effective_usage(r, idle) for r in rated), EffectiveUsage(0, 0, 0))
@@ -138,7 +138,7 @@ def _to_date(
     return period, (period.span[0], min(period.span[1], epoch(now)))
 
 
-def _idle_by_gpu(
+def idle_by_gpu(
     session: Session, gpus: Sequence[str], span: tuple[int, int]
 ) -> dict[str, list[tuple[int, int]]]:
     # Utilisation is a measurement (not money): tenths of a percent are precise enough.

@@ -39,7 +39,17 @@ from app.core.pagination import Paging, page_of
 from app.core.schemas import Schema
 from app.customers.models import Customer
 from app.customers.service import get_customer
-from app.dashboard import exports, formatting, incidents, invoices, pdf, service, sessions, wording
+from app.dashboard import (
+    costs,
+    exports,
+    formatting,
+    incidents,
+    invoices,
+    pdf,
+    service,
+    sessions,
+    wording,
+)
 from app.dashboard.bands import ROW_H, WIDTH
 from app.settings import get_settings
 
@@ -112,6 +122,20 @@ def list_incidents(
         session, customer, service.period_of(customer, period, now), now, fmt
     )
     return page_of(found, paging)
+
+
+@router.get("/v1/customers/{customer_id}/costs")
+def read_costs(
+    customer_id: uuid.UUID,
+    session: DbSession,
+    caller: ConsoleUser,
+    now: Now,
+    period: PeriodParam = None,
+) -> costs.CostsRead:
+    """The period to date day by day (billed, credited and idle GPU-seconds; billed and
+    credited money) and each rental's cost by invoice line kind."""
+    customer = get_customer(session, customer_id, caller)
+    return costs.costs(session, customer, service.period_of(customer, period, now), now)
 
 
 # --- exports (JSON API side: CSV bodies) ----------------------------------------------------
@@ -314,6 +338,17 @@ def invoice_pdf(p: CustomerPage, invoice_id: uuid.UUID) -> Response:
         pdf.render(inv, p.v.customer, p.v.fmt),
         media_type="application/pdf",
         headers={"Content-Disposition": f'attachment; filename="{name}"', **_PRIVATE},
+    )
+
+
+@pages.get("/costs", name="costs")
+def costs_page(p: CustomerPage, period: PeriodParam = None) -> Response:
+    billing_period = p.period(period)
+    data = costs.costs(p.session, p.v.customer, billing_period, p.now)
+    bars, top_h = costs.bars(data.days)
+    kinds = sorted({k for r in data.rentals for k in r.by_kind}, key=costs.KIND_ORDER.index)
+    return p.render(
+        "costs.html", period=billing_period, c=data, bars=bars, top_h=top_h, kinds=kinds
     )
 
 

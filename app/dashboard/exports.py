@@ -184,13 +184,13 @@ def day_parts(session: Session, invoice: Invoice, period: BillingPeriod) -> Iter
         .order_by(InvoiceLineRow.position)
         .execution_options(yield_per=_BATCH)
     )
-    days = _day_bounds(period)
+    days = day_bounds(period)
     for line in session.scalars(query):
         yield from _split(line, days, period, invoice.currency)
         session.expunge(line)  # keep the identity map (and memory) flat
 
 
-def _day_bounds(period: BillingPeriod) -> list[int]:
+def day_bounds(period: BillingPeriod) -> list[int]:
     zone = ZoneInfo(period.timezone)
     day = from_epoch(period.span[0]).astimezone(zone).replace(hour=0, minute=0, second=0)
     bounds = []

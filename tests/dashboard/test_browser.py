@@ -178,6 +178,35 @@ def test_customer_journey(server: str, browser: Browser, console: Console, seede
 
     page.goto(f"/dashboard?period={PERIOD}")
     at_phone_width_nothing_is_cut_off(page, "table.stack td")
+    # Incidents: one readable line, whose Evidence link opens the charts on the failure.
+    incident = page.locator(".incident-item")
+    expect(incident).to_have_count(1)
+    expect(incident).to_contain_text("GPU-A-1 failed 2026-10-10 14:00:00 CEST (XID 79")
+    expect(incident).to_contain_text("moved to GPU-A-2 in 47 min 30 s, credited €1.97")
+    incident.get_by_role("link", name="Evidence").click()
+    expect(page.locator("#gpu-pick")).to_have_value("GPU-A-1")
+    expect(page.locator(".range")).to_contain_text("2026-10-10 13:30 CEST to 2026-10-10 15:00")
+    expect(page.locator(".chart .plot svg path.line")).to_have_count(2)
+
+    # Costs: a bar per day; the day of the failure shows its credit; numbers are the API's.
+    page.get_by_role("link", name="Costs").click()
+    page.goto(f"/dashboard/costs?period={PERIOD}")
+    api = context.request.get(
+        f"/v1/customers/{seeded.acme.customer['id']}/costs?period={PERIOD}"
+    ).json()
+    expect(page.locator(".daily .day")).to_have_count(31)
+    expect(page.locator('[data-api="net"]')).to_have_text(euros(api["net"]))
+    page.locator('.daily .day[data-day="2026-10-10"]').hover()
+    expect(page.locator("#tip")).to_contain_text("-€1.97 credited")
+    shoot(page, "costs")
+    at_phone_width_nothing_is_cut_off(page, "table.stack td")
+
+    # Exports: the buttons download the CSVs.
+    page.goto(f"/dashboard?period={PERIOD}")
+    with page.expect_download() as focus:
+        page.get_by_role("link", name="FOCUS 1.2 CSV").click()
+    assert focus.value.suggested_filename == f"gpumeter-{PERIOD}-focus.csv"
+    assert Path(focus.value.path()).read_text().startswith("BilledCost,BillingAccountId,")
     assert not console_errors, console_errors  # the favicon among them
     context.close()
 

@@ -335,3 +335,38 @@ def test_incidents_read_for_a_person_and_equal_the_invoice_credits(
         headers=bearer(seeded.other.key),
     ).json()
     assert other["items"] == []
+
+
+def test_costs_by_day_and_rental_add_up_to_the_usage_api_and_invoice(
+    client: TestClient, seeded: World
+) -> None:
+    headers = bearer(seeded.acme.key)
+    base = f"/v1/customers/{seeded.acme.customer['id']}"
+    api = client.get(f"{base}/costs?period={PERIOD}", headers=headers).json()
+    usage = client.get(f"{base}/usage?period={PERIOD}", headers=headers).json()
+    days = api["days"]
+    assert len(days) == 31 and days[9]["day"] == "2026-10-10"
+    assert sum(Decimal(d["billed"]) + Decimal(d["credited"]) for d in days) == Decimal(
+        usage["cost_to_date"]
+    )
+    assert api["net"] == usage["cost_to_date"]
+    buckets = usage["buckets_s"]
+    assert sum(d["billed_s"] for d in days) == buckets["billable"] + buckets["degraded"]
+    assert sum(d["credited_s"] for d in days) == (
+        buckets["failure_credit"] + buckets["migration_credit"]
+    )
+    assert sum(d["idle_s"] for d in days) == usage["effective"]["idle_s"]
+    # The failure (10 Oct, Berlin) is credited on that day only.
+    assert [d["day"] for d in days if d["credited_s"]] == ["2026-10-10"]
+    assert days[9]["credited"] == "-1.97"
+    [rental] = api["rentals"]
+    lines: dict[str, Decimal] = {}
+    for line in seeded.invoice["lines"]:
+        if line["rental_id"] == rental["rental_id"]:
+            lines[line["kind"]] = lines.get(line["kind"], Decimal(0)) + Decimal(line["amount"])
+    assert {k: Decimal(v) for k, v in rental["by_kind"].items()} == lines
+    html = client.get(f"/dashboard/costs?period={PERIOD}", headers=headers).text
+    assert raw(html, "net") == api["net"]
+    shown = re.findall(r'data-label="Credited" data-raw="([^"]*)"', html)
+    assert sum(Decimal(x) for x in shown) == Decimal("-1.97")
+    assert html.count('class="day"') == 31

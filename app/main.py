@@ -9,6 +9,7 @@ from sqlalchemy import Engine
 from app.auth.endpoints import router as keys_router
 from app.billing.endpoints import customer_router as billing_customer_router
 from app.billing.endpoints import router as invoices_router
+from app.budgets.endpoints import router as budgets_router
 from app.core.db import get_engine
 from app.core.errors import install_error_handlers
 from app.core.health import router as health_router
@@ -33,6 +34,7 @@ ROUTERS = [
     fleet_router,
     invoices_router,
     billing_customer_router,
+    budgets_router,
     metering_router,
     plans_router,
     rentals_router,

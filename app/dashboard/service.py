@@ -22,6 +22,8 @@ from app.billing import schemas as billing_schemas
 from app.billing import service as billing
 from app.billing import usage as billing_usage
 from app.billing.loader import BillingPeriod, current_period, started_period
+from app.budgets import service as budgets
+from app.budgets.schemas import BudgetStatus
 from app.core.epoch import epoch
 from app.core.errors import NotFound, Unprocessable, not_found
 from app.customers.models import Customer
@@ -92,6 +94,7 @@ class Overview:
     usage: billing_schemas.UsageRead
     events: list[dict[str, Any]]
     incidents: list[incidents.IncidentRead]
+    budgets: list[BudgetStatus]
 
     @property
     def idle_share(self) -> Decimal | None:
@@ -107,7 +110,9 @@ def overview(session: Session, v: Viewer, period: BillingPeriod, now: datetime) 
     usage = billing_usage.usage(session, v.customer, period.name, now)
     hi = min(period.span[1], epoch(now))
     events = repository.latest_events(session, v.customer.id, period.span[0], hi, LATEST_EVENTS)
-    return Overview(usage, events, incidents.incidents(session, v.customer, period, now, v.fmt))
+    found = incidents.incidents(session, v.customer, period, now, v.fmt)
+    spend = budgets.status(budgets.budgets_of(session, v.customer), usage)
+    return Overview(usage, events, found, spend)
 
 
 # --- rental -------------------------------------------------------------------------------

@@ -95,7 +95,8 @@ def seed(client: TestClient, admin: str, engine_url: str) -> dict[str, str]:
     for gpu in gpus:
         post(f"/v1/rentals/{rental['id']}/assignments", {"gpu_uuid": gpu, "start_at": START})
     lo, hi = ts(START), ts(END)
-    spans, rows = [], {}
+    spans: list[tuple[str, Span]] = []
+    rows: dict[tuple[str, int], tuple[bytes, int | None]] = {}
     busy, idle = hour_row(87.5), hour_row(0.0)
     for i, gpu in enumerate(gpus):
         end = hi

@@ -143,7 +143,7 @@ class Fleet:
         return self.rng.randrange(start, self.end - 7200)
 
     def _segments(self, gpu: str, start: int, end: int, failed: tuple[int, int] | None) -> None:
-        runs = []
+        runs: list[tuple[int, int, str, str | None]] = []
         if self.rng.random() < 0.05 and end - start > 7200:  # a gap: an hour never reported
             gap = self.rng.randrange(start, end - 3600)
             runs += [(start, gap, "healthy", None), (gap + 3600, end, "healthy", None)]

@@ -224,11 +224,11 @@ def classify(r: GpuReading, memory: HealthMemory, now: int) -> tuple[Verdict, He
                 _event(r.uuid, now, EventKind.COUNTER, len(events), rule=rule.name, detail=detail)
             )
     for code in r.xids:
-        evidence, hold_s = _xid_evidence(code)
-        if evidence.state != GpuState.HEALTHY:
-            fire(evidence, hold_s)
+        xid_evidence, hold_s = _xid_evidence(code)
+        if xid_evidence.state != GpuState.HEALTHY:
+            fire(xid_evidence, hold_s)
         events.append(
-            _event(r.uuid, now, EventKind.XID, len(events), code=code, rule=evidence.rule)
+            _event(r.uuid, now, EventKind.XID, len(events), code=code, rule=xid_evidence.rule)
         )
 
     held = {rule: (ev, until) for rule, (ev, until) in held.items() if until > now}
@@ -237,7 +237,7 @@ def classify(r: GpuReading, memory: HealthMemory, now: int) -> tuple[Verdict, He
     state = max((ev.state for ev in evidence), key=SEVERITY.__getitem__, default=GpuState.HEALTHY)
     if state != memory.state:
         detail = {"from": memory.state.value, "evidence": [_evidence_json(ev) for ev in evidence]}
-        rule = evidence[0].rule if evidence else "cleared"
+        cause = evidence[0].rule if evidence else "cleared"
         events.append(
             _event(
                 r.uuid,
@@ -245,7 +245,7 @@ def classify(r: GpuReading, memory: HealthMemory, now: int) -> tuple[Verdict, He
                 EventKind.STATE_CHANGE,
                 len(events),
                 state=state,
-                rule=rule,
+                rule=cause,
                 detail=detail,
             )
         )

@@ -70,9 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _token(args: argparse.Namespace) -> str:
-    if args.token_file is not None:
-        return args.token_file.read_text().strip()
-    return args.token or ""
+    token_file: Path | None = args.token_file
+    if token_file is not None:
+        return token_file.read_text().strip()
+    token: str | None = args.token
+    return token or ""
 
 
 def _provider(args: argparse.Namespace) -> GpuProvider:

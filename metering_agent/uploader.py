@@ -44,7 +44,7 @@ class Backoff:
     rng: random.Random = field(default_factory=random.Random)
 
     def next_delay(self) -> float:
-        delay = min(self.cap_s, self.base_s * 2**self.attempts)
+        delay: float = min(self.cap_s, self.base_s * 2**self.attempts)
         self.attempts += 1
         return delay / 2 + self.rng.uniform(0, delay / 2)
 

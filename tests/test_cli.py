@@ -66,7 +66,7 @@ def test_db_upgrade_and_create_key_on_a_configured_database(database_url: str, d
 
 def test_create_key_for_a_customer_needs_the_customer(database_url: str, db: Engine) -> None:
     env = {**os.environ, "GPUMETER_DATABASE_URL": database_url}
-    command = [BIN / "gpumeter", "admin", "create-key", "--kind", "customer", "--name", "ci"]
+    command = [str(BIN / "gpumeter"), "admin", "create-key", "--kind", "customer", "--name", "ci"]
     refused = subprocess.run(command, env=env, capture_output=True, text=True)
     assert refused.returncode == 2
     assert "--kind customer needs --customer ID" in refused.stderr

@@ -23,7 +23,7 @@ def active_keys(session: Session, *, node_id: uuid.UUID) -> Sequence[ApiKey]:
 
 def keys_query(
     *, kind: KeyKind | None = None, customer_id: uuid.UUID | None = None
-) -> Select[tuple[ApiKey]]:
+) -> Select[ApiKey]:
     query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
     if kind is not None:
         query = query.where(ApiKey.kind == kind)

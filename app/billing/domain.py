@@ -13,7 +13,9 @@ from decimal import Decimal
 from enum import StrEnum
 
 from app.core.money import minor_units
-from metering_agent.protocol import GpuState  # segment states are the agent's (wire format)
+
+# Segment states are the agent's (wire format), re-exported for the billing core.
+from metering_agent.protocol import GpuState as GpuState
 
 Evidence = Mapping[str, object]
 

@@ -42,7 +42,7 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from app.billing.domain import (
     CREDIT_BUCKETS,
@@ -99,9 +99,10 @@ class Timeline:
 
 def build_timeline(segments: Iterable[Segment], maintenance: Iterable[Span]) -> Timeline:
     """Sweep-line over segment and maintenance boundaries: O(n log n)."""
-    items: list[Segment | None] = [s for s in segments if s.start < s.end]
-    events = [(s.start, 1, i) for i, s in enumerate(items)]
-    events += [(s.end, -1, i) for i, s in enumerate(items)]
+    nonempty = [s for s in segments if s.start < s.end]
+    events = [(s.start, 1, i) for i, s in enumerate(nonempty)]
+    events += [(s.end, -1, i) for i, s in enumerate(nonempty)]
+    items: list[Segment | None] = list(nonempty)
     for start, end in merge(maintenance):
         items.append(None)
         events += [(start, 1, len(items) - 1), (end, -1, len(items) - 1)]
@@ -318,7 +319,7 @@ def _window_pieces(migrations: Sequence[Migration], bounds: Span) -> list[Piece]
 def _classify(
     gpu: str, run: Span, holes: Sequence[Span], timeline: Timeline, plan: PlanTerms
 ) -> list[Piece]:
-    runs: list[list] = []  # [start, end, bucket, evidence], fused while adjacent and equal
+    runs: list[list[Any]] = []  # [start, end, bucket, evidence], fused while adjacent and equal
     for start, end in subtract([run], holes):
         for cell in timeline.cells_in(start, end):
             bucket = _bucket(cell, plan)

@@ -37,7 +37,7 @@ def invoices_query(
     customer_id: uuid.UUID | None = None,
     period: str | None = None,
     status: InvoiceStatus | None = None,
-) -> Select[tuple[Invoice]]:
+) -> Select[Invoice]:
     query = select(Invoice).order_by(Invoice.period.desc(), Invoice.customer_id, Invoice.id)
     if customer_id is not None:
         query = query.where(Invoice.customer_id == customer_id)
@@ -131,13 +131,14 @@ def next_number(session: Session, year: int) -> int:
         .values(year=year, last_number=0)
         .on_conflict_do_nothing(index_elements=["year"])
     )
-    return session.execute(
+    number: int = session.execute(
         text(
             "UPDATE invoice_number_counters SET last_number = last_number + 1 "
             "WHERE year = :year RETURNING last_number"
         ),
         {"year": year},
     ).scalar_one()
+    return number
 
 
 def earlier_finalized(

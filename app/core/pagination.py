@@ -48,9 +48,9 @@ def paginate(
     rows = session.scalars(query.limit(page.limit + 1).offset(page.offset)).all()
     next_offset = page.offset + page.limit if len(rows) > page.limit else None
     to_item = convert or schema.model_validate
-    return Page[
-        schema
-    ](  # type: ignore[valid-type]
+    # Parametrised at run time so the items serialise as ``schema``, not as bare BaseModels.
+    page_type: type[Page[T]] = Page[schema]  # type: ignore[valid-type]
+    return page_type(
         items=[to_item(row) for row in rows[: page.limit]],
         limit=page.limit,
         offset=page.offset,

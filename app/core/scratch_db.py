@@ -58,7 +58,9 @@ def scratch_database(
 def table_bytes(url: str, tables: Sequence[str]) -> dict[str, int]:
     """Each table's pg_total_relation_size: heap, indexes, TOAST, free and dead space."""
     with psycopg.connect(libpq_dsn(url)) as conn:
-        return {
-            table: conn.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()[0]
-            for table in tables
-        }
+        sizes: dict[str, int] = {}
+        for table in tables:
+            row = conn.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()
+            assert row is not None, "an aggregate query returns one row"
+            sizes[table] = row[0]
+        return sizes

@@ -6,8 +6,8 @@ Money stays ``Decimal`` to the last character: amounts are shown at the currency
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass
-from datetime import datetime
 from decimal import Decimal
 from zoneinfo import ZoneInfo
 
@@ -30,18 +30,18 @@ class Formatter:
         text = f"{symbol}{digits}" if symbol else f"{self.currency} {digits}"
         return f"-{text}" if value < 0 else text
 
-    def local(self, moment: datetime | int) -> datetime:
+    def local(self, moment: dt.datetime | int) -> dt.datetime:
         if isinstance(moment, int):
             moment = from_epoch(moment)
         return moment.astimezone(ZoneInfo(self.timezone))
 
-    def datetime(self, moment: datetime | int) -> str:
+    def datetime(self, moment: dt.datetime | int) -> str:
         return self.local(moment).strftime("%Y-%m-%d %H:%M %Z")
 
-    def datetime_s(self, moment: datetime | int) -> str:
+    def datetime_s(self, moment: dt.datetime | int) -> str:
         return self.local(moment).strftime("%Y-%m-%d %H:%M:%S %Z")
 
-    def date(self, moment: datetime | int) -> str:
+    def date(self, moment: dt.datetime | int) -> str:
         return self.local(moment).strftime("%Y-%m-%d")
 
 

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 from enum import StrEnum
+from uuid import UUID, uuid4
 
 from sqlalchemy import CheckConstraint, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
@@ -19,7 +19,7 @@ class Pool(StrEnum):
 class Node(Timestamped, Base):
     __tablename__ = "nodes"
 
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    id: Mapped[UUID] = mapped_column(primary_key=True, default=uuid4)
     hostname: Mapped[str] = mapped_column(String(253), unique=True)
     datacenter: Mapped[str] = mapped_column(String(100))
     topology_group: Mapped[str | None] = mapped_column(String(100))
@@ -31,7 +31,7 @@ class Gpu(Timestamped, Base):
     __tablename__ = "gpus"
 
     uuid: Mapped[str] = mapped_column(String(96), primary_key=True)
-    node_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("nodes.id"), index=True)
+    node_id: Mapped[UUID] = mapped_column(ForeignKey("nodes.id"), index=True)
     model: Mapped[str] = mapped_column(String(100))
     pool: Mapped[Pool] = mapped_column(pg_enum(Pool, "gpu_pool"), default=Pool.RENTABLE)
     # Last health state reported by the agent ("healthy", "degraded", "failed") and when.

@@ -10,7 +10,7 @@ from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.rentals.models import GpuAssignment
 
 
-def nodes_query() -> Select[tuple[Node]]:
+def nodes_query() -> Select[Node]:
     return select(Node).order_by(Node.hostname)
 
 
@@ -24,7 +24,7 @@ def gpus_query(
     node_id: uuid.UUID | None = None,
     pool: Pool | None = None,
     model: str | None = None,
-) -> Select[tuple[Gpu]]:
+) -> Select[Gpu]:
     """GPUs, filtered; with customer_id, only GPUs that ever served one of its rentals."""
     query = select(Gpu).order_by(Gpu.node_id, Gpu.uuid)
     if customer_id is not None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
@@ -14,7 +14,7 @@ from metering_agent.protocol import INGEST_PATH, IngestBatch, IngestResult
 
 router = APIRouter(tags=["metering"])
 
-_ERRORS = {
+_ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"description": "a record or event names a GPU registered to another node"},
     409: {"description": "records contradict stored seconds; each conflict is listed"},
     413: {"description": "more records plus events than the batch limit"},

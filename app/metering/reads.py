@@ -7,7 +7,9 @@ everything is clipped to the customer's assignment intervals of that GPU.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -19,6 +21,8 @@ from app.fleet.models import Gpu
 from app.metering import packing, repository, schemas
 from app.metering.segments import Span, gaps
 from app.rentals.models import GpuAssignment
+
+_Number = TypeVar("_Number", int, float)
 
 MAX_WINDOW_S = 31 * 86_400
 MAX_POINTS = 10_000
@@ -130,7 +134,7 @@ def _point(t: int, ms: list[packing.Minute]) -> schemas.MetricPoint:
     )
 
 
-def _max(values):  # type: ignore[no-untyped-def]
+def _max(values: Iterable[_Number | None]) -> _Number | None:
     present = [v for v in values if v is not None]
     return max(present) if present else None
 

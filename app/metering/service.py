@@ -153,8 +153,8 @@ def _store_metrics(session: Session, records: list[UsageRecord]) -> None:
     stored = repository.metric_rows(session, list(by_row))
     # Per GPU: hour -> (slots, mem_total) as they will be written, starting from its open row.
     rows: dict[str, dict[int, tuple[bytes, int | None]]] = defaultdict(dict)
-    for gpu, (hour, slots, mem_total) in stored.open.items():
-        rows[gpu][hour] = (slots, mem_total)
+    for gpu, (hour, open_slots, open_mem_total) in stored.open.items():
+        rows[gpu][hour] = (open_slots, open_mem_total)
     for (gpu, hour), rs in by_row.items():
         slots, mem_total = rows[gpu].get(hour) or (stored.closed.get((gpu, hour)), None)
         mem_new = next((r.mem_total_mib for r in rs if r.mem_total_mib is not None), None)

@@ -46,7 +46,7 @@ def outbox_for_invoice(session: Session, invoice_id: uuid.UUID) -> StripeOutbox 
 
 def outbox_query(
     *, state: SyncState | None = None, customer_id: uuid.UUID | None = None
-) -> Select[tuple[StripeOutbox]]:
+) -> Select[StripeOutbox]:
     query = select(StripeOutbox).order_by(StripeOutbox.id)
     if state is not None:
         query = query.where(StripeOutbox.state == state)
@@ -78,7 +78,7 @@ def insert_event(session: Session, event_id: str, type_: str, payload: dict[str,
 
 def payment_failures_query(
     *, customer_id: uuid.UUID | None = None, invoice_id: uuid.UUID | None = None
-) -> Select[tuple[PaymentFailure]]:
+) -> Select[PaymentFailure]:
     query = select(PaymentFailure).order_by(PaymentFailure.occurred_at, PaymentFailure.id)
     if customer_id is not None:
         query = query.where(PaymentFailure.customer_id == customer_id)

@@ -31,10 +31,9 @@ class MirrorError(Exception):
 def make_client(settings: Settings) -> stripe.StripeClient:
     if not settings.stripe_api_key:
         raise RuntimeError("GPUMETER_STRIPE_API_KEY is not set; the Stripe mirror is off")
-    base = {"api": settings.stripe_api_base} if settings.stripe_api_base else None
     return stripe.StripeClient(
         settings.stripe_api_key,
-        base_addresses=base,
+        base_addresses={"api": settings.stripe_api_base} if settings.stripe_api_base else None,
         max_network_retries=settings.stripe_max_network_retries,
     )
 

@@ -97,7 +97,9 @@ def _due(stripe_invoice: Any, expected: int) -> None:
 
 
 def _line_of(stripe_item: Any) -> str | None:
-    return (stripe_item.metadata or {}).to_dict().get(META_LINE)
+    metadata = stripe_item.metadata
+    line: str | None = metadata.to_dict().get(META_LINE) if metadata else None
+    return line
 
 
 def _options(key: str) -> stripe.RequestOptions:
@@ -219,7 +221,7 @@ class SyncJob:
         params: stripe.params.InvoiceCreateParams = {
             "customer": stripe_customer_id,
             "currency": invoice.currency.lower(),
-            "collection_method": customer.collection_method,  # type: ignore[typeddict-item]
+            "collection_method": customer.collection_method,
             "auto_advance": False,  # we finalize it ourselves, after checking the amounts
             "pending_invoice_items_behavior": "exclude",
             "description": f"gpumeter invoice {invoice.number} ({invoice.period})",

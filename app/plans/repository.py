@@ -8,7 +8,7 @@ from app.plans.models import PlanPrice, PricePlan
 from app.rentals.models import Rental
 
 
-def plans_query(*, customer_id: uuid.UUID | None = None) -> Select[tuple[PricePlan]]:
+def plans_query(*, customer_id: uuid.UUID | None = None) -> Select[PricePlan]:
     """Plans; with customer_id, only plans that customer rents on."""
     query = select(PricePlan).order_by(PricePlan.name)
     if customer_id is not None:
@@ -20,7 +20,7 @@ def plans_query(*, customer_id: uuid.UUID | None = None) -> Select[tuple[PricePl
 
 def prices_query(
     plan_id: uuid.UUID, *, customer_id: uuid.UUID | None = None, model: str | None = None
-) -> Select[tuple[PlanPrice]]:
+) -> Select[PlanPrice]:
     """A plan's prices; with customer_id, the base prices and that customer's overrides only."""
     query = select(PlanPrice).where(PlanPrice.plan_id == plan_id)
     if customer_id is not None:

@@ -15,7 +15,7 @@ def rentals_query(
     customer_id: uuid.UUID | None = None,
     active_from: datetime | None = None,
     active_to: datetime | None = None,
-) -> Select[tuple[Rental]]:
+) -> Select[Rental]:
     """Rentals, optionally of one customer and overlapping [active_from, active_to)."""
     query = select(Rental).order_by(Rental.start_at, Rental.id)
     if customer_id is not None:

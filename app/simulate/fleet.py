@@ -104,7 +104,7 @@ def _nodes(count: int, rng: random.Random, tag: str) -> list[dict[str, Any]]:
 
 def _gpus(nodes: list[dict[str, Any]], total: int) -> list[dict[str, Any]]:
     seen: dict[str, int] = {}
-    rows = []
+    rows: list[dict[str, Any]] = []
     for node in nodes:
         n = seen[node["model"]] = seen.get(node["model"], 0) + 1
         pool = Pool.SPARE if n % SPARE_EVERY == 2 else Pool.RENTABLE  # 2nd, 22nd, ... node

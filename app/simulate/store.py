@@ -81,6 +81,7 @@ def hour_rows(
 def write_metrics(session: Session, rows: Iterator[Row], counter: Counter) -> int:
     """Closed hours by COPY; each GPU's newest hour into the open table, as ingest leaves it."""
     raw = session.connection().connection.driver_connection
+    assert raw is not None, "a checked-out connection has its psycopg connection"
     newest: dict[tuple[str, int], tuple[bytes, int | None]] = {}
     written = 0
     with raw.cursor() as cursor, cursor.copy(COPY_CLOSED) as copy:

@@ -86,6 +86,7 @@ ROUTES: dict[tuple[str, str], Case] = {
         Expect.HIDDEN, query="?start=2026-11-01T00:00:00Z&end=2026-11-02T00:00:00Z&step=3600"
     ),
     ("GET", "/v1/fleet/health"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/events"): Case(Expect.SCOPED),
     ("POST", "/v1/customers/{customer_id}/portal-links"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/invoices/runs"): Case(Expect.ADMIN_ONLY, body={"period": "2026-11"}),
     ("GET", "/v1/invoices"): Case(Expect.SCOPED, query="?customer_id={customer_id}"),

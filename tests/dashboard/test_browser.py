@@ -37,6 +37,7 @@ from playwright.sync_api import (  # noqa: E402
     Locator,
     Page,
     Route,
+    ViewportSize,
     expect,
     sync_playwright,
 )
@@ -52,7 +53,10 @@ ARGS = [
     "--disable-sync",
 ]
 SHOTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
-SIZES = {"laptop": {"width": 1280, "height": 800}, "phone": {"width": 390, "height": 844}}
+SIZES: dict[str, ViewportSize] = {
+    "laptop": {"width": 1280, "height": 800},
+    "phone": {"width": 390, "height": 844},
+}
 
 
 @pytest.fixture(scope="module")

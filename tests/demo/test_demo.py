@@ -95,7 +95,9 @@ def test_demo_runs_shows_the_dashboard_and_leaves_nothing_behind(
     try:
         assert demo.link.wait(180), f"no dashboard link printed:\n{demo.output}"
         pids = demo.pids()
-        html = open_dashboard(LINK.search(demo.output).group(1))
+        link = LINK.search(demo.output)
+        assert link, demo.output
+        html = open_dashboard(link.group(1))
         assert "Acme AI" in html
         assert demo.process.wait(240) == 0, demo.output
     finally:
@@ -105,7 +107,9 @@ def test_demo_runs_shows_the_dashboard_and_leaves_nothing_behind(
     output = demo.output
     credit = LIVE_CREDIT.search(output)
     assert credit and Decimal(credit.group(1)) > 0, output
-    invoices, billed = LAST_MONTH.search(output).groups()
+    last_month = LAST_MONTH.search(output)
+    assert last_month, output
+    invoices, billed = last_month.groups()
     assert int(invoices) == 3 and Decimal(billed.replace(",", "")) > 0
     assert "all demo processes stopped" in output
     assert {"server", *(n for n in pids if n.startswith("agent-"))} <= set(pids)

@@ -41,7 +41,7 @@ def test_first_report_registers_the_gpu_to_the_node(agent: Agent, db: Engine) ->
         "events_duplicate": 0,
     }
     with transaction(db) as session:
-        gpu = session.get(Gpu, "GPU-1")
+        gpu = session.get_one(Gpu, "GPU-1")
         assert (str(gpu.node_id), gpu.model, gpu.pool.value) == (agent.node_id, "H100", "rentable")
         assert gpu.last_state == "healthy"
 

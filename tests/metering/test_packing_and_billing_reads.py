@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,7 +15,7 @@ from metering_agent.protocol import GpuState, UsageRecord
 from tests.metering.conftest import Agent, minute_ago, rec
 
 
-def record(start: int, end: int, **fields: object) -> UsageRecord:
+def record(start: int, end: int, **fields: Any) -> UsageRecord:
     return UsageRecord("GPU-1", "H100", start, end, GpuState.HEALTHY, end - start, **fields)
 
 
@@ -191,9 +192,8 @@ def test_closed_hours_carry_the_summary_and_busy_ones_are_not_read(db: Engine) -
         repository.write_metric_rows(
             session, {("GPU-1", 0): (busy, None), ("GPU-1", 3600): (idle_hour, None)}, closed=True
         )
-        stored = dict(
-            session.execute(text("SELECT hour, util_min_tenths FROM gpu_minute_metrics")).all()
-        )
+        query = text("SELECT hour, util_min_tenths FROM gpu_minute_metrics")
+        stored = {hour: tenths for hour, tenths in session.execute(query)}
         assert stored == {0: 400, 3600: 5}
         idle_at_1_percent = repository.idle_minutes(session, ["GPU-1"], 0, 7200, 10)
         assert idle_at_1_percent == {"GPU-1": [3600 + 60 * i for i in range(60)]}

@@ -3,7 +3,8 @@
 from collections.abc import Iterator
 
 import pytest
-from agent_helpers import Sink, serve_sink
+
+from tests.metering_agent.agent_helpers import Sink, serve_sink
 
 
 @pytest.fixture

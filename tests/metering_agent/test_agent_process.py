@@ -8,9 +8,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from agent_helpers import Sink, assert_no_overlap, log_events, start_agent
-
 from app.core.local_service import free_port
+from tests.metering_agent.agent_helpers import Sink, assert_no_overlap, log_events, start_agent
 
 STATE_FLAPS = [
     {"at": t + 0.5, "gpu": gpu, "fault": "nvlink_down" if t % 2 else "recover"}

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from agent_helpers import REPO
+from tests.metering_agent.agent_helpers import REPO
 
 CHECK = """
 import sys

@@ -201,6 +201,7 @@ def test_lost_gpu_is_failed_and_the_others_keep_sampling(
     if call:
         fake.fail_calls = {(call, 1): LOST}
     else:
+        assert field is not None
         fake.fail_fields = {(field, 1): LOST}
     provider = NvmlProvider(fake.module())
     try:

@@ -6,8 +6,6 @@ import json
 import threading
 from pathlib import Path
 
-from agent_helpers import T0, FakeClock, assert_no_overlap
-
 from metering_agent.metrics import Metrics
 from metering_agent.nvml.provider import GpuReading
 from metering_agent.nvml.simulated import SimulatedProvider
@@ -15,6 +13,7 @@ from metering_agent.protocol import GpuState, UsageRecord, record_errors
 from metering_agent.records import RecordBuilder
 from metering_agent.runner import Runner
 from metering_agent.spool import Spool
+from tests.metering_agent.agent_helpers import T0, FakeClock, assert_no_overlap
 
 H, D, F = GpuState.HEALTHY, GpuState.DEGRADED, GpuState.FAILED
 

@@ -43,6 +43,7 @@ def test_models_round_robin_and_readings_vary() -> None:
     for _ in range(10):
         clock.t += 1
         r = sim.read_all()[1]
+        assert r.gpu_util is not None and r.power_mw is not None and r.energy_mj is not None
         utils.add(r.gpu_util)
         energy.append(r.energy_mj)
         assert r.nvlink_links is None and "nvlink_links" in r.unsupported  # PCIe card

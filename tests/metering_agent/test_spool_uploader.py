@@ -8,7 +8,6 @@ import threading
 from pathlib import Path
 
 import pytest
-from agent_helpers import T0, FakeClock, Sink, assert_no_overlap
 
 from metering_agent.metrics import Metrics
 from metering_agent.nvml.simulated import SimulatedProvider
@@ -16,6 +15,7 @@ from metering_agent.protocol import GpuState, UsageRecord
 from metering_agent.runner import Runner
 from metering_agent.spool import Spool
 from metering_agent.uploader import Backoff, Uploader
+from tests.metering_agent.agent_helpers import T0, FakeClock, Sink, assert_no_overlap
 
 FAST = Backoff(base_s=0.01, cap_s=0.05)
 

@@ -101,7 +101,13 @@ class FakeStripe:
     def posts(self, path_prefix: str) -> list[Logged]:
         return [e for e in self.log if e.method == "POST" and e.path.startswith(path_prefix)]
 
-    def items_of(self, invoice_id: str) -> list[Obj]:
+    def invoice(self, invoice_id: str | None) -> Obj:
+        """The Stripe invoice our invoice was mirrored to (``Invoice.stripe_invoice_id``)."""
+        assert invoice_id is not None, "the invoice was never mirrored"
+        return self.invoices[invoice_id]
+
+    def items_of(self, invoice_id: str | None) -> list[Obj]:
+        assert invoice_id is not None, "the invoice was never mirrored"
         return [item for item in self.items.values() if item["invoice"] == invoice_id]
 
     def set_status(self, invoice_id: str, status: str) -> Obj:
@@ -142,7 +148,7 @@ class FakeStripe:
                     return 200, handler(params, *match.groups())
                 except StripeError as error:
                     return error.reply
-        return invalid(f"Unrecognized request URL ({method}: {path}).")
+        return invalid(f"Unrecognized request URL ({method}: {path}).").reply
 
     def _routes(self) -> list[tuple[str, str, Callable[..., Obj]]]:
         return [

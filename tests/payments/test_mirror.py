@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 import stripe
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, update
 
 from app.billing.models import Invoice
 from app.core.db import transaction
@@ -36,7 +36,7 @@ def test_full_mirror_with_exact_amounts(mirror: Mirror, fake: FakeStripe) -> Non
     assert mirror.sync() == 1
 
     ours = mirror.invoice(invoice_id)
-    theirs = fake.invoices[ours.stripe_invoice_id]
+    theirs = fake.invoice(ours.stripe_invoice_id)
     assert theirs["status"] == "open"
     assert theirs["amount_due"] == TOTAL_MINOR == int(ours.total * 100)
     assert (theirs["collection_method"], theirs["days_until_due"]) == ("send_invoice", 14)
@@ -67,7 +67,7 @@ def test_full_mirror_with_exact_amounts(mirror: Mirror, fake: FakeStripe) -> Non
 def test_charge_automatically_sends_no_due_days(mirror: Mirror, fake: FakeStripe) -> None:
     invoice_id = mirror.finalized(collection_method="charge_automatically")
     mirror.sync()
-    theirs = fake.invoices[mirror.invoice(invoice_id).stripe_invoice_id]
+    theirs = fake.invoice(mirror.invoice(invoice_id).stripe_invoice_id)
     assert (theirs["collection_method"], theirs["days_until_due"]) == ("charge_automatically", None)
 
 
@@ -109,7 +109,7 @@ def test_crash_between_items_then_resume_creates_no_duplicates(
     assert per_line == Counter(str(line.id) for line in ours.lines)  # each line exactly once
     assert len(fake.invoices) == 1 and len(fake.customers) == 1
     assert len(fake.posts(f"/v1/invoices/{ours.stripe_invoice_id}/finalize")) == 1
-    assert fake.invoices[ours.stripe_invoice_id]["amount_due"] == TOTAL_MINOR
+    assert fake.invoice(ours.stripe_invoice_id)["amount_due"] == TOTAL_MINOR
     assert mirror.row(invoice_id)["state"] == "synced"
 
 
@@ -122,8 +122,8 @@ def test_resume_after_keys_expired_finds_objects_by_metadata(
         mirror.sync(after_item=crash)
     fake._idempotency.clear()
     with mirror.engine.begin() as conn:  # as if the commits recording the ids had been lost
-        conn.execute(Customer.__table__.update().values(stripe_customer_id=None))
-        conn.execute(Invoice.__table__.update().values(stripe_invoice_id=None))
+        conn.execute(update(Customer).values(stripe_customer_id=None))
+        conn.execute(update(Invoice).values(stripe_invoice_id=None))
     mirror.expire_leases()
 
     assert mirror.sync() == 1
@@ -215,7 +215,7 @@ def test_thirty_second_outage_then_recovery(
     for invoice_id in (first, second):
         assert mirror.row(invoice_id)["state"] == "synced"
         stripe_id = mirror.invoice(invoice_id).stripe_invoice_id
-        assert fake.invoices[stripe_id]["amount_due"] == TOTAL_MINOR
+        assert fake.invoice(stripe_id)["amount_due"] == TOTAL_MINOR
         assert len(fake.items_of(stripe_id)) == len(LINES)
     third_line = [p for p in fake.posts("/v1/invoiceitems") if p.status == 503]
     assert len(third_line) >= 2  # the SDK's retry of the same call during the outage...
@@ -238,7 +238,7 @@ def test_amount_mismatch_stops_the_sync_and_shows_in_the_api(
     row = mirror.row(invoice_id)
     assert row["state"] == "failed" and "due 7076 but our total is 7075" in row["last_error"]
     ours = mirror.invoice(invoice_id)
-    assert fake.invoices[ours.stripe_invoice_id]["status"] == "draft"  # never finalized
+    assert fake.invoice(ours.stripe_invoice_id)["status"] == "draft"  # never finalized
     view = client.get(f"/v1/stripe/invoices/{invoice_id}", headers=console.headers).json()
     assert view["sync"]["state"] == "failed"
     assert "7075" in view["stripe_error"]
@@ -257,7 +257,7 @@ def test_foreign_item_on_the_stripe_draft_is_an_error(mirror: Mirror, fake: Fake
         "POST",
         "/v1/invoiceitems",
         {
-            "customer": fake.invoices[ours.stripe_invoice_id]["customer"],
+            "customer": fake.invoice(ours.stripe_invoice_id)["customer"],
             "invoice": ours.stripe_invoice_id,
             "amount": "100",
             "currency": "usd",
@@ -294,7 +294,7 @@ def test_void_after_mirror_voids_the_stripe_invoice(mirror: Mirror, fake: FakeSt
     assert mirror.row(invoice_id)["target"] == "void"
     assert mirror.sync() == 1
     ours = mirror.invoice(invoice_id)
-    assert fake.invoices[ours.stripe_invoice_id]["status"] == "void" == ours.stripe_status
+    assert fake.invoice(ours.stripe_invoice_id)["status"] == "void" == ours.stripe_status
     assert mirror.row(invoice_id)["step"] == "voided"
     assert [
         p.idempotency_key for p in fake.posts(f"/v1/invoices/{ours.stripe_invoice_id}/void")

@@ -28,7 +28,7 @@ def deliver(client: TestClient, evt: dict[str, Any], timestamp: int | None = Non
 def mirrored(mirror: Mirror, fake: FakeStripe) -> tuple[uuid.UUID, dict[str, Any]]:
     invoice_id = mirror.finalized()
     mirror.sync()
-    return invoice_id, fake.invoices[mirror.invoice(invoice_id).stripe_invoice_id]
+    return invoice_id, fake.invoice(mirror.invoice(invoice_id).stripe_invoice_id)
 
 
 def count(mirror: Mirror, model: type) -> int:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import uuid
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter
 
 from app.auth.deps import Admin, ConsoleUser
 from app.billing.endpoints import Now
@@ -33,13 +33,16 @@ def list_budgets(
     return paginate(session, repository.budgets_query(customer.id), page, BudgetRead, BudgetRead.of)
 
 
-@router.delete("/v1/customers/{customer_id}/budgets/{budget_id}", status_code=204)
+@router.delete("/v1/customers/{customer_id}/budgets/{budget_id}")
 def delete_budget(
     customer_id: uuid.UUID, budget_id: uuid.UUID, session: DbSession, caller: ConsoleUser
-) -> Response:
+) -> BudgetRead:
+    """Delete the budget (its crossings go with it); answers what was deleted."""
     customer = get_customer(session, customer_id, caller)
-    session.delete(service.get_budget(session, customer, budget_id))
-    return Response(status_code=204)
+    budget = service.get_budget(session, customer, budget_id)
+    deleted = BudgetRead.of(budget)
+    session.delete(budget)
+    return deleted
 
 
 @router.get("/v1/customers/{customer_id}/budgets/status")

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from app.budgets.models import Budget, BudgetCrossing
 
 
-def budgets_query(customer_id: uuid.UUID | None = None) -> Select[tuple[Budget]]:
+def budgets_query(customer_id: uuid.UUID | None = None) -> Select[Budget]:
     query = select(Budget).order_by(Budget.customer_id, Budget.created_at, Budget.id)
     return query if customer_id is None else query.where(Budget.customer_id == customer_id)
 

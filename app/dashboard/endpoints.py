@@ -146,24 +146,38 @@ class ExportKind(StrEnum):
     FOCUS = "focus.csv"
 
 
-@router.get(
-    "/v1/customers/{customer_id}/exports/{kind}",
-    response_class=StreamingResponse,
-    responses={200: {"content": {"text/csv": {}}}},
-)
-def export_period(
+_CSV = {200: {"content": {"text/csv": {}}}}
+
+
+@router.get("/v1/customers/{customer_id}/exports/usage.csv", responses=_CSV)
+def export_usage(
     customer_id: uuid.UUID,
-    kind: ExportKind,
     request: Request,
     session: DbSession,
     caller: ConsoleUser,
     now: Now,
     period: PeriodParam = None,
 ) -> StreamingResponse:
-    """The period's invoice as cost and usage rows per rental, GPU and day: ``usage.csv``, or
-    ``focus.csv`` in the FinOps FOCUS 1.2 format. Streamed; sums to the invoice's total."""
+    """The period's invoice as cost and usage rows per rental, GPU and local day (CSV).
+    Streamed; the amounts sum to the invoice's total."""
     customer = get_customer(session, customer_id, caller)
-    return _export(request, session, customer, service.period_of(customer, period, now), kind)
+    billing_period = service.period_of(customer, period, now)
+    return _export(request, session, customer, billing_period, ExportKind.USAGE)
+
+
+@router.get("/v1/customers/{customer_id}/exports/focus.csv", responses=_CSV)
+def export_focus(
+    customer_id: uuid.UUID,
+    request: Request,
+    session: DbSession,
+    caller: ConsoleUser,
+    now: Now,
+    period: PeriodParam = None,
+) -> StreamingResponse:
+    """The same rows in the FinOps FOCUS 1.2 cost and usage format (CSV). Streamed."""
+    customer = get_customer(session, customer_id, caller)
+    billing_period = service.period_of(customer, period, now)
+    return _export(request, session, customer, billing_period, ExportKind.FOCUS)
 
 
 def _export(

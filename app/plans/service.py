@@ -24,7 +24,7 @@ def get_plan(session: Session, plan_id: uuid.UUID, principal: Principal) -> Pric
     return plan
 
 
-def visible_prices_query(plan: PricePlan, principal: Principal) -> Select[tuple[PlanPrice]]:
+def visible_prices_query(plan: PricePlan, principal: Principal) -> Select[PlanPrice]:
     """The plan's prices this caller may see: never another customer's contract."""
     return repository.prices_query(plan.id, customer_id=principal.customer_scope)
 

@@ -27,7 +27,7 @@ def rentals_query(
     return query
 
 
-def migrations_query(rental_id: uuid.UUID) -> Select[tuple[Migration]]:
+def migrations_query(rental_id: uuid.UUID) -> Select[Migration]:
     """A rental's migrations, oldest first (as the rental's own list orders them)."""
     return (
         select(Migration)
@@ -38,7 +38,7 @@ def migrations_query(rental_id: uuid.UUID) -> Select[tuple[Migration]]:
 
 def customer_migrations_query(
     customer_id: uuid.UUID, start: datetime, end: datetime
-) -> Select[tuple[Migration]]:
+) -> Select[Migration]:
     """The customer's migrations that failed over in [start, end), oldest first."""
     return (
         select(Migration)

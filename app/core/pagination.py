@@ -62,7 +62,7 @@ def page_of(items: Sequence[T], page: PageParams) -> Page[T]:
     """One page of a list computed in memory (not a query), in the same shape."""
     chunk = list(items[page.offset : page.offset + page.limit])
     more = page.offset + page.limit < len(items)
-    return Page[T](  # type: ignore[valid-type]
+    return Page[T](
         items=chunk,
         limit=page.limit,
         offset=page.offset,

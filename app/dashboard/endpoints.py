@@ -45,6 +45,7 @@ from app.dashboard import (
     formatting,
     incidents,
     invoices,
+    operators,
     pdf,
     service,
     sessions,
@@ -138,6 +139,26 @@ def read_costs(
     return costs.costs(session, customer, service.period_of(customer, period, now), now)
 
 
+@router.get("/v1/fleet/summary")
+def fleet_summary(session: DbSession, _: Admin, now: Now) -> operators.FleetRead:
+    """GPUs by model and datacenter (pool, last state, rented, spare level against its
+    target), failures in the last 24 h, and the latencies that are measured."""
+    return operators.fleet(session, now)
+
+
+MonthParam = Annotated[str | None, Query(pattern=PERIOD_PATTERN, description="YYYY-MM")]
+
+
+@router.get("/v1/revenue")
+def revenue(
+    session: DbSession, _: Admin, now: Now, first: MonthParam = None, last: MonthParam = None
+) -> operators.RevenueRead:
+    """Per month and currency: billed, credited, cap reductions, adjustments, vouchers, tax
+    and total of the non-void invoices (default: the last 12 months)."""
+    last = last or now.strftime("%Y-%m")
+    return operators.revenue(session, first or service.shift_period(last, -11), last)
+
+
 # --- exports (JSON API side: CSV bodies) ----------------------------------------------------
 
 
@@ -146,7 +167,7 @@ class ExportKind(StrEnum):
     FOCUS = "focus.csv"
 
 
-_CSV = {200: {"content": {"text/csv": {}}}}
+_CSV: dict[int | str, dict[str, Any]] = {200: {"content": {"text/csv": {}}}}
 
 
 @router.get("/v1/customers/{customer_id}/exports/usage.csv", responses=_CSV)
@@ -317,7 +338,27 @@ def customers_page(request: Request, session: DbSession, admin: PagePrincipal) -
     if not admin.is_admin:
         return RedirectResponse("/dashboard", status_code=303)
     customers = service.all_customers(session)
-    return _render(request, "customers.html", customers=customers, signed_in=True)
+    return _render(
+        request, "customers.html", customers=customers, signed_in=True, admin_nav="customers"
+    )
+
+
+@pages.get("/fleet", name="fleet")
+def fleet_page(request: Request, session: DbSession, admin: PagePrincipal, now: Now) -> Response:
+    if not admin.is_admin:
+        return RedirectResponse("/dashboard", status_code=303)
+    data = operators.fleet(session, now)
+    fmt = formatting.Formatter("USD", "UTC")
+    return _render(request, "fleet.html", f=data, fmt=fmt, signed_in=True, admin_nav="fleet")
+
+
+@pages.get("/revenue", name="revenue")
+def revenue_page(request: Request, session: DbSession, admin: PagePrincipal, now: Now) -> Response:
+    if not admin.is_admin:
+        return RedirectResponse("/dashboard", status_code=303)
+    last = now.strftime("%Y-%m")
+    data = operators.revenue(session, service.shift_period(last, -11), last)
+    return _render(request, "revenue.html", r=data, signed_in=True, admin_nav="revenue")
 
 
 @pages.get("", name="overview")
@@ -379,7 +420,7 @@ def what_if_page(p: CustomerPage, period: PeriodParam = None) -> Response:
 
 
 def _render(request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
-    values = {"v": None, "fmt": None, "signed_in": False, **context}
+    values = {"v": None, "fmt": None, "signed_in": False, "admin_nav": None, **context}
     if values["v"] is not None:
         values["fmt"] = values["v"].fmt
         values["signed_in"] = True

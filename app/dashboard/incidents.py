@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -76,7 +77,7 @@ def incidents(
     return [_read(f, m, invoice, customer.currency, fmt) for f, m in _pair(failures, migrations)]
 
 
-def _failure(event: dict) -> _Failure:  # type: ignore[type-arg]
+def _failure(event: dict[str, Any]) -> _Failure:
     cause = wording.evidence(
         {"code": event["code"], "rule": event["rule"], "detail": event["detail"]}
     )

@@ -114,6 +114,8 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/customers/{customer_id}/budgets/status"): Case(Expect.HIDDEN),
     ("DELETE", "/v1/customers/{customer_id}/budgets/{budget_id}"): Case(Expect.HIDDEN),
     ("POST", "/v1/budgets/check"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/fleet/summary"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/revenue"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/stripe/webhook"): Case(Expect.SIGNED, body={"id": "evt_x", "type": "x"}),
     ("GET", "/v1/stripe/sync"): Case(Expect.ADMIN_ONLY, query="?customer_id={customer_id}"),
     ("GET", "/v1/stripe/invoices/{invoice_id}"): Case(Expect.HIDDEN),

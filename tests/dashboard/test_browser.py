@@ -296,3 +296,24 @@ def test_second_customer_link_opens_nothing_of_the_first(
     assert "Acme" not in html and rental not in html and "GPU-A-1" not in html
     shoot(page, "other-customer-overview")
     context.close()
+
+
+def test_operator_pages(server: str, browser: Browser, admin_key: str, seeded: World) -> None:
+    context = browser.new_context(base_url=server, viewport=SIZES["laptop"])
+    page = context.new_page()
+    page.goto("/dashboard/sign-in")
+    page.get_by_label("API key").fill(admin_key)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.get_by_role("heading", name="Choose a customer")).to_be_visible()
+    page.get_by_role("link", name="Fleet").click()
+    api = context.request.get("/v1/fleet/summary").json()
+    for group in api["groups"]:
+        row = page.locator(f'tr[data-group="{group["model"]}/{group["datacenter"]}"]')
+        expect(row.locator('[data-label="GPUs"]')).to_have_text(str(group["gpus"]))
+    expect(page.get_by_text("the node's time to notice is not recorded")).to_be_visible()
+    shoot(page, "fleet")
+    at_phone_width_nothing_is_cut_off(page, "table.stack td")
+    page.get_by_role("link", name="Revenue").click()
+    expect(page.get_by_role("heading", name="Revenue")).to_be_visible()
+    shoot(page, "revenue")
+    context.close()

@@ -370,3 +370,40 @@ def test_costs_by_day_and_rental_add_up_to_the_usage_api_and_invoice(
     shown = re.findall(r'data-label="Credited" data-raw="([^"]*)"', html)
     assert sum(Decimal(x) for x in shown) == Decimal("-1.97")
     assert html.count('class="day"') == 31
+
+
+def test_fleet_and_revenue_for_operators_equal_their_apis(
+    app: FastAPI, client: TestClient, admin_key: str, seeded: World
+) -> None:
+    headers = bearer(admin_key)
+    # The day after the failure: it is within the last 24 hours.
+    app.dependency_overrides[clock] = lambda: datetime(2026, 10, 11, 0, 0, tzinfo=UTC)
+    try:
+        fleet = client.get("/v1/fleet/summary", headers=headers).json()
+        html = client.get("/dashboard/fleet", headers=headers).text
+    finally:
+        app.dependency_overrides.pop(clock)
+    [group] = fleet["groups"]
+    assert (group["model"], group["gpus"], group["failures_24h"]) == ("H100", 3, 1)
+    assert group["spare_target"] == 1 and group["spare_ready"] == 0
+    [failure] = fleet["failures_24h"]
+    assert failure["gpu_uuid"] == "GPU-A-1" and failure["moved_to_gpu"] == "GPU-A-2"
+    assert failure["resumed_after_s"] == 47 * 60 + 30
+    assert failure["cause"] == "XID 79: GPU has fallen off the bus"
+    assert fleet["resumed_after"] == {"count": 1, "median_s": 2850.0, "max_s": 2850}
+    assert f'data-raw="{group["gpus"]}"' in html and "47 min 30 s" in html
+    assert "not recorded" in html  # detection time: unknown, never invented
+    revenue = client.get("/v1/revenue?first=2026-10&last=2026-10", headers=headers).json()
+    [october] = revenue["months"]
+    invoice = seeded.invoice
+    assert october["total"] == invoice["total"] and october["invoices"] == 1
+    credits = sum(
+        Decimal(line["amount"])
+        for line in invoice["lines"]
+        if line["kind"] in ("failure_credit", "migration_credit")
+    )
+    assert Decimal(october["credited"]) == credits
+    customer = bearer(seeded.acme.key)
+    fleet_page = client.get("/dashboard/fleet", headers=customer, follow_redirects=False)
+    assert fleet_page.status_code == 303
+    assert client.get("/v1/revenue", headers=customer).status_code == 403

@@ -170,35 +170,35 @@ class ExportKind(StrEnum):
 _CSV: dict[int | str, dict[str, Any]] = {200: {"content": {"text/csv": {}}}}
 
 
-@router.get("/v1/customers/{customer_id}/exports/usage.csv", responses=_CSV)
-def export_usage(
-    customer_id: uuid.UUID,
-    request: Request,
-    session: DbSession,
-    caller: ConsoleUser,
-    now: Now,
-    period: PeriodParam = None,
-) -> StreamingResponse:
-    """The period's invoice as cost and usage rows per rental, GPU and local day (CSV).
-    Streamed; the amounts sum to the invoice's total."""
-    customer = get_customer(session, customer_id, caller)
-    billing_period = service.period_of(customer, period, now)
-    return _export(request, session, customer, billing_period, ExportKind.USAGE)
+def _export_route(kind: ExportKind, summary: str) -> None:
+    """``GET /v1/customers/{id}/exports/<kind>``: one fixed route per format."""
+
+    def export(
+        customer_id: uuid.UUID,
+        request: Request,
+        session: DbSession,
+        caller: ConsoleUser,
+        now: Now,
+        period: PeriodParam = None,
+    ) -> StreamingResponse:
+        customer = get_customer(session, customer_id, caller)
+        billing_period = service.period_of(customer, period, now)
+        return _export(request, session, customer, billing_period, kind)
+
+    router.add_api_route(
+        f"/v1/customers/{{customer_id}}/exports/{kind.value}",
+        export,
+        methods=["GET"],
+        responses=_CSV,
+        name=f"export_{kind.name.lower()}",
+        description=summary + " Streamed; the amounts sum to the invoice's total.",
+    )
 
 
-@router.get("/v1/customers/{customer_id}/exports/focus.csv", responses=_CSV)
-def export_focus(
-    customer_id: uuid.UUID,
-    request: Request,
-    session: DbSession,
-    caller: ConsoleUser,
-    now: Now,
-    period: PeriodParam = None,
-) -> StreamingResponse:
-    """The same rows in the FinOps FOCUS 1.2 cost and usage format (CSV). Streamed."""
-    customer = get_customer(session, customer_id, caller)
-    billing_period = service.period_of(customer, period, now)
-    return _export(request, session, customer, billing_period, ExportKind.FOCUS)
+_export_route(
+    ExportKind.USAGE, "The period's invoice as cost and usage rows per rental, GPU and local day."
+)
+_export_route(ExportKind.FOCUS, "The same rows in the FinOps FOCUS 1.2 cost and usage format.")
 
 
 def _export(

@@ -181,22 +181,20 @@ def cmd_invoices_run(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from app.demo.run import DemoOptions, run_demo
 
-    options = DemoOptions(data_dir=args.data_dir, duration=args.duration, port=args.port)
+    options = DemoOptions(
+        data_dir=args.data_dir, duration=args.duration, port=args.port, verbose=args.verbose
+    )
     return run_demo(options, database_url)
 
 
 def cmd_register_node(args: argparse.Namespace) -> int:
     from app.core.db import get_engine, transaction
-    from app.fleet import repository, service
+    from app.fleet import service
     from app.fleet.schemas import NodeCreate
 
+    data = NodeCreate(hostname=args.hostname, datacenter=args.datacenter)
     with database_url(args.data_dir) as url, transaction(get_engine(url)) as session:
-        node = repository.node_by_hostname(session, args.hostname)
-        if node is None:
-            data = NodeCreate(hostname=args.hostname, datacenter=args.datacenter)
-            node, issued = service.register_node(session, data)
-        else:  # registered before (a restarted deployment): rotate its token
-            issued = service.issue_node_token(session, node)
+        node, issued = service.enroll_node(session, data)
     if args.token_file is None:
         print(issued.secret)
     else:
@@ -206,10 +204,20 @@ def cmd_register_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gpumeter")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpumeter", description="Per-second GPU metering and billing service."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="run the API service under uvicorn")
@@ -296,6 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the demo's database, logs and spools here (default: a temporary directory, "
         "removed at exit)",
     )
+    demo.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="stream the demo's and its processes' JSON logs to the terminal (default: into "
+        "demo.log, server.log and agent-*.log in the data directory)",
+    )
     demo.set_defaults(handler=cmd_demo)
 
     stripe = commands.add_parser("stripe", help="the Stripe mirror").add_subparsers(
@@ -327,9 +342,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import app.models  # noqa: F401 - every table registered before any command's session
+    from app.core.embedded_pg import PostgresDidNotStop
+
     args = build_parser().parse_args(argv)
     configure_logging(get_settings().log_level)
-    return args.handler(args)
+    try:
+        return int(args.handler(args))
+    except PostgresDidNotStop as error:
+        print(f"gpumeter: {error}; see the log in its data directory", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 
+import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
 from app.auth.endpoints import router as keys_router
 from app.billing.endpoints import customer_router as billing_customer_router
 from app.billing.endpoints import router as invoices_router

@@ -29,8 +29,10 @@ from pathlib import Path
 import httpx
 import psycopg
 
+import app.models  # noqa: F401 - every table registered, so foreign keys resolve
 from app.core.db import transaction
 from app.core.local_service import NotReady, free_port, wait_until_ready
+from app.core.processes import stop_child
 from app.core.scratch_db import (
     libpq_dsn,
     scratch_database,
@@ -272,7 +274,7 @@ def start_service(url: str, workers: int) -> tuple[subprocess.Popen[bytes], str]
     try:
         wait_until_ready(base, process, timeout_s=30)
     except NotReady:
-        process.terminate()
+        stop_child(process, "service")
         raise
     return process, base
 
@@ -296,8 +298,7 @@ def main() -> int:
         try:
             stats, elapsed, mid = asyncio.run(drive(base, url, tokens, args))
         finally:
-            process.terminate()
-            process.wait(timeout=30)
+            stop_child(process, "service")
         sizes = stored_bytes(url)
         vacuum(url)
         print(json.dumps(report(args, stats, elapsed, mid, sizes, stored_bytes(url))))

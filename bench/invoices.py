@@ -25,6 +25,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import create_engine
 
+import app.models  # noqa: F401 - every table registered, so foreign keys resolve
 from app.billing.loader import billing_period
 from app.billing.progress import ProgressBar
 from app.billing.run import run_invoices

@@ -4,11 +4,22 @@
 events to report) and the memory to pass in next second. Rules follow NVIDIA's own tools (DCGM
 health watches, k8s-device-plugin, the XID catalogue):
 
-- failed: GPU lost / off the bus, volatile uncorrectable ECC > 0, row-remap failure, a recovery
-  action of reset / reboot / drain-and-reset, and fatal XIDs (48, 64, 74, 79, 95, 119, 120, 140);
-- degraded: XID 94 (contained ECC), retired-page or row-remap pending, NVLink links down, NVLink
-  CRC errors, PCIe replay storms, correctable-ECC bursts, thermal or power-brake slowdown;
-- application XIDs (13, 31, 43, 45, 68, 109) and unknown XIDs are events only.
+- failed: GPU lost / off the bus (or NVML hung past the sample bound, or every call failing with
+  Unknown Error), uncorrectable memory errors that are not contained (see below), row-remap
+  failure, a recovery action of reset / reboot / drain-and-reset, and fatal XIDs (48, 64, 74,
+  79, 95, 119, 120, 140);
+- degraded: XID 94 and contained uncorrectable memory errors, retired-page or row-remap pending,
+  NVLink links gone from up to down, NVLink CRC errors, PCIe replay storms, correctable-ECC
+  bursts, thermal or power-brake slowdown;
+- application XIDs (13, 31, 43, 45, 68, 109) and unknown XIDs are events only, and so are
+  failures of the XID event path (``nvml_error`` events: XIDs may be missing).
+
+Uncorrectable memory errors (the volatile uncorrected ECC count and the driver's DBE events) are
+decided as NVIDIA's memory-error guidance describes (GPU Memory Error Management, A100 and
+later): before Ampere (no row remapping reported) a DBE needs a GPU reset, so the GPU is failed.
+From Ampere on errors are contained: the page is offlined, the GPU keeps serving other work and
+the row is remapped at the next reset, so the GPU is degraded unless remapping failed or the
+driver asks for a reset or reboot (``MEMORY_ERROR_STATES``).
 
 How long a state sticks:
 
@@ -55,6 +66,15 @@ SLOWDOWN_MASK = (
 )
 FAILING_RECOVERY_ACTIONS = {1, 2, 4, 6, 7}  # reset, reboot, drain-and-reset, bus reset, sys reboot
 DEGRADING_RECOVERY_ACTIONS = {3, 5}  # drain P2P, recover IMEX domain
+
+# (row remapping reported, i.e. Ampere or later; remap failed or the driver wants a reset or
+# reboot) -> the state an uncorrectable memory error puts the GPU in.
+MEMORY_ERROR_STATES: dict[tuple[bool, bool], GpuState] = {
+    (False, False): GpuState.FAILED,  # before Ampere: a DBE needs a reset
+    (False, True): GpuState.FAILED,
+    (True, False): GpuState.DEGRADED,  # contained: page offlined, row remapped at next reset
+    (True, True): GpuState.FAILED,  # not repairable in place
+}
 
 # XID -> (rule name, state, hold seconds). Others are events only.
 XID_RULES: dict[int, tuple[str, GpuState, int]] = {
@@ -133,6 +153,31 @@ def _recovery(actions: set[int]) -> Callable[[GpuReading, Deltas], dict[str, Any
     return check
 
 
+def memory_error_state(r: GpuReading) -> GpuState:
+    needs_reset = bool(r.remap_failure) or r.recovery_action in FAILING_RECOVERY_ACTIONS
+    return MEMORY_ERROR_STATES[(r.remap_pending is not None, needs_reset)]
+
+
+def _memory_error(
+    state: GpuState, check: Callable[[GpuReading, Deltas], dict[str, Any] | None]
+) -> Callable[[GpuReading, Deltas], dict[str, Any] | None]:
+    """``check``, when the GPU's generation and remap state make the error ``state``."""
+    return lambda r, d: check(r, d) if memory_error_state(r) == state else None
+
+
+def _remap(attr: str) -> Callable[[GpuReading, Deltas], dict[str, Any] | None]:
+    def check(r: GpuReading, _d: Deltas) -> dict[str, Any] | None:
+        if not getattr(r, attr):
+            return None
+        return {
+            attr: True,
+            "remapped_rows_correctable": r.remapped_rows_correctable,
+            "remapped_rows_uncorrectable": r.remapped_rows_uncorrectable,
+        }
+
+    return check
+
+
 def _lost(r: GpuReading, _d: Deltas) -> dict[str, Any] | None:
     return {"reason": r.lost_reason} if r.lost else None
 
@@ -149,12 +194,14 @@ def _slowdown(r: GpuReading, _d: Deltas) -> dict[str, Any] | None:
 F, D = GpuState.FAILED, GpuState.DEGRADED
 RULES: tuple[Rule, ...] = (
     Rule("gpu_lost", F, _lost),
-    Rule("ecc_uncorrected_volatile", F, _positive("ecc_uncorrected_volatile")),
-    Rule("ecc_dbe_event", F, _dbe_event, hold_s=FATAL_XID_HOLD_S),
-    Rule("row_remap_failure", F, _flag("remap_failure")),
+    Rule("ecc_uncorrected_volatile", F, _memory_error(F, _positive("ecc_uncorrected_volatile"))),
+    Rule("ecc_dbe_event", F, _memory_error(F, _dbe_event), hold_s=FATAL_XID_HOLD_S),
+    Rule("row_remap_failure", F, _remap("remap_failure")),
     Rule("recovery_action_required", F, _recovery(FAILING_RECOVERY_ACTIONS)),
     Rule("recovery_action_advised", D, _recovery(DEGRADING_RECOVERY_ACTIONS)),
-    Rule("row_remap_pending", D, _flag("remap_pending")),
+    Rule("ecc_uncorrected_contained", D, _memory_error(D, _positive("ecc_uncorrected_volatile"))),
+    Rule("ecc_dbe_contained", D, _memory_error(D, _dbe_event), hold_s=DEGRADED_HOLD_S),
+    Rule("row_remap_pending", D, _remap("remap_pending")),
     Rule("retired_pages_pending", D, _flag("retired_pages_pending")),
     Rule("nvlink_down", D, _positive("nvlink_links_down")),
     _burst_rule("nvlink_crc_errors", "nvlink_crc_errors", NVLINK_CRC_PER_S),
@@ -224,16 +271,26 @@ def classify(r: GpuReading, memory: HealthMemory, now: int) -> tuple[Verdict, He
                 _event(r.uuid, now, EventKind.COUNTER, len(events), rule=rule.name, detail=detail)
             )
     for code in r.xids:
-        xid_evidence, hold_s = _xid_evidence(code)
-        if xid_evidence.state != GpuState.HEALTHY:
-            fire(xid_evidence, hold_s)
+        xid, hold_s = _xid_evidence(code)
+        if xid.state != GpuState.HEALTHY:
+            fire(xid, hold_s)
+        events.append(_event(r.uuid, now, EventKind.XID, len(events), code=code, rule=xid.rule))
+
+    for message in r.event_errors:
         events.append(
-            _event(r.uuid, now, EventKind.XID, len(events), code=code, rule=xid_evidence.rule)
+            _event(
+                r.uuid,
+                now,
+                EventKind.NVML_ERROR,
+                len(events),
+                rule="xid_events_failed",
+                detail={"error": message},
+            )
         )
 
-    held = {rule: (ev, until) for rule, (ev, until) in held.items() if until > now}
+    held = {name: (ev, until) for name, (ev, until) in held.items() if until > now}
     fired = {ev.rule for ev in firing}
-    evidence = firing + [ev for rule, (ev, _) in held.items() if rule not in fired]
+    evidence = firing + [ev for name, (ev, _) in held.items() if name not in fired]
     state = max((ev.state for ev in evidence), key=SEVERITY.__getitem__, default=GpuState.HEALTHY)
     if state != memory.state:
         detail = {"from": memory.state.value, "evidence": [_evidence_json(ev) for ev in evidence]}

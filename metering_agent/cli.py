@@ -15,9 +15,10 @@ from metering_agent import logs
 from metering_agent.faults import load_faults
 from metering_agent.metrics import Metrics, serve
 from metering_agent.nvml.provider import GpuProvider
+from metering_agent.nvml.real import INSTALL_HINT, NvmlProvider, NvmlUnavailable, probe
 from metering_agent.nvml.simulated import DEFAULT_MODEL, MODELS, SimulatedProvider
 from metering_agent.runner import Runner, SystemClock
-from metering_agent.spool import DEFAULT_MAX_BYTES, Spool
+from metering_agent.spool import DEFAULT_MAX_BYTES, DEFAULT_MAX_HELD_BYTES, Spool
 from metering_agent.uploader import Backoff, Uploader
 
 log = logs.Log("metering_agent.cli")
@@ -38,7 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, help="serve Prometheus /metrics on this port")
     p.add_argument("--metrics-host", default="0.0.0.0", help="address for /metrics")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--probe", action="store_true", help="print every NVML reading per GPU, exit")
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="print, per GPU, the driver and NVML versions and every NVML call's result (or"
+        " error) and duration as JSON, then exit; exit code 2 when NVML is not found",
+    )
 
     sim = p.add_argument_group("simulator (instead of NVML)")
     sim.add_argument("--simulate", type=int, metavar="N", help="simulate N GPUs")
@@ -61,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--backoff-max", type=float, default=60.0, help="max retry delay, seconds")
     up.add_argument("--spool-max-bytes", type=int, default=DEFAULT_MAX_BYTES)
     up.add_argument(
+        "--spool-max-memory-bytes",
+        type=int,
+        default=DEFAULT_MAX_HELD_BYTES,
+        help="items held in memory while the spool is full; beyond, reported as unmetered",
+    )
+    up.add_argument(
         "--shutdown-upload-timeout",
         type=float,
         default=10.0,
@@ -79,9 +91,7 @@ def _token(args: argparse.Namespace) -> str:
 
 def _provider(args: argparse.Namespace) -> GpuProvider:
     if args.simulate is None:
-        from metering_agent.nvml.real import NvmlProvider  # needs the NVML library
-
-        return NvmlProvider()
+        return NvmlProvider()  # loads pynvml and the driver's library only now
     return SimulatedProvider(
         args.simulate,
         models=[m.strip() for m in args.gpu_models.split(",")],
@@ -94,8 +104,6 @@ def _provider(args: argparse.Namespace) -> GpuProvider:
 
 
 def _probe() -> int:
-    from metering_agent.nvml.real import probe
-
     print(json.dumps(probe(), indent=2))
     return 0
 
@@ -104,11 +112,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logs.setup(args.log_level)
-    if args.probe:
-        return _probe()
-    if not (args.server and args.spool_dir and (args.token or args.token_file)):
-        parser.error("--server, --token/--token-file and --spool-dir are required")
-    return run(args)
+    try:
+        if args.probe:
+            return _probe()
+        if not (args.server and args.spool_dir and (args.token or args.token_file)):
+            parser.error("--server, --token/--token-file and --spool-dir are required")
+        return run(args)
+    except NvmlUnavailable as e:
+        print(f"gpumeter-agent: NVML not found: {e}; {INSTALL_HINT}", file=sys.stderr)
+        return 2
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     spool = Spool(
         args.spool_dir,
         max_bytes=args.spool_max_bytes,
+        max_held_bytes=args.spool_max_memory_bytes,
         batch_max_items=args.batch_max_records,
         seal_after_s=args.upload_interval,
         metrics=metrics,

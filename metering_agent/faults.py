@@ -15,7 +15,8 @@ Faults and their optional parameters:
 
 - ``xid`` (``xid``: code, required): the driver reports that XID. 79 also makes the GPU lost
   (fallen off the bus) and 48 also bumps the volatile uncorrected ECC count, as on hardware.
-- ``dbe`` (``count``, default 1): volatile uncorrectable ECC errors.
+- ``dbe`` (``count``, default 1): uncontained volatile uncorrectable ECC errors (the driver's
+  recovery action becomes "GPU reset"); ``xid`` 94 is the contained kind (row remap pending).
 - ``ecc_corrected`` (``count``, default 1000): correctable ECC errors.
 - ``nvlink_down`` (``count``: links, default 1); ``nvlink_crc`` (``count``, default 1000).
 - ``pcie_replay`` (``count``, default 100): PCIe replays.

@@ -34,13 +34,19 @@ HELP = {
     "gpumeter_agent_spool_batches": "Sealed batches waiting for upload.",
     "gpumeter_agent_spool_journal_items": "Items in the journal, not yet sealed into a batch.",
     "gpumeter_agent_spool_held_items": "Items held in memory because the spool is full.",
-    "gpumeter_agent_spool_full": "1 while the spool is at its size limit.",
+    "gpumeter_agent_spool_held_bytes": "Bytes of the items held in memory (bounded).",
+    "gpumeter_agent_spool_full": "1 while the spool takes no writes (size limit, disk full).",
+    "gpumeter_agent_spool_dropped_items_total": "Items dropped beyond the memory bound.",
+    "gpumeter_agent_spool_dropped_seconds_total": "GPU-seconds dropped beyond the memory bound.",
+    "gpumeter_agent_spool_quarantined_total": "Unreadable spool files moved to quarantine/.",
     "gpumeter_agent_last_upload_success_timestamp_seconds": "Time of the last 2xx upload.",
     "gpumeter_agent_upload_errors_total": "Failed upload attempts (network, 5xx).",
+    "gpumeter_agent_upload_throttled_total": "503/429 answers: the service shed load.",
     "gpumeter_agent_batches_dead_lettered_total": "Batches rejected with a 4xx.",
     "gpumeter_agent_batches_uploaded_total": "Batches accepted by the service.",
     "gpumeter_agent_sample_lag_seconds": "How late the last sample was after its second began.",
     "gpumeter_agent_clock_jumps_total": "Wall-clock jumps against the monotonic clock.",
+    "gpumeter_agent_unsampled_seconds_total": "Seconds no tick sampled (paused, stalled).",
 }
 
 # Reading attribute -> metric, with a scale factor.

@@ -37,6 +37,10 @@ class EventKind(StrEnum):
     STATE_CHANGE = "state_change"  # the classifier moved the GPU to another state
     COUNTER = "counter"  # a health counter jumped (ECC, NVLink CRC, PCIe replay, ...)
     CLOCK_JUMP = "clock_jump"  # wall clock moved against the monotonic clock; seconds skipped
+    NVML_ERROR = "nvml_error"  # the XID event path failed: XIDs may be missing
+    # Seconds [detail.start, detail.end) of the GPU the agent could not meter or keep
+    # (detail.reason: agent_paused, clock_jump, spool_full), so a gap in the timeline has a cause.
+    UNMETERED = "unmetered"
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,10 +9,11 @@ already closed, including those spooled by a previous run) are refused.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from metering_agent.classifier import event_id
 from metering_agent.nvml.provider import GpuReading
-from metering_agent.protocol import MINUTE, GpuState, UsageRecord
+from metering_agent.protocol import MINUTE, EventKind, GpuState, HealthEvent, UsageRecord
 
 
 @dataclass(slots=True)
@@ -123,3 +124,17 @@ class RecordBuilder:
             if previous is not None and previous[0] == second - 1 and r.energy_mj >= previous[1]:
                 return (r.energy_mj - previous[1]) / 1000
         return power_w
+
+
+def unmetered_event(gpu_uuid: str, start: int, end: int, reason: str, **detail: Any) -> HealthEvent:
+    """The seconds ``[start, end)`` of this GPU went unmetered, and why: the service's timeline
+    then explains the gap instead of showing a silent hole."""
+    kind = EventKind.UNMETERED
+    return HealthEvent(
+        event_id(gpu_uuid, start, kind.value, reason, 0),
+        gpu_uuid,
+        start,
+        kind,
+        rule=reason,
+        detail={"start": start, "end": end, "seconds": end - start, "reason": reason, **detail},
+    )

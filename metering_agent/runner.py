@@ -5,6 +5,10 @@ The wall clock is checked against the monotonic clock every tick: when they disa
 ``JUMP_TOLERANCE_S`` (NTP step, manual change, VM pause) the jump is logged, reported as a
 ``clock_jump`` event, the open records are closed and that tick is skipped; seconds already
 accounted for are never sampled again, so records never overlap or run backwards.
+
+Seconds that no tick sampled (the process was stopped or the VM paused, a tick stalled, or the
+clock jumped forward) are reported per GPU as one ``unmetered`` event with the gap's start, end
+and length, so the service's timeline explains the hole.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from metering_agent.logs import Log
 from metering_agent.metrics import Metrics
 from metering_agent.nvml.provider import GpuProvider, GpuReading
 from metering_agent.protocol import EventKind, HealthEvent, UsageRecord
-from metering_agent.records import RecordBuilder
+from metering_agent.records import RecordBuilder, unmetered_event
 from metering_agent.spool import Spool
 
 JUMP_TOLERANCE_S = 0.5
@@ -62,6 +66,7 @@ class Runner:
         self._tracks: dict[str, _Track] = {}
         self._last_tick: tuple[float, float] | None = None  # (wall, mono)
         self._last_second: int | None = None
+        self._jumped = False  # the previous tick saw a clock jump
 
     def _track(self, r: GpuReading) -> _Track:
         track = self._tracks.get(r.uuid)
@@ -83,9 +88,12 @@ class Runner:
                 return
         if self._last_second is not None and second <= self._last_second:
             return  # already sampled (the wall clock went back): skip, don't overlap
-        self._last_second = second
         records: list[UsageRecord] = []
         events: list[HealthEvent] = []
+        if self._last_second is not None and second > self._last_second + 1:
+            since = mono - previous[1] if previous is not None else 0.0
+            events += self._gap(self._last_second + 1, second, since)
+        self._last_second, self._jumped = second, False
         for r in self.provider.read_all():
             track = self._track(r)
             verdict, track.memory = classify(r, track.memory, second)
@@ -96,8 +104,19 @@ class Runner:
                 log.info("health_event", **_event_fields(event))
         self._spool(records, events)
 
+    def _gap(self, start: int, end: int, elapsed_s: float) -> list[HealthEvent]:
+        """Seconds ``[start, end)`` were never sampled: say so, with the likely cause."""
+        reason = "clock_jump" if self._jumped else "agent_paused"
+        log.warning(
+            "sampling_gap", start=start, end=end, seconds=end - start, reason=reason,
+            since_last_tick_s=round(elapsed_s, 3),
+        )  # fmt: skip
+        self.metrics.inc("gpumeter_agent_unsampled_seconds_total", end - start)
+        return [unmetered_event(uuid, start, end, reason) for uuid in self._tracks]
+
     def _clock_jump(self, second: int, skew: float) -> None:
         log.warning("clock_jump", skew_s=round(skew, 3), second=second, action="tick skipped")
+        self._jumped = True
         self.metrics.inc("gpumeter_agent_clock_jumps_total")
         events = [
             HealthEvent(

@@ -5,11 +5,17 @@
   dead-letter folder, logged as an error, and the uploader carries on with the next one.
 - 5xx, 408, 429, network errors and timeouts: the same batch is retried with exponential backoff
   and jitter, so the order of batches is kept and nothing is skipped.
+- ``Retry-After`` (delta-seconds or an HTTP-date, on a 503 or 429 from a service shedding load)
+  sets the least wait, capped at ``retry_after_max_s``, plus up to half as much again at random:
+  a fleet told to come back in 10 s comes back over 10-15 s, not all in the same second.
 """
 
 from __future__ import annotations
 
+import email.utils
 import enum
+import json
+import math
 import random
 import threading
 import time
@@ -17,15 +23,18 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC
 from pathlib import Path
 
 from metering_agent.logs import Log
 from metering_agent.metrics import Metrics
 from metering_agent.protocol import INGEST_PATH
-from metering_agent.spool import Spool
+from metering_agent.spool import Spool, read_batch
 
 log = Log("metering_agent.uploader")
 RETRYABLE_4XX = {408, 429}
+THROTTLED = {429, 503}  # the service sheds load; it may say when to come back
+RETRY_AFTER_JITTER = 0.5  # a Retry-After wait is stretched by up to this share, at random
 
 
 class Outcome(enum.Enum):
@@ -34,19 +43,48 @@ class Outcome(enum.Enum):
     RETRY = "retry"
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    outcome: Outcome
+    retry_after_s: float | None = None  # what the service asked for (Retry-After)
+
+
+def retry_after_seconds(value: str | None, now: float) -> float | None:
+    """A ``Retry-After`` header as seconds from ``now``: delta-seconds or an HTTP-date."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:  # "-0000": UTC, origin unknown
+            when = when.replace(tzinfo=UTC)
+        seconds = when.timestamp() - now
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
 @dataclass(slots=True)
 class Backoff:
-    """Exponential backoff with "equal jitter": half the delay fixed, half random."""
+    """Exponential backoff with "equal jitter" (half the delay fixed, half random), and never
+    less than what the service asked for with ``Retry-After``, itself jittered."""
 
     base_s: float = 1.0
     cap_s: float = 60.0
+    retry_after_max_s: float = 600.0
     attempts: int = 0
     rng: random.Random = field(default_factory=random.Random)
 
-    def next_delay(self) -> float:
-        delay: float = min(self.cap_s, self.base_s * 2**self.attempts)
+    def next_delay(self, retry_after_s: float | None = None) -> float:
+        delay: float = min(self.cap_s, self.base_s * 2.0 ** min(self.attempts, 64))
         self.attempts += 1
-        return delay / 2 + self.rng.uniform(0, delay / 2)
+        delay = delay / 2 + self.rng.uniform(0, delay / 2)
+        if retry_after_s is not None:
+            least = min(retry_after_s, self.retry_after_max_s)
+            delay = max(delay, least + self.rng.uniform(0, least * RETRY_AFTER_JITTER))
+        return delay
 
     def reset(self) -> None:
         self.attempts = 0
@@ -74,26 +112,32 @@ class Uploader:
         self._clock = clock
         self._wake = threading.Event()
 
-    def post(self, path: Path) -> Outcome:
+    def post(self, path: Path) -> Reply:
         request = urllib.request.Request(
             self.url,
-            data=path.read_bytes(),
+            data=json.dumps(read_batch(path)).encode(),
             method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {self._token}"},
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 response.read()
-                return Outcome.STORED
+                return Reply(Outcome.STORED)
         except urllib.error.HTTPError as e:
             body = e.read()[:2000].decode(errors="replace")
             if 400 <= e.code < 500 and e.code not in RETRYABLE_4XX:
                 log.error("batch_rejected", batch=path.name, status=e.code, detail=body)
-                return Outcome.REJECTED
-            log.warning("upload_failed", batch=path.name, status=e.code, detail=body)
+                return Reply(Outcome.REJECTED)
+            wait = retry_after_seconds(e.headers.get("Retry-After"), time.time())
+            if e.code in THROTTLED:
+                self._metrics.inc("gpumeter_agent_upload_throttled_total")
+            log.warning(
+                "upload_failed", batch=path.name, status=e.code, retry_after_s=wait, detail=body
+            )
+            return Reply(Outcome.RETRY, wait)
         except (OSError, TimeoutError) as e:  # URLError, connection reset, socket timeout
             log.warning("upload_failed", batch=path.name, error=repr(e))
-        return Outcome.RETRY
+        return Reply(Outcome.RETRY)
 
     def upload_pending(self, stop: threading.Event, deadline: float | None = None) -> bool:
         """Send every sealed batch; return True when the spool's batches are all sent."""
@@ -104,8 +148,8 @@ class Uploader:
             if deadline is not None and self._clock() >= deadline:
                 return False
             path = batches[0]
-            outcome = self.post(path)
-            if outcome is Outcome.STORED:
+            reply = self.post(path)
+            if reply.outcome is Outcome.STORED:
                 self.spool.remove(path)
                 self.backoff.reset()
                 self._metrics.inc("gpumeter_agent_batches_uploaded_total")
@@ -113,13 +157,13 @@ class Uploader:
                     "gpumeter_agent_last_upload_success_timestamp_seconds", time.time()
                 )
                 log.debug("batch_uploaded", batch=path.name)
-            elif outcome is Outcome.REJECTED:
+            elif reply.outcome is Outcome.REJECTED:
                 target = self.spool.dead_letter(path)
                 self._metrics.inc("gpumeter_agent_batches_dead_lettered_total")
                 log.error("batch_dead_lettered", batch=path.name, path=str(target))
             else:
                 self._metrics.inc("gpumeter_agent_upload_errors_total")
-                delay = self.backoff.next_delay()
+                delay = self.backoff.next_delay(reply.retry_after_s)
                 if deadline is not None:
                     delay = min(delay, max(0.0, deadline - self._clock()))
                 stop.wait(delay)

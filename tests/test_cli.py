@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from importlib.metadata import version
 from pathlib import Path
 
 import httpx
@@ -14,8 +14,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine
 
+from app.cli import main
 from app.core.db import transaction
 from app.core.local_service import free_port, wait_until_ready
+from app.core.processes import wait_for_exit
 from app.core.scratch_db import scratch_database
 from app.customers.models import Customer
 from app.main import create_app
@@ -39,6 +41,13 @@ def test_help_is_available_for_every_command() -> None:
             [BIN / "gpumeter", *args], capture_output=True, text=True, check=True
         )
         assert "usage: gpumeter" in result.stdout
+
+
+def test_version_is_the_installed_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gpumeter {version('gpumeter')}"
 
 
 def test_db_upgrade_and_create_key_on_a_configured_database(database_url: str, db: object) -> None:
@@ -156,18 +165,3 @@ def test_serve_without_a_url_runs_on_embedded_postgres_and_stops_it(
     assert serve.returncode == 0, stderr.decode()[-2000:]
     assert not pid_file.exists()
     assert wait_for_exit(postgres_pid, timeout_s=10), f"postgres {postgres_pid} still runs"
-
-
-def wait_for_exit(pid: int, timeout_s: float) -> bool:
-    """True once ``pid`` is gone or a zombie (exited, waiting for a parent that may never reap
-    it in a container without an init process)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-        except FileNotFoundError:
-            return True
-        if "\nState:\tZ" in status:
-            return True
-        time.sleep(0.1)
-    return False

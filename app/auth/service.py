@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from sqlalchemy import Select
 from sqlalchemy.orm import Session
 
 from app.auth import repository
@@ -77,6 +78,11 @@ def authenticate(session: Session, secret: str) -> Principal | None:
     if key is None:
         return None
     return Principal(key.id, key.kind, key.customer_id, key.node_id)
+
+
+def customer_keys_query(customer_id: uuid.UUID) -> Select[ApiKey]:
+    """The customer's API keys (revoked ones too), oldest first."""
+    return repository.keys_query(kind=KeyKind.CUSTOMER, customer_id=customer_id)
 
 
 def revoke_key(session: Session, key_id: uuid.UUID) -> ApiKey:

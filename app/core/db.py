@@ -9,7 +9,6 @@ from functools import lru_cache
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.orm import Session, sessionmaker
 
-import app.models  # noqa: F401 - every table registered before any session, so foreign keys resolve
 from app.settings import get_settings, sqlalchemy_url
 
 

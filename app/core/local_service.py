@@ -17,6 +17,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on ``host:port`` (as uvicorn would find it: SO_REUSEADDR,
+    so a closed connection's TIME_WAIT does not count)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+        return False
+
+
 class NotReady(RuntimeError):
     """The service exited, or did not answer ready in time."""
 

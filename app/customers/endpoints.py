@@ -4,7 +4,6 @@ import uuid
 
 from fastapi import APIRouter
 
-from app.auth import repository as key_repository
 from app.auth import service as key_service
 from app.auth.deps import Admin, ConsoleUser
 from app.auth.endpoints import issued_key_read
@@ -58,5 +57,5 @@ def list_customer_keys(
     customer_id: uuid.UUID, session: DbSession, caller: ConsoleUser, page: Paging
 ) -> Page[KeyRead]:
     service.get_customer(session, customer_id, caller)
-    query = key_repository.keys_query(kind=KeyKind.CUSTOMER, customer_id=customer_id)
+    query = key_service.customer_keys_query(customer_id)
     return paginate(session, query, page, KeyRead)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.core.processes import stop_child
+
 log = logging.getLogger(__name__)
-STOP_TIMEOUT_S = 20.0
 
 
 @dataclass
@@ -27,8 +27,9 @@ class Child:
 
 
 class Processes:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *, stream_logs: bool = False) -> None:
         self.directory = directory
+        self.stream_logs = stream_logs  # children log to the terminal instead of their files
         self.children: list[Child] = []
         self.extra_pids: dict[str, int] = {}  # started by others for us (the embedded Postgres)
 
@@ -36,7 +37,11 @@ class Processes:
         log_path = self.directory / f"{name}.log"
         with log_path.open("wb") as out:
             process = subprocess.Popen(
-                argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                env=env,
+                stdout=None if self.stream_logs else out,
+                stderr=None if self.stream_logs else subprocess.STDOUT,
+                start_new_session=True,
             )
         child = Child(name, process, log_path)
         self.children.append(child)
@@ -45,15 +50,7 @@ class Processes:
         return child
 
     def stop(self, child: Child) -> None:
-        if child.process.poll() is None:
-            child.process.send_signal(signal.SIGTERM)
-            try:
-                child.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                log.warning("process did not stop; killing", extra={"child": child.name})
-                child.process.kill()
-                child.process.wait()
-        log.info("process stopped", extra={"child": child.name, "pid": child.process.pid})
+        stop_child(child.process, child.name)
 
     def stop_all(self) -> None:
         for child in reversed(self.children):

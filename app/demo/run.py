@@ -32,10 +32,12 @@ from app.auth.service import issue_key
 from app.core import migrate
 from app.core.db import get_engine, transaction
 from app.core.epoch import epoch, from_epoch
-from app.core.local_service import NotReady, wait_until_ready
+from app.core.local_service import NotReady, port_in_use, wait_until_ready
+from app.core.logging import configure_logging
 from app.demo.processes import Child, Processes
 from app.demo.provider import Api, create_provider
 from app.demo.summary import PeriodSummary, summarise
+from app.settings import get_settings
 from app.simulate.history import SimGpu
 from app.simulate.progress import Progress
 from app.simulate.run import Options, simulate
@@ -55,6 +57,7 @@ class DemoOptions:
     duration: float | None
     port: int
     seed: int = 7
+    verbose: bool = False  # stream the demo's and its children's JSON logs to the terminal
 
 
 class Stopped(Exception):
@@ -62,10 +65,19 @@ class Stopped(Exception):
 
 
 def run_demo(options: DemoOptions, open_database: OpenDatabase) -> int:
+    if port_in_use(options.port):
+        print(
+            f"gpumeter demo: port {options.port} is already in use (another gpumeter?); "
+            "stop it or pass --port with a free port",
+            file=sys.stderr,
+        )
+        return 2
     signal.signal(signal.SIGTERM, _raise_stopped)
     progress = Progress(sys.stdout)
     with workspace(options.data_dir) as directory, ExitStack() as stack:
-        processes = Processes(directory)
+        if not options.verbose:
+            stack.enter_context(logs_to_file(directory / "demo.log"))
+        processes = Processes(directory, stream_logs=options.verbose)
         with progress.step("starting Postgres (embedded unless GPUMETER_DATABASE_URL is set)"):
             url = stack.enter_context(open_database(directory))
         processes.extra_pids.update(postmaster_pid(directory))
@@ -80,6 +92,18 @@ def run_demo(options: DemoOptions, open_database: OpenDatabase) -> int:
         demo.finish()
     progress.say("all demo processes stopped")
     return 0
+
+
+@contextmanager
+def logs_to_file(path: Path) -> Iterator[None]:
+    """The demo's own JSON logs into ``path``, so the terminal shows progress only."""
+    level = get_settings().log_level
+    with path.open("a") as log_file:
+        configure_logging(level, stream=log_file)
+        try:
+            yield
+        finally:
+            configure_logging(level)
 
 
 def _raise_stopped(_signum: int, _frame: FrameType | None) -> None:

@@ -32,6 +32,14 @@ def register_node(session: Session, data: NodeCreate) -> tuple[Node, IssuedKey]:
     return node, issue_node_token(session, node)
 
 
+def enroll_node(session: Session, data: NodeCreate) -> tuple[Node, IssuedKey]:
+    """Register the node, or, registered before (a restarted deployment), rotate its token."""
+    node = repository.node_by_hostname(session, data.hostname)
+    if node is None:
+        return register_node(session, data)
+    return node, issue_node_token(session, node)
+
+
 def issue_node_token(session: Session, node: Node) -> IssuedKey:
     """A new agent token for the node; earlier tokens stop working (rotation)."""
     key_service.revoke_node_keys(session, node.id)

@@ -1,38 +1,41 @@
 """One collector per signal; each fills its part of a ``GpuReading`` from NVML.
 
-A collector is ``collect(nvml_module, device_handle, reading)``. It tolerates unsupported calls
-(recording them in ``reading.unsupported``) and raises ``GpuLost`` when the device is gone.
+A collector is ``collect(sample)`` (see ``base``). ``FAST`` run every second, ``SLOW`` every
+``SLOW_INTERVAL_S`` (their values are carried into the readings in between): process listing
+takes the driver's lock, and remap flags, link states and MIG mode change rarely.
 """
 
 from collections.abc import Callable
-from types import ModuleType
-from typing import Any
 
 from metering_agent.collectors import (
-    ecc,
+    counters,
+    health,
     memory,
-    nvlink,
-    pcie,
+    mig,
     power,
     processes,
-    recovery,
-    remap,
     thermal,
     utilization,
 )
-from metering_agent.nvml.provider import GpuReading
+from metering_agent.collectors.base import Sample
 
-Collector = Callable[[ModuleType, Any, GpuReading], None]
+Collector = Callable[[Sample], None]
 
-COLLECTORS: tuple[Collector, ...] = (
+SLOW_INTERVAL_S = 15.0
+
+FAST: tuple[Collector, ...] = (
     utilization.collect,
     memory.collect,
     power.collect,
     thermal.collect,
-    ecc.collect,
-    remap.collect,
-    nvlink.collect,
-    pcie.collect,
-    recovery.collect,
-    processes.collect,
+    counters.collect,
+)
+SLOW: tuple[Collector, ...] = (health.collect, processes.collect, mig.collect)
+# What the slow collectors fill, carried into every reading until they run again.
+SLOW_ATTRS = (
+    *(attr for attr, _name in health.REMAP_FIELDS),
+    "nvlink_links",
+    "nvlink_links_down",
+    "process_count",
+    "mig_enabled",
 )

@@ -1,37 +1,77 @@
-"""NVLink: how many links are down, and the cumulative CRC error count over all links."""
+"""NVLink: links present, links gone from up to down, CRC errors summed over every link.
 
-from types import ModuleType
-from typing import Any
+Every NVLink field is scoped by link id (``scopeId``); a bare field id reads link 0 only. Link
+states come from the slow field-values call (``NVML_FI_DEV_NVLINK_GET_STATE`` per link), CRC
+counters from the per-second one. A link inactive when first seen (present, never cabled) is
+not "down": only a link seen up and then inactive counts. GPUs that do not answer the per-link
+DL CRC counter (older drivers; NVML's field docs mark the DL counters unsupported on Blackwell
+and later) are read through the per-link flit + data CRC totals; a GPU answering neither
+reports the CRC count unsupported.
+"""
 
-from metering_agent.collectors.base import as_int, field_values, query
-from metering_agent.nvml.provider import GpuReading
+from __future__ import annotations
+
+from metering_agent.collectors.base import FieldRequest, Sample, as_int, field_values
+
+# Counter sets to try, in order; the first one a GPU answers is kept.
+CRC_CHOICES: tuple[tuple[tuple[str, str], ...], ...] = (
+    (("nvlink_crc_dl", "NVML_FI_DEV_NVLINK_ERROR_DL_CRC"),),
+    (
+        ("nvlink_crc_flit", "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL"),
+        ("nvlink_crc_data", "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL"),
+    ),
+)
+NVLINK_STATE_INACTIVE = 0  # NVML_NVLINK_STATE_INACTIVE (not defined by nvidia-ml-py 12.560)
 
 
-def collect(nv: ModuleType, handle: Any, r: GpuReading) -> None:
-    fields = field_values(
-        nv,
-        handle,
-        r,
-        {
-            "nvlink_links": nv.NVML_FI_DEV_NVLINK_LINK_COUNT,
-            "nvlink_crc_dl": nv.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
-            "nvlink_crc_flit": nv.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
-            "nvlink_crc_data": nv.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
-        },
-    )
-    links = as_int(fields["nvlink_links"])
+def discover(s: Sample) -> None:
+    """How many links the GPU has (static): read once, on the GPU's first slow sample."""
+    if s.device.links is None:
+        count = field_values(s, [("nvlink_links", s.nv.NVML_FI_DEV_NVLINK_LINK_COUNT, 0)])
+        s.device.links = as_int(count["nvlink_links"]) or 0  # unsupported: a PCIe card
+
+
+def state_requests(s: Sample) -> list[FieldRequest]:
+    fid = s.nv.NVML_FI_DEV_NVLINK_GET_STATE
+    return [(f"nvlink_state:{link}", fid, link) for link in range(s.device.links or 0)]
+
+
+def apply_states(s: Sample, values: dict[str, int | float | None]) -> None:
+    links = s.device.links
     if not links:
-        return  # no NVLink on this GPU (PCIe cards): leave every NVLink field unsupported
-    r.nvlink_links = links
-    states = [
-        query(nv, r, f"nvlink_state_{link}", nv.nvmlDeviceGetNvLinkState, handle, link)
+        return  # no NVLink on this GPU: every NVLink field stays None
+    s.reading.nvlink_links = links
+    states = {link: values[f"nvlink_state:{link}"] for link in range(links)}
+    if all(state is None for state in states.values()):
+        return
+    s.device.links_ever_up |= {
+        link for link, state in states.items() if state not in (None, NVLINK_STATE_INACTIVE)
+    }
+    down = {link for link, state in states.items() if state == NVLINK_STATE_INACTIVE}
+    s.reading.nvlink_links_down = len(down & s.device.links_ever_up)
+
+
+def crc_requests(s: Sample) -> list[FieldRequest]:
+    links = s.device.links
+    if not links or s.device.crc_choice >= len(CRC_CHOICES):
+        return []
+    return [
+        (f"{key}:{link}", getattr(s.nv, constant), link)
+        for key, constant in CRC_CHOICES[s.device.crc_choice]
         for link in range(links)
     ]
-    r.nvlink_links_down = sum(1 for s in states if s == 0)  # None (unsupported) is not "down"
-    # Hopper reports the per-link DL counter; older drivers the per-lane totals.
-    if fields["nvlink_crc_dl"] is not None:
-        r.nvlink_crc_errors = as_int(fields["nvlink_crc_dl"])
-    elif fields["nvlink_crc_flit"] is not None or fields["nvlink_crc_data"] is not None:
-        r.nvlink_crc_errors = int(fields["nvlink_crc_flit"] or 0) + int(
-            fields["nvlink_crc_data"] or 0
-        )
+
+
+def apply_crc(s: Sample, values: dict[str, int | float | None]) -> None:
+    requests = crc_requests(s)
+    if not requests:
+        if s.device.links and s.device.crc_choice >= len(CRC_CHOICES):
+            s.reading.unsupported["nvlink_crc_errors"] = "no per-link CRC counter answered"
+        return
+    counts = [values[key] for key, _fid, _scope in requests]
+    if any(count is not None for count in counts):
+        s.reading.nvlink_crc_errors = sum(int(count) for count in counts if count is not None)
+    elif not s.device.crc_seen:
+        s.device.crc_choice += 1  # this GPU never answered these counters: try the next set
+        return
+    s.device.crc_seen = True

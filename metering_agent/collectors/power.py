@@ -1,12 +1,7 @@
-"""Power draw and the total-energy counter (the counter makes energy exact between samples)."""
+"""Power draw (the total-energy counter, which makes energy exact, is read in ``counters``)."""
 
-from types import ModuleType
-from typing import Any
-
-from metering_agent.collectors.base import query
-from metering_agent.nvml.provider import GpuReading
+from metering_agent.collectors.base import Sample, query
 
 
-def collect(nv: ModuleType, handle: Any, r: GpuReading) -> None:
-    r.power_mw = query(nv, r, "power_mw", nv.nvmlDeviceGetPowerUsage, handle)
-    r.energy_mj = query(nv, r, "energy_mj", nv.nvmlDeviceGetTotalEnergyConsumption, handle)
+def collect(s: Sample) -> None:
+    s.reading.power_mw = query(s, "power_mw", s.nv.nvmlDeviceGetPowerUsage, s.handle)

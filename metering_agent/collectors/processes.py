@@ -1,13 +1,15 @@
-"""Number of running compute processes (a cheap "is it in use" signal)."""
+"""Number of running compute processes (a cheap "is it in use" signal; a slow signal: listing
+processes takes the driver's lock). The binding's unversioned call wraps ``_v3``, which drivers
+before R535 lack (it raises ``NVMLLibraryMismatchError``): ``_v2`` stands in."""
 
-from types import ModuleType
-from typing import Any
-
-from metering_agent.collectors.base import query
-from metering_agent.nvml.provider import GpuReading
+from metering_agent.collectors.base import Sample, Variant, query_variants
 
 
-def collect(nv: ModuleType, handle: Any, r: GpuReading) -> None:
-    procs = query(nv, r, "process_count", nv.nvmlDeviceGetComputeRunningProcesses, handle)
+def collect(s: Sample) -> None:
+    variants = [
+        Variant("nvmlDeviceGetComputeRunningProcesses"),
+        Variant("nvmlDeviceGetComputeRunningProcesses_v2"),
+    ]
+    procs = query_variants(s, "process_count", variants)
     if procs is not None:
-        r.process_count = len(procs)
+        s.reading.process_count = len(procs)

@@ -1,17 +1,21 @@
-"""Temperature, SM clock and the clock-event (throttle) reasons behind slowdowns."""
+"""Temperature, SM clock and the clock-event (throttle) reasons behind slowdowns.
 
-from types import ModuleType
-from typing import Any
+``nvmlDeviceGetTemperatureV`` is missing from nvidia-ml-py 12.560.30 and from older drivers:
+``nvmlDeviceGetTemperature`` (deprecated, same reading) stands in.
+"""
 
-from metering_agent.collectors.base import query
-from metering_agent.nvml.provider import GpuReading
+from metering_agent.collectors.base import Sample, Variant, query, query_variants
 
 
-def collect(nv: ModuleType, handle: Any, r: GpuReading) -> None:
-    r.temp_c = query(nv, r, "temp_c", nv.nvmlDeviceGetTemperatureV, handle, nv.NVML_TEMPERATURE_GPU)
-    r.sm_clock_mhz = query(
-        nv, r, "sm_clock_mhz", nv.nvmlDeviceGetClockInfo, handle, nv.NVML_CLOCK_SM
+def collect(s: Sample) -> None:
+    nv, r = s.nv, s.reading
+    sensor = (nv.NVML_TEMPERATURE_GPU,)
+    r.temp_c = query_variants(
+        s,
+        "temp_c",
+        [Variant("nvmlDeviceGetTemperatureV", sensor), Variant("nvmlDeviceGetTemperature", sensor)],
     )
+    r.sm_clock_mhz = query(s, "sm_clock_mhz", nv.nvmlDeviceGetClockInfo, s.handle, nv.NVML_CLOCK_SM)
     r.clock_event_reasons = query(
-        nv, r, "clock_event_reasons", nv.nvmlDeviceGetCurrentClocksEventReasons, handle
+        s, "clock_event_reasons", nv.nvmlDeviceGetCurrentClocksEventReasons, s.handle
     )

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# NVML recovery actions (nvmlDeviceGetGpuRecoveryAction / NVML_FI_DEV_GET_GPU_RECOVERY_ACTION).
+# NVML recovery actions (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION): absent from nvidia-ml-py
+# 12.560.30 (R560 headers), present in 13.615.71; 6 and 7 came with R615 (NVML change log).
 RECOVERY_ACTIONS = {
     0: "none",
     1: "gpu_reset",
@@ -56,16 +57,20 @@ class GpuReading:
     ecc_corrected_volatile: int | None = None
     ecc_uncorrected_volatile: int | None = None
     retired_pages_pending: bool | None = None
-    remap_pending: bool | None = None
+    remap_pending: bool | None = None  # None also means "no row remapping" (before Ampere)
     remap_failure: bool | None = None
+    remapped_rows_correctable: int | None = None  # rows remapped so far (permanent)
+    remapped_rows_uncorrectable: int | None = None
     nvlink_links: int | None = None  # links present
     nvlink_links_down: int | None = None
     nvlink_crc_errors: int | None = None  # cumulative flit + data CRC errors, all links
     pcie_replays: int | None = None  # cumulative
     recovery_action: int | None = None  # key of RECOVERY_ACTIONS
     process_count: int | None = None  # running compute processes
+    mig_enabled: bool | None = None  # MIG mode on: metered as one whole GPU all the same
     xids: list[int] = field(default_factory=list)  # XIDs seen since the previous reading
     dbe_events: int = 0  # double-bit ECC events seen since the previous reading
+    event_errors: list[str] = field(default_factory=list)  # the XID event path failing
     unsupported: dict[str, str] = field(default_factory=dict)  # field -> NVML error text
 
 

@@ -82,9 +82,12 @@ class SimulatedGpu:
                 assert f.xid is not None
                 self.xids.append(f.xid)
                 self.lost = self.lost or f.xid == 79
-                self.ecc_uncorrected += f.xid == 48
+                self.ecc_uncorrected += f.xid in (48, 94)
+                self.remap_pending = self.remap_pending or f.xid == 94  # contained: remap at reset
             case "dbe":
+                # Uncontained (as XID 95 reports it): the driver asks for a GPU reset.
                 self.ecc_uncorrected += f.count
+                self.recovery_action = 1
             case "ecc_corrected":
                 self.ecc_corrected += f.count
             case "nvlink_down":

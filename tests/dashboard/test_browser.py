@@ -22,6 +22,7 @@ import pytest
 from pypdf import PdfReader
 
 from app.core.local_service import free_port, wait_until_ready
+from app.core.processes import stop_child
 from app.settings import get_settings
 from tests.dashboard.world import PERIOD, World
 from tests.harness import Console
@@ -75,8 +76,7 @@ def server(database_url: str) -> Iterator[str]:
         wait_until_ready(base, process, timeout_s=60)
         yield base
     finally:
-        process.terminate()
-        process.wait(10)
+        stop_child(process, "service")
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ class Demo:
             [*argv, "--data-dir", str(data_dir)],
             env=env,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,  # the terminal: progress and summary, no logs
             text=True,
         )
         self.lines: list[str] = []
@@ -116,3 +116,6 @@ def test_demo_runs_shows_the_dashboard_and_leaves_nothing_behind(
     assert ("postgres" in pids) == (database == "embedded")
     assert not [name for name, pid in pids.items() if alive(pid)], pids
     assert not (demo.data_dir / "pgdata" / "postmaster.pid").exists()
+    assert not [line for line in demo.lines if line.startswith("{")], "JSON logs on the terminal"
+    logs = {"demo.log", "server.log", *(f"{name}.log" for name in pids if "agent" in name)}
+    assert all((demo.data_dir / log).stat().st_size > 0 for log in logs), logs

@@ -24,18 +24,9 @@ from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core.db import transaction
 from app.core.local_service import free_port, wait_until_ready
+from app.core.processes import stop_child
 
 BIN = Path(sys.executable).parent
-
-
-def stop(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if process.poll() is None:
-        process.send_signal(sig)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @dataclass
@@ -62,7 +53,7 @@ class Service:
 
     def stop(self) -> None:
         if self.process is not None:
-            stop(self.process)
+            stop_child(self.process, "service")
             self.process = None
 
 
@@ -126,6 +117,15 @@ class Fleet:
         self.agents.append(process)
         return process
 
+    def agent_metric(self, port: int, name: str) -> float:
+        """An unlabelled sample from an agent's /metrics (0 while it does not answer)."""
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+        except httpx.TransportError:
+            return 0.0
+        samples = (line.split() for line in text.splitlines() if line.startswith(name + " "))
+        return next((float(sample[1]) for sample in samples), 0.0)
+
     def gpus(self) -> list[dict[str, Any]]:
         return self.get("/v1/gpus?limit=1000")["items"]
 
@@ -144,7 +144,7 @@ def fleet(db: Engine, database_url: str, tmp_path: Path) -> Iterator[Fleet]:
         yield fleet
     finally:
         for process in fleet.agents:
-            stop(process, signal.SIGKILL)
+            stop_child(process, "agent", sig=signal.SIGKILL)
         service.stop()
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -45,16 +46,27 @@ class FakeClock:
 class Sink:
     """Records every batch POSTed to it; ``script`` scripts the next replies.
 
-    Script items: an HTTP status (``500``, ``400``, ...) or ``("sleep", seconds)`` to answer
-    200 only after sleeping (past the client's timeout). Once the script is used up, 200.
+    Script items: an HTTP status (``500``, ``400``, ...), ``(status, {header: value})``, a
+    callable returning one of those (evaluated when the request arrives), or
+    ``("sleep", seconds)`` to answer 200 only after sleeping (past the client's timeout). Once
+    the script is used up: ``down`` (a status) while it is set, else 200.
     """
 
     url: str = ""
     script: list[Any] = field(default_factory=list)
+    down: int | None = None
     stored: list[dict[str, Any]] = field(default_factory=list)  # batches answered 2xx
     requests: int = 0
+    request_times: list[float] = field(default_factory=list)  # monotonic, on arrival
     tokens: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def next_reply(self) -> Any:
+        with self.lock:
+            self.requests += 1
+            self.request_times.append(time.monotonic())
+            action = self.script.pop(0) if self.script else (self.down or 200)
+        return action() if callable(action) else action
 
     def records(self) -> dict[tuple[str, int], dict[str, Any]]:
         """Records after dedupe by (gpu_uuid, start), like the real service."""
@@ -77,12 +89,13 @@ def serve_sink() -> tuple[Sink, ThreadingHTTPServer]:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             with state.lock:
-                state.requests += 1
                 state.tokens.add(self.headers.get("Authorization", ""))
-                action = state.script.pop(0) if state.script else 200
-            if isinstance(action, tuple):
+            action, headers = state.next_reply(), {}
+            if isinstance(action, tuple) and action[0] == "sleep":
                 time.sleep(action[1])
                 action = 200
+            elif isinstance(action, tuple):
+                action, headers = action
             if self.path != INGEST_PATH:
                 action = 404
             if action == 200:
@@ -91,6 +104,8 @@ def serve_sink() -> tuple[Sink, ThreadingHTTPServer]:
             reply = json.dumps({"detail": "scripted"} if action != 200 else {"ok": True})
             self.send_response(action)
             self.send_header("Content-Type", "application/json")
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(reply.encode())
 
@@ -124,6 +139,19 @@ def start_agent(sink: Sink, spool: Path, *args: str) -> subprocess.Popen[str]:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The agent's /metrics as {series: value}; empty while it does not answer."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+    except OSError:
+        return {}
+    return {
+        name: float(value)
+        for name, _, value in (line.rpartition(" ") for line in text.decode().splitlines())
+        if name and not name.startswith("#")
+    }
 
 
 def log_events(stderr: str) -> list[dict[str, Any]]:

@@ -8,8 +8,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from app.core.local_service import free_port
+from app.core.processes import wait_until
+from metering_agent.spool import parse_entries
 from tests.metering_agent.agent_helpers import Sink, assert_no_overlap, log_events, start_agent
+
+pytestmark = pytest.mark.e2e  # real agent processes
 
 STATE_FLAPS = [
     {"at": t + 0.5, "gpu": gpu, "fault": "nvlink_down" if t % 2 else "recover"}
@@ -21,16 +27,14 @@ STATE_FLAPS = [
 def spooled(spool: Path) -> set[tuple[str, int, int]]:
     """Records durable in the spool directory: sealed batches and the journal."""
     found = set()
-    for path in (spool / "batches").glob("*.json"):
-        found |= {
-            (r["gpu_uuid"], r["start"], r["end"]) for r in json.loads(path.read_bytes())["records"]
-        }
-    journal = spool / "journal.jsonl"
-    for line in journal.read_text().splitlines() if journal.exists() else []:
-        entry = json.loads(line)
-        if "record" in entry:
-            r = entry["record"]
-            found.add((r["gpu_uuid"], r["start"], r["end"]))
+    for path in [*(spool / "batches").glob("*.jsonl"), spool / "journal.jsonl"]:
+        if path.exists():
+            entries, _ = parse_entries(path, path.read_bytes())
+            found |= {
+                (e["record"]["gpu_uuid"], e["record"]["start"], e["record"]["end"])
+                for e in entries
+                if "record" in e
+            }
     return found
 
 
@@ -40,7 +44,8 @@ def test_sigkill_then_restart_loses_and_duplicates_nothing(tmp_path: Path, sink:
     spool = tmp_path / "spool"
     sink.script = [503, 503, 503]  # the service is down at first: batches pile up
     agent = start_agent(sink, spool, "--simulate", "4", "--faults", str(faults))
-    time.sleep(6)
+    # Killed once the service is back (the 503s used up) and has taken some records.
+    assert wait_until(lambda: sink.requests > 3 and len(sink.all_records()) >= 8, 60)
     agent.kill()
     agent.wait(timeout=10)
     before_kill = spooled(spool) | {
@@ -67,9 +72,17 @@ def test_sigterm_flushes_open_records_and_exits_0(tmp_path: Path, sink: Sink) ->
         sink, tmp_path / "spool", "--simulate", "2", "--metrics-port", str(port),
         "--metrics-host", "127.0.0.1",
     )  # fmt: skip
-    time.sleep(3.5)
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-    assert b"gpumeter_gpu_utilization_percent{gpu=" in metrics
+    metrics = b""
+
+    def sampled() -> bool:
+        nonlocal metrics
+        try:
+            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        except OSError:
+            return False  # not listening yet
+        return b"gpumeter_gpu_utilization_percent{gpu=" in metrics
+
+    assert wait_until(sampled, 30), metrics
     assert b"gpumeter_agent_spool_bytes" in metrics
     agent.send_signal(signal.SIGTERM)
     stopped_at = time.time()

@@ -11,6 +11,7 @@ from metering_agent.classifier import (
     APPLICATION_XIDS,
     DEGRADED_HOLD_S,
     FATAL_XID_HOLD_S,
+    MEMORY_ERROR_STATES,
     RULES,
     XID_RULES,
     HealthMemory,
@@ -41,6 +42,11 @@ def healthy(**fields: Any) -> GpuReading:
     return replace(base, **fields)
 
 
+def pre_ampere(**fields: Any) -> GpuReading:
+    """Before Ampere: no row remapping (NVML answers "not supported"), page retirement instead."""
+    return healthy(remap_pending=None, remap_failure=None, **fields)
+
+
 def run(*readings: GpuReading, start: int = T0) -> tuple[list[Verdict], HealthMemory]:
     memory, verdicts = HealthMemory(), []
     for i, r in enumerate(readings):
@@ -56,8 +62,12 @@ def rules_of(verdict: Verdict) -> set[str]:
 # (rule, state, readings; the verdict on the last one is checked)
 CONDITION_CASES = [
     ("gpu_lost", F, [healthy(lost=True, lost_reason="GPU is lost")]),
-    ("ecc_uncorrected_volatile", F, [healthy(ecc_uncorrected_volatile=1)]),
-    ("ecc_dbe_event", F, [healthy(dbe_events=1)]),
+    ("ecc_uncorrected_volatile", F, [pre_ampere(ecc_uncorrected_volatile=1)]),
+    ("ecc_uncorrected_volatile", F, [healthy(ecc_uncorrected_volatile=1, recovery_action=1)]),
+    ("ecc_uncorrected_volatile", F, [healthy(ecc_uncorrected_volatile=1, remap_failure=True)]),
+    ("ecc_uncorrected_contained", D, [healthy(ecc_uncorrected_volatile=1, remap_pending=True)]),
+    ("ecc_dbe_event", F, [pre_ampere(dbe_events=1)]),
+    ("ecc_dbe_contained", D, [healthy(dbe_events=1)]),
     ("row_remap_failure", F, [healthy(remap_failure=True)]),
     ("recovery_action_required", F, [healthy(recovery_action=1)]),  # reset
     ("recovery_action_required", F, [healthy(recovery_action=2)]),  # node reboot
@@ -105,6 +115,48 @@ def test_fatal_xids_fail_and_contained_ecc_degrades() -> None:
     fatal = {x for x, (_, state, _) in XID_RULES.items() if state == F}
     assert fatal == {48, 64, 74, 79, 95, 119, 120, 140}
     assert XID_RULES[94][1] == D
+
+
+def test_contained_ecc_on_ampere_and_later_degrades_and_does_not_fail() -> None:
+    """XID 94 raises the volatile uncorrectable count too; on an H100 the error is contained."""
+    r = healthy(xids=[94], ecc_uncorrected_volatile=1, dbe_events=1, remap_pending=True)
+    r.remapped_rows_uncorrectable = 1
+    [verdict], _ = run(r)
+    assert verdict.state == D
+    assert rules_of(verdict) == {
+        "xid_94_contained_ecc",
+        "ecc_uncorrected_contained",
+        "ecc_dbe_contained",
+        "row_remap_pending",
+    }
+    remap = next(ev for ev in verdict.evidence if ev.rule == "row_remap_pending")
+    assert remap.detail == {
+        "remap_pending": True,
+        "remapped_rows_correctable": None,
+        "remapped_rows_uncorrectable": 1,
+    }
+
+
+def test_the_same_error_before_ampere_fails() -> None:
+    [verdict], _ = run(pre_ampere(ecc_uncorrected_volatile=1))
+    assert verdict.state == F
+
+
+def test_memory_error_table_follows_nvidia_guidance() -> None:
+    assert MEMORY_ERROR_STATES == {
+        (False, False): F,  # before Ampere: a DBE needs a reset
+        (False, True): F,
+        (True, False): D,  # contained
+        (True, True): F,  # remap failed / the driver wants a reset or reboot
+    }
+
+
+def test_xid_event_path_errors_are_events_only() -> None:
+    [verdict], _ = run(healthy(event_errors=["nvmlEventSetWait_v2 failed: Unknown Error"]))
+    assert verdict.state == H
+    assert [(e.kind, e.rule) for e in verdict.events] == [
+        (EventKind.NVML_ERROR, "xid_events_failed")
+    ]
 
 
 @pytest.mark.parametrize("xid", sorted(APPLICATION_XIDS))
@@ -170,7 +222,7 @@ def test_condition_rules_clear_with_the_condition() -> None:
 
 
 def test_worst_state_wins() -> None:
-    [verdict], _ = run(healthy(nvlink_links_down=1, ecc_uncorrected_volatile=2))
+    [verdict], _ = run(pre_ampere(nvlink_links_down=1, ecc_uncorrected_volatile=2))
     assert verdict.state == F
     assert rules_of(verdict) == {"nvlink_down", "ecc_uncorrected_volatile"}
 

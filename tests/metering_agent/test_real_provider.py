@@ -1,246 +1,403 @@
-"""The pynvml provider against a fake pynvml: unsupported calls and lost GPUs never crash it."""
+"""The pynvml provider against a fake pynvml modelled on the installed binding.
+
+CI runs this file against the oldest allowed nvidia-ml-py and the newest (``.ci/nvml-bindings``):
+the fake takes its constants, structures and the set of functions from the binding under test.
+"""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+import threading
 import time
-from types import ModuleType, SimpleNamespace
-from typing import Any
+from collections.abc import Callable, Iterator
+from types import ModuleType
 
 import pynvml
 import pytest
 
 from metering_agent import cli
 from metering_agent.classifier import HealthMemory, classify
-from metering_agent.nvml.real import NvmlProvider, probe
-from metering_agent.protocol import GpuState
+from metering_agent.nvml.fake import FakeGpu, FakeNvml
+from metering_agent.nvml.real import UNKNOWN_LOST_AFTER, NvmlProvider, probe
+from metering_agent.protocol import EventKind, GpuState
 
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
-LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+XID = pynvml.nvmlEventTypeXidCriticalError
+HAS_RECOVERY_FIELD = hasattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION")
+T0 = 1_700_000_000
+Start = Callable[..., NvmlProvider]
 
 
-class FakeNvml:
-    """Just enough of pynvml: constants and error classes are the real module's."""
+class Clock:
+    """The provider's monotonic clock, moved by the test (slow signals, re-enumeration)."""
 
-    def __init__(self, gpus: int = 2) -> None:
-        self.gpus = gpus
-        self.fail_calls: dict[tuple[str, int], int] = {}  # (function, gpu) -> NVML error code
-        self.fail_fields: dict[tuple[int, int], int] = {}  # (field id, gpu) -> NVML error code
-        self.events: list[SimpleNamespace] = []
-        self.field_data = {
-            pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT: 4,
-            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: 7,
-            pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: 1,
-            pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: 1,
-            pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: 3,
-            pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0,
-        }
+    def __init__(self) -> None:
+        self.t = 1000.0
 
-    def module(self) -> ModuleType:
-        mod = ModuleType("pynvml")
-        for name in dir(pynvml):
-            if (
-                name.startswith(("NVML", "nvmlEventType", "nvmlClocksEvent"))
-                and not callable(getattr(pynvml, name))
-            ) or name.startswith("NVMLError"):
-                setattr(mod, name, getattr(pynvml, name))
-        for name in dir(self):
-            if name.startswith("nvml"):
-                setattr(mod, name, self._guard(name, getattr(self, name)))
-        return mod
+    def __call__(self) -> float:
+        return self.t
 
-    def _guard(self, name: str, fn: Any) -> Any:
-        def call(*args: Any) -> Any:
-            if args and isinstance(args[0], int) and (name, args[0]) in self.fail_calls:
-                raise pynvml.NVMLError(self.fail_calls[(name, args[0])])
-            return fn(*args)
 
-        return call
-
-    def nvmlInit(self) -> None: ...
-    def nvmlShutdown(self) -> None: ...
-    def nvmlDeviceGetCount(self) -> int:
-        return self.gpus
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
-        return i
-
-    def nvmlDeviceGetUUID(self, h: int) -> str:
-        return f"GPU-0000000{h}-0000-0000-0000-000000000000"
-
-    def nvmlDeviceGetName(self, h: int) -> bytes:
-        return b"NVIDIA H100 80GB HBM3"
-
-    def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
-        return SimpleNamespace(gpu=80, memory=40)
-
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
-        return SimpleNamespace(used=1024 * 1024**2, total=81559 * 1024**2)
-
-    def nvmlDeviceGetPowerUsage(self, h: int) -> int:
-        return 350_000
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, h: int) -> int:
-        return 123_456_789
-
-    def nvmlDeviceGetTemperatureV(self, h: int, sensor: int) -> int:
-        return 61
-
-    def nvmlDeviceGetClockInfo(self, h: int, clock: int) -> int:
-        return 1980
-
-    def nvmlDeviceGetCurrentClocksEventReasons(self, h: int) -> int:
-        return pynvml.nvmlClocksEventReasonHwThermalSlowdown
-
-    def nvmlDeviceGetTotalEccErrors(self, h: int, error_type: int, counter: int) -> int:
-        return 5 if error_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED else 0
-
-    def nvmlDeviceGetRemappedRows(self, h: int) -> tuple[int, int, int, int]:
-        return (2, 0, 1, 0)
-
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: int) -> int:
-        return 0
-
-    def nvmlDeviceGetNvLinkState(self, h: int, link: int) -> int:
-        return 0 if link == 3 else 1
-
-    def nvmlDeviceGetFieldValues(self, h: int, ids: list[int]) -> list[SimpleNamespace]:
-        out = []
-        for fid in ids:
-            ret = self.fail_fields.get((fid, h), pynvml.NVML_SUCCESS)
-            value = SimpleNamespace(ullVal=self.field_data.get(fid, 0))
-            out.append(SimpleNamespace(nvmlReturn=ret, valueType=3, value=value))
-        return out
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h: int) -> list[object]:
-        return [object()]
-
-    def nvmlEventSetCreate(self) -> str:
-        return "event-set"
-
-    def nvmlDeviceGetSupportedEventTypes(self, h: int) -> int:
-        return pynvml.nvmlEventTypeAll
-
-    def nvmlDeviceRegisterEvents(self, h: int, mask: int, event_set: str) -> None: ...
-
-    def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> SimpleNamespace:
-        if self.events:
-            return self.events.pop(0)
-        time.sleep(0.01)
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
-
-    def nvmlEventSetFree(self, event_set: str) -> None: ...
+def uuid(i: int) -> str:
+    return f"GPU-0000000{i}-0000-0000-0000-000000000000"
 
 
 @pytest.fixture
 def fake() -> FakeNvml:
-    return FakeNvml()
+    return FakeNvml(pynvml, [FakeGpu(uuid(0)), FakeGpu(uuid(1))])
 
 
-def test_reads_every_signal(fake: FakeNvml) -> None:
-    provider = NvmlProvider(fake.module())
-    try:
-        r = provider.read_all()[0]
-    finally:
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def start(fake: FakeNvml, clock: Clock) -> Iterator[Start]:
+    """``start(module=None, **options)``: a provider on the fake, closed after the test."""
+    providers: list[NvmlProvider] = []
+
+    def make(module: ModuleType | None = None, **options: object) -> NvmlProvider:
+        provider = NvmlProvider(module or fake.module(), clock=clock, **options)  # type: ignore[arg-type]
+        providers.append(provider)
+        return provider
+
+    yield make
+    for provider in providers:
         provider.close()
-    assert (r.uuid, r.name) == ("GPU-00000000-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3")
+
+
+def test_reads_every_signal(fake: FakeNvml, start: Start) -> None:
+    fake.gpus[0] = FakeGpu(uuid(0), link_states=[1, 1, 1, 1], crc_dl={2: 7}, mig_mode=None)
+    r = start().read_all()[0]
+    assert (r.uuid, r.name) == (uuid(0), "NVIDIA H100 80GB HBM3")
     assert (r.gpu_util, r.mem_util, r.mem_used_mib, r.mem_total_mib) == (80, 40, 1024, 81559)
     assert (r.power_mw, r.energy_mj, r.temp_c, r.sm_clock_mhz) == (350_000, 123_456_789, 61, 1980)
-    assert r.clock_event_reasons == pynvml.nvmlClocksEventReasonHwThermalSlowdown
     assert (r.ecc_corrected_volatile, r.ecc_uncorrected_volatile) == (5, 0)
-    assert (r.remap_pending, r.remap_failure, r.retired_pages_pending) == (True, False, False)
-    assert (r.nvlink_links, r.nvlink_links_down, r.nvlink_crc_errors) == (4, 1, 7)
-    assert (r.pcie_replays, r.recovery_action, r.process_count) == (3, 0, 1)
-    assert r.unsupported == {} and not r.lost
+    assert (r.remap_pending, r.remap_failure, r.retired_pages_pending) == (False, False, None)
+    assert (r.remapped_rows_correctable, r.remapped_rows_uncorrectable) == (2, 0)
+    assert (r.nvlink_links, r.nvlink_links_down, r.nvlink_crc_errors) == (4, 0, 7)
+    assert (r.pcie_replays, r.process_count, r.mig_enabled) == (3, 1, None)
+    expected = {"retired_pages_pending": "Not Supported", "mig_mode": "Not Supported"}
+    if HAS_RECOVERY_FIELD:
+        assert r.recovery_action == 0
+    else:  # nvidia-ml-py 12.560: the field is unsupported, everything else is read
+        expected["recovery_action"] = (
+            "this nvidia-ml-py has no NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; upgrade it"
+        )
+    assert r.unsupported == expected and not r.lost
 
 
-def test_not_supported_calls_and_fields_are_recorded_not_fatal(fake: FakeNvml) -> None:
-    fake.fail_calls = {
-        ("nvmlDeviceGetTemperatureV", 0): NOT_SUPPORTED,
-        ("nvmlDeviceGetRemappedRows", 0): NOT_SUPPORTED,
-        ("nvmlDeviceGetTotalEnergyConsumption", 0): pynvml.NVML_ERROR_NO_PERMISSION,
-    }
-    fake.fail_fields = {
-        (pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC, 0): NOT_SUPPORTED,
-        (pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, 0): NOT_SUPPORTED,
-    }
-    provider = NvmlProvider(fake.module())
-    try:
-        r, other = provider.read_all()
-    finally:
-        provider.close()
-    assert r.temp_c is None and r.remap_pending is None and r.energy_mj is None
-    assert r.recovery_action is None
-    assert r.nvlink_crc_errors == 2, "falls back to the per-lane totals"
-    assert r.unsupported == {
-        "temp_c": "Not Supported",
-        "remapped_rows": "Not Supported",
-        "energy_mj": "Insufficient Permissions",
-        "nvlink_crc_dl": "Not Supported",
-        "recovery_action": "Not Supported",
-    }
-    assert r.gpu_util == 80 and other.temp_c == 61 and other.unsupported == {}
+def test_binding_without_newer_names_still_meters(fake: FakeNvml, start: Start) -> None:
+    """12.560.30 lacks nvmlDeviceGetTemperatureV and NVML_FI_DEV_GET_GPU_RECOVERY_ACTION."""
+    module = fake.module()
+    for name in ("nvmlDeviceGetTemperatureV", "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"):
+        if hasattr(module, name):
+            delattr(module, name)
+    r = start(module).read_all()[0]
+    assert r.temp_c == 61 and r.gpu_util == 80 and r.recovery_action is None
+    assert "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION" in r.unsupported["recovery_action"]
+    assert "temp_c" not in r.unsupported
 
 
-def test_gpu_without_nvlink_leaves_nvlink_unsupported(fake: FakeNvml) -> None:
-    fake.fail_fields = {(pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT, 0): NOT_SUPPORTED}
-    provider = NvmlProvider(fake.module(), watch_events=False)
-    r = provider.read_all()[0]
-    provider.close()
-    assert (r.nvlink_links, r.nvlink_links_down, r.nvlink_crc_errors) == (None, None, None)
-
-
-@pytest.mark.parametrize(
-    ("call", "field"),
-    [("nvmlDeviceGetPowerUsage", None), (None, pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER)],
-)
-def test_lost_gpu_is_failed_and_the_others_keep_sampling(
-    fake: FakeNvml, call: str | None, field: int | None
+def test_driver_without_newer_symbols_falls_back_once(
+    fake: FakeNvml, start: Start, clock: Clock
 ) -> None:
-    if call:
-        fake.fail_calls = {(call, 1): LOST}
+    """Drivers before R535 lack ..._v3 (the binding raises NVMLLibraryMismatchError, not an
+    NVMLError), older ones nvmlDeviceGetTemperatureV and nvmlDeviceGetMemoryInfo_v2."""
+    fake.driver_lacks = {
+        "nvmlDeviceGetTemperatureV",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+        "nvmlDeviceGetMemoryInfo_v2",
+    }
+    provider = start()
+    r = provider.read_all()[0]
+    assert (r.temp_c, r.process_count) == (61, 1)
+    assert r.mem_used_mib == 1024 + 512, "v1 counts driver-reserved memory as used"
+    assert not {"temp_c", "process_count", "memory", "processes"} & set(r.unsupported)
+    calls = fake.calls.copy()
+    clock.t += 60
+    provider.read_all()
+    assert fake.calls["nvmlDeviceGetTemperatureV"] == calls["nvmlDeviceGetTemperatureV"]
+    assert (
+        fake.calls["nvmlDeviceGetComputeRunningProcesses"]
+        == (calls["nvmlDeviceGetComputeRunningProcesses"])
+    ), "the fallback is remembered"
+
+
+def test_memory_is_read_through_nvml_memory_v2(fake: FakeNvml, start: Start) -> None:
+    r = start().read_all()[0]
+    assert r.mem_used_mib == 1024, "v2 excludes driver-reserved memory"
+
+
+def test_an_unexpected_exception_marks_only_its_signal(
+    fake: FakeNvml, start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(h: object) -> None:
+        raise RuntimeError("binding bug")
+
+    monkeypatch.setattr(fake, "nvmlDeviceGetUtilizationRates", broken)
+    r = start().read_all()[0]
+    assert r.unsupported["utilization"] == "RuntimeError: binding bug"
+    assert r.gpu_util is None and r.temp_c == 61 and r.process_count == 1 and not r.lost
+
+
+def test_not_supported_calls_and_fields_are_recorded_not_fatal(
+    fake: FakeNvml, start: Start
+) -> None:
+    fake.gpus[0].fail_calls = {
+        "nvmlDeviceGetPowerUsage": pynvml.NVML_ERROR_NO_PERMISSION,
+        "nvmlDeviceGetClockInfo": NOT_SUPPORTED,
+    }
+    fake.gpus[0].unsupported_fields = {pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION}
+    r, other = start().read_all()
+    assert r.power_mw is None and r.sm_clock_mhz is None and r.energy_mj is None
+    assert r.unsupported["power_mw"] == "Insufficient Permissions"
+    assert r.unsupported["sm_clock_mhz"] == r.unsupported["energy_mj"] == "Not Supported"
+    assert r.gpu_util == 80 and other.power_mw == 350_000
+
+
+def test_nvlink_crc_is_summed_over_every_link(fake: FakeNvml, start: Start) -> None:
+    """The DL CRC field is scoped by link: a bare field id reads link 0 only."""
+    fake.gpus[0] = FakeGpu(uuid(0), link_states=[1] * 18, crc_dl={0: 1, 5: 2, 17: 4})
+    provider = start()
+    assert provider.read_all()[0].nvlink_crc_errors == 7
+    assert "nvmlDeviceGetNvLinkState" not in fake.calls, "link states come with the fields"
+
+
+def test_gpus_without_the_dl_crc_field_use_the_per_link_totals(
+    fake: FakeNvml, start: Start, clock: Clock
+) -> None:
+    fake.gpus[0] = FakeGpu(uuid(0), link_states=[1] * 4, crc_flit={1: 2}, crc_data={3: 3})
+    fake.gpus[0].unsupported_fields = {pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC}
+    provider = start()
+    provider.read_all()
+    clock.t += 1
+    r = provider.read_all()[0]
+    assert r.nvlink_crc_errors == 5 and "nvlink_crc_dl" not in r.unsupported
+
+
+def test_a_gpu_answering_no_crc_counter_says_so(fake: FakeNvml, start: Start, clock: Clock) -> None:
+    fake.gpus[0] = FakeGpu(uuid(0), link_states=[1] * 18)
+    fake.gpus[0].unsupported_fields = {
+        pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC,
+        pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+        pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+    }
+    provider = start()
+    for _ in range(3):
+        r = provider.read_all()[0]
+        clock.t += 1
+    assert r.nvlink_crc_errors is None and r.nvlink_links == 18 and r.nvlink_links_down == 0
+    assert r.unsupported["nvlink_crc_errors"] == "no per-link CRC counter answered"
+
+
+def test_only_links_that_were_up_count_as_down(fake: FakeNvml, start: Start, clock: Clock) -> None:
+    """A link present but never cabled is inactive from the start: not a fault."""
+    fake.gpus[0] = FakeGpu(uuid(0), link_states=[1, 1, 0, 0])
+    provider = start()
+    r = provider.read_all()[0]
+    assert (r.nvlink_links, r.nvlink_links_down) == (4, 0)
+    assert classify(r, HealthMemory(), T0)[0].state == GpuState.HEALTHY
+    fake.gpus[0].link_states[1] = 0
+    clock.t += 30  # past the slow interval
+    r = provider.read_all()[0]
+    assert r.nvlink_links_down == 1
+    assert classify(r, HealthMemory(), T0)[0].state == GpuState.DEGRADED
+
+
+@pytest.mark.parametrize("failure", ["call", "field"])
+def test_lost_gpu_is_failed_and_the_others_keep_sampling(
+    fake: FakeNvml, start: Start, failure: str
+) -> None:
+    if failure == "call":
+        fake.gpus[1].fail_calls = {"nvmlDeviceGetPowerUsage": pynvml.NVML_ERROR_GPU_IS_LOST}
     else:
-        assert field is not None
-        fake.fail_fields = {(field, 1): LOST}
-    provider = NvmlProvider(fake.module())
-    try:
-        ok, lost = provider.read_all()
-    finally:
-        provider.close()
+        fake.gpus[1].fail_fields = {
+            pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: pynvml.NVML_ERROR_GPU_IS_LOST
+        }
+    ok, lost = start().read_all()
     assert lost.lost and lost.lost_reason == "GPU is lost" and lost.gpu_util is None
     assert not ok.lost and ok.gpu_util == 80
-    verdict, _ = classify(lost, HealthMemory(), 1_700_000_000)
-    assert verdict.state == GpuState.FAILED
+    assert classify(lost, HealthMemory(), T0)[0].state == GpuState.FAILED
+
+
+def wait_for_xids(provider: NvmlProvider, index: int) -> list[int]:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        xids = provider.read_all()[index].xids
+        if xids:
+            return xids
+    return []
 
 
 @pytest.mark.parametrize("uuid_type", [str, bytes])
 def test_xid_events_reach_the_reading(
-    fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, uuid_type: type
+    fake: FakeNvml, start: Start, monkeypatch: pytest.MonkeyPatch, uuid_type: type
 ) -> None:
     if uuid_type is bytes:  # older pynvml: UUIDs come back as bytes
-        as_str = fake.nvmlDeviceGetUUID
-        monkeypatch.setattr(fake, "nvmlDeviceGetUUID", lambda h: as_str(h).encode())
-    xid = pynvml.nvmlEventTypeXidCriticalError
-    fake.events = [SimpleNamespace(device=1, eventType=xid, eventData=79)]
-    provider = NvmlProvider(fake.module())
+        monkeypatch.setattr(fake, "nvmlDeviceGetUUID", lambda h: fake.gpu(h).uuid.encode())
+    provider = start()
+    fake.post_event(1, XID, 13)
+    assert wait_for_xids(provider, 1) == [13]
+
+
+def test_xid_79_from_a_gpu_that_no_longer_answers_is_kept(fake: FakeNvml, start: Start) -> None:
+    provider = start()
+    fake.gpus[1].lost = True  # its UUID lookup fails too: events map by handle, not by asking
+    fake.post_event(1, XID, 79)
+    assert wait_for_xids(provider, 1) == [79]
+
+
+def test_event_wait_errors_are_reported_as_events(fake: FakeNvml, start: Start) -> None:
+    fake.wait_errors = [pynvml.NVML_ERROR_UNKNOWN]
+    provider = start()
+    deadline, errors = time.monotonic() + 5, list[str]()
+    while not errors and time.monotonic() < deadline:
+        errors = provider.read_all()[0].event_errors
+    assert errors == ["nvmlEventSetWait_v2 failed: Unknown Error"]
+    r = provider.read_all()[0]
+    r.event_errors = errors
+    verdict, _ = classify(r, HealthMemory(), T0)
+    assert [(e.kind, e.detail) for e in verdict.events] == [
+        (EventKind.NVML_ERROR, {"error": "nvmlEventSetWait_v2 failed: Unknown Error"})
+    ]
+    assert verdict.state == GpuState.HEALTHY, "an event, not a GPU fault"
+
+
+def test_no_event_set_the_agent_samples_without_xids_and_says_so(
+    fake: FakeNvml, start: Start
+) -> None:
+    fake.event_set_error = pynvml.NVML_ERROR_NOT_SUPPORTED
+    r = start().read_all()[0]
+    assert r.gpu_util == 80
+    assert r.unsupported["xid_events"] == "XID events unavailable: Not Supported"
+
+
+def test_gpu_unreadable_at_start_and_new_gpus_are_picked_up(
+    fake: FakeNvml, start: Start, clock: Clock
+) -> None:
+    fake.gpus[1].readable = False
+    provider = start()
+    assert [r.uuid for r in provider.read_all()] == [uuid(0)]
+    fake.gpus[1].readable = True
+    fake.gpus.append(FakeGpu(uuid(2)))
+    clock.t += 31  # the next enumeration
+    assert [r.uuid for r in provider.read_all()] == [uuid(0), uuid(1), uuid(2)]
+
+
+def test_a_gpu_back_after_a_reset_clears_the_latched_xid(
+    fake: FakeNvml, start: Start, clock: Clock
+) -> None:
+    provider = start()
+    fake.gpus[1].lost = True
+    fake.post_event(1, XID, 79)
+    memory = HealthMemory()
+    deadline = time.monotonic() + 5
+    while "xid_79_fallen_off_bus" not in memory.held and time.monotonic() < deadline:
+        verdict, memory = classify(provider.read_all()[1], memory, T0)
+    assert memory.state == GpuState.FAILED and "xid_79_fallen_off_bus" in memory.held
+    fake.gpus[1].lost = False  # reset: it answers again (its handle renewed at enumeration)
+    clock.t += 31
+    r = provider.read_all()[1]
+    assert r.recovered and not r.lost
+    verdict, memory = classify(r, memory, T0 + 5)
+    assert verdict.state == GpuState.HEALTHY
+
+
+def test_unknown_error_on_every_call_is_lost_after_a_bound(fake: FakeNvml, start: Start) -> None:
+    provider = start()
+    fake.gpus[1].unknown = True
+    readings = [provider.read_all()[1] for _ in range(UNKNOWN_LOST_AFTER)]
+    assert [r.lost for r in readings] == [False] * (UNKNOWN_LOST_AFTER - 1) + [True]
+    assert readings[-1].lost_reason == (
+        f"every NVML call failed with Unknown Error for {UNKNOWN_LOST_AFTER} samples"
+    )
+
+
+def test_a_hung_gpu_is_reported_and_the_others_go_on(
+    fake: FakeNvml, start: Start, clock: Clock
+) -> None:
+    provider = start(sample_timeout_s=0.2)
+    hang = fake.gpus[1].hang = threading.Event()
     try:
-        deadline = time.monotonic() + 3
-        xids: list[int] = []
-        while not xids and time.monotonic() < deadline:
-            xids = provider.read_all()[1].xids
-            time.sleep(0.02)
+        for _ in range(2):  # the second tick neither queues behind the hung call nor waits
+            clock.t += 31  # on the re-enumeration, which hangs on that GPU too
+            began = time.monotonic()
+            ok, hung = provider.read_all()
+            assert time.monotonic() - began < 1.0
+            assert ok.gpu_util == 80 and not ok.lost
+            assert hung.lost and "NVML has not answered for" in (hung.lost_reason or "")
     finally:
-        provider.close()
-    assert xids == [79]
+        hang.set()
+    fake.gpus[1].hang = None
+    deadline, r = time.monotonic() + 5, hung
+    while r.lost and time.monotonic() < deadline:
+        r = provider.read_all()[1]
+    assert not r.lost and r.gpu_util == 80
 
 
-def test_probe_reports_every_field(
+def test_mig_mode_is_detected_and_metered_per_whole_gpu(fake: FakeNvml, start: Start) -> None:
+    fake.gpus[0].mig_mode = pynvml.NVML_DEVICE_MIG_ENABLE
+    assert start().read_all()[0].mig_enabled is True
+    gpus = probe(fake.module())["gpus"]
+    assert gpus[0]["metering"].startswith("whole GPU (MIG mode is on")
+    assert gpus[1]["metering"] == "whole GPU"
+
+
+def test_calls_per_gpu_second_at_steady_state(fake: FakeNvml, start: Start, clock: Clock) -> None:
+    fake.gpus[:] = [FakeGpu(uuid(i), link_states=[1] * 18) for i in range(8)]
+    provider = start(watch_events=False)
+    provider.read_all()
+    calls, seconds = provider.nvml_calls(), 120
+    for _ in range(seconds):
+        clock.t += 1
+        provider.read_all()
+    per_gpu_second = (provider.nvml_calls() - calls) / (8 * seconds)
+    assert per_gpu_second <= 8, per_gpu_second  # 7 per second, the slow ones every 15 s
+
+
+def test_probe_reports_versions_every_call_and_its_time(
     fake: FakeNvml, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fake.fail_calls = {("nvmlDeviceGetTemperatureV", 1): NOT_SUPPORTED}
-    assert probe(fake.module())[1]["unsupported"] == {"temp_c": "Not Supported"}
+    fake.gpus[1].fail_calls = {"nvmlDeviceGetPowerUsage": NOT_SUPPORTED}
     monkeypatch.setitem(sys.modules, "pynvml", fake.module())
     assert cli.main(["--probe"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert len(out) == 2 and out[0]["gpu_util"] == 80 and "unsupported" in out[1]
+    assert out["driver_version"] == "550.54.15" and out["nvml_version"] == "12.550.54.15"
+    gpu = out["gpus"][1]
+    assert (gpu["uuid"], gpu["driver_version"], gpu["metering"]) == (
+        uuid(1),
+        "550.54.15",
+        "whole GPU",
+    )
+    power = next(c for c in gpu["calls"] if c["call"] == "nvmlDeviceGetPowerUsage")
+    assert power["error"] == "Not Supported" and power["ms"] >= 0
+    util = next(c for c in gpu["calls"] if c["call"] == "nvmlDeviceGetUtilizationRates")
+    assert util["result"] == {"gpu": 80, "memory": 40}
+    assert gpu["reading"]["unsupported"]["power_mw"] == "Not Supported"
+
+
+def test_probe_without_the_nvml_library_says_how_to_install_it() -> None:
+    """This machine has pynvml but no libnvidia-ml.so.1: what a node without a driver sees."""
+    result = subprocess.run(
+        [sys.executable, "-m", "metering_agent", "--probe"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert "NVML not found" in lines[0] and "NVIDIA driver" in lines[0]
+
+
+def test_probe_without_the_binding_says_how_to_install_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
+    assert cli.main(["--probe"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nvidia-ml-py" in err[0]

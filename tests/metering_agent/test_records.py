@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from metering_agent.nvml.simulated import SimulatedProvider
 from metering_agent.protocol import GpuState, UsageRecord, record_errors
 from metering_agent.records import RecordBuilder
 from metering_agent.runner import Runner
-from metering_agent.spool import Spool
+from metering_agent.spool import Spool, read_batch
 from tests.metering_agent.agent_helpers import T0, FakeClock, assert_no_overlap
 
 H, D, F = GpuState.HEALTHY, GpuState.DEGRADED, GpuState.FAILED
@@ -82,7 +81,7 @@ def make_runner(tmp_path: Path, clock: FakeClock, gpus: int = 2) -> tuple[Runner
 
 def spooled_records(spool: Spool) -> list[dict]:
     spool.seal(force=True)
-    return [r for p in spool.batches() for r in json.loads(p.read_bytes())["records"]]
+    return [r for p in spool.batches() for r in read_batch(p)["records"]]
 
 
 def test_runner_covers_every_second_once(tmp_path: Path) -> None:
@@ -109,6 +108,11 @@ def test_forward_clock_jump_skips_seconds_without_overlap(tmp_path: Path) -> Non
         assert T0 + 9 in seconds and T0 + 10 not in seconds  # the tick that saw the jump
         assert T0 + 40 not in seconds and T0 + 41 in seconds  # is skipped, then sampling resumes
     assert runner.metrics.get("gpumeter_agent_clock_jumps_total") == 1
+    gaps = [e for p in spool.batches() for e in read_batch(p)["events"] if e["kind"] == "unmetered"]
+    assert {e["gpu_uuid"] for e in gaps} == set(covered), "one per GPU"
+    assert {(e["rule"], e["detail"]["start"], e["detail"]["end"]) for e in gaps} == {
+        ("clock_jump", T0 + 10, T0 + 41)
+    }, "the skipped seconds, explained"
 
 
 def test_backward_clock_jump_never_goes_back(tmp_path: Path) -> None:
@@ -123,7 +127,7 @@ def test_backward_clock_jump_never_goes_back(tmp_path: Path) -> None:
         ends = [r["end"] for r in records if r["gpu_uuid"] == gpu]
         starts = [r["start"] for r in records if r["gpu_uuid"] == gpu]
         assert starts == sorted(starts) and ends == sorted(ends)
-    events = [e for p in spool.batches() for e in json.loads(p.read_bytes())["events"]]
+    events = [e for p in spool.batches() for e in read_batch(p)["events"]]
     assert {e["kind"] for e in events} == {"clock_jump"}
 
 

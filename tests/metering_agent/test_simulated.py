@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from metering_agent.classifier import HealthMemory, classify
 from metering_agent.faults import FaultScriptError, load_faults, parse_faults
 from metering_agent.nvml.simulated import SimulatedProvider, sim_uuid
+from metering_agent.protocol import GpuState
 
 UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
@@ -77,6 +79,21 @@ def test_xid_79_makes_the_gpu_lost() -> None:
     sim, _ = provider([{"at": 0, "gpu": 1, "fault": "xid", "xid": 79}])
     r = sim.read_all()[1]
     assert r.lost and r.xids == [79] and r.gpu_util is None
+
+
+@pytest.mark.parametrize(
+    ("fault", "state", "rule"),
+    [
+        ({"fault": "dbe"}, GpuState.FAILED, "ecc_uncorrected_volatile"),  # uncontained
+        ({"fault": "xid", "xid": 94}, GpuState.DEGRADED, "ecc_uncorrected_contained"),
+    ],
+)
+def test_simulated_memory_errors_follow_the_ampere_rules(
+    fault: dict[str, object], state: GpuState, rule: str
+) -> None:
+    sim, _ = provider([{"at": 0, "gpu": 0, **fault}])
+    verdict, _ = classify(sim.read_all()[0], HealthMemory(), 1_700_000_000)
+    assert verdict.state == state and verdict.evidence[0].rule == rule
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
+from dataclasses import asdict
+from email.utils import formatdate
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,8 +17,8 @@ from metering_agent.metrics import Metrics
 from metering_agent.nvml.simulated import SimulatedProvider
 from metering_agent.protocol import GpuState, UsageRecord
 from metering_agent.runner import Runner
-from metering_agent.spool import Spool
-from metering_agent.uploader import Backoff, Uploader
+from metering_agent.spool import Spool, read_batch
+from metering_agent.uploader import Backoff, Uploader, retry_after_seconds
 from tests.metering_agent.agent_helpers import T0, FakeClock, Sink, assert_no_overlap
 
 FAST = Backoff(base_s=0.01, cap_s=0.05)
@@ -46,7 +50,7 @@ def test_flush_is_durable_and_a_torn_line_is_dropped(tmp_path: Path) -> None:
         f.write('{"record": {"gpu_uuid": "GPU-a", "st')  # killed mid-write
     reopened = Spool(tmp_path)
     [batch] = reopened.batches()
-    assert [r["start"] for r in json.loads(batch.read_bytes())["records"]] == [T0, T0 + 1]
+    assert [r["start"] for r in read_batch(batch)["records"]] == [T0, T0 + 1]
     assert reopened.last_ends == {"GPU-a": T0 + 2}
     reopened.remove(batch)
     assert Spool(tmp_path).last_ends == {"GPU-a": T0 + 2}, "state.json remembers uploaded ends"
@@ -56,11 +60,12 @@ def test_seal_splits_by_batch_size_and_keeps_ids(tmp_path: Path) -> None:
     spool = Spool(tmp_path, batch_max_items=3)
     spool.append([record(i) for i in range(7)], [])
     spool.flush()
-    spool.seal()
+    assert len(spool.batches()) == 2, "full segments are sealed at once"
+    spool.seal(force=True)
     batches = spool.batches()
-    assert len(batches) == 3
-    ids = [json.loads(p.read_bytes())["batch_id"] for p in batches]
-    assert [json.loads(p.read_bytes())["batch_id"] for p in Spool(tmp_path).batches()] == ids
+    assert [len(read_batch(p)["records"]) for p in batches] == [3, 3, 1]
+    ids = [read_batch(p)["batch_id"] for p in batches]
+    assert [read_batch(p)["batch_id"] for p in Spool(tmp_path).batches()] == ids
 
 
 def test_size_limit_holds_new_items_and_drops_nothing(
@@ -85,7 +90,7 @@ def test_size_limit_holds_new_items_and_drops_nothing(
     uploaded: list[int] = []
     while spool.batches():
         for p in spool.batches():
-            uploaded += [r["start"] for r in json.loads(p.read_bytes())["records"]]
+            uploaded += [r["start"] for r in read_batch(p)["records"]]
             spool.remove(p)
         spool.flush()
         spool.seal(force=True)
@@ -96,9 +101,7 @@ def test_size_limit_holds_new_items_and_drops_nothing(
 def test_uploader_survives_500s_and_timeouts(tmp_path: Path, sink: Sink) -> None:
     spool, metrics = spooled_run(tmp_path, batch_max_items=40)
     expected = {
-        (r["gpu_uuid"], r["start"])
-        for p in spool.batches()
-        for r in json.loads(p.read_bytes())["records"]
+        (r["gpu_uuid"], r["start"]) for p in spool.batches() for r in read_batch(p)["records"]
     }
     sink.script = [500, 503, ("sleep", 0.6), 500, ("sleep", 0.6)]
     uploader = Uploader(spool, sink.url, "tok", timeout_s=0.3, backoff=FAST, metrics=metrics)
@@ -150,3 +153,107 @@ def test_upload_deadline_leaves_batches_spooled(tmp_path: Path) -> None:
     uploader = Uploader(spool, "http://127.0.0.1:9", "tok", timeout_s=0.2, backoff=FAST)
     assert not uploader.upload_pending(threading.Event(), deadline=uploader._clock() + 0.3)
     assert len(spool.batches()) == 1
+
+
+def test_retry_after_as_seconds_or_http_date() -> None:
+    now = 1_700_000_000.0
+    assert retry_after_seconds("7", now) == 7.0
+    assert retry_after_seconds(formatdate(now + 30, usegmt=True), now) == 30.0
+    assert retry_after_seconds(formatdate(now - 30, usegmt=True), now) == 0.0, "date passed"
+    assert retry_after_seconds("-3", now) == 0.0
+    for unusable in (None, "", "soon", "nan", "inf"):
+        assert retry_after_seconds(unusable, now) is None
+
+
+def test_backoff_waits_at_least_retry_after_with_jitter_and_a_cap() -> None:
+    backoff = Backoff(base_s=1, cap_s=4, retry_after_max_s=60, rng=random.Random(7))
+    delays = [backoff.next_delay(10.0) for _ in range(200)]
+    assert all(10.0 <= d <= 15.0 for d in delays), "at least Retry-After, at most half again"
+    assert max(delays) - min(delays) > 4, "spread, so a fleet does not return in lockstep"
+    assert all(60.0 <= backoff.next_delay(86_400.0) <= 90.0 for _ in range(20)), "capped"
+    backoff.attempts = 10_000  # a day-long outage: no overflow, still the cap
+    assert all(2.0 <= backoff.next_delay() <= 4.0 for _ in range(20))
+
+
+def test_beyond_the_memory_bound_each_gpus_loss_is_one_unmetered_event(tmp_path: Path) -> None:
+    metrics = Metrics()
+    spool = Spool(tmp_path, max_bytes=2_000, max_held_bytes=2_000, metrics=metrics)
+    for i in range(40):  # 2 GPUs, 1 record each per second; about 5 fit on disk, 10 in memory
+        spool.append([record(i, "GPU-a"), record(i, "GPU-b")], [])
+        spool.flush()
+    dropped = metrics.get("gpumeter_agent_spool_dropped_items_total")
+    assert spool.full and dropped
+    sent = drain(spool)
+    events = {e["gpu_uuid"]: e for e in sent["events"]}
+    assert set(events) == {"GPU-a", "GPU-b"}
+    for gpu, event in events.items():
+        kept = {r["start"] for r in sent["records"] if r["gpu_uuid"] == gpu}
+        d = event["detail"]
+        lost = set(range(d["start"], d["end"]))
+        assert (event["kind"], event["rule"], d["reason"]) == (
+            "unmetered",
+            "spool_full",
+            "spool_full",
+        )
+        assert d["seconds"] == d["records_lost"] == len(lost)
+        assert not kept & lost and kept | lost == {T0 + i for i in range(40)}, "contiguous"
+    assert sum(e["detail"]["records_lost"] for e in events.values()) == dropped
+    assert not spool.full and metrics.get("gpumeter_agent_spool_full") == 0
+
+
+def drain(spool: Spool) -> dict[str, list[dict[str, Any]]]:
+    """Upload (here: read and remove) every batch until the spool holds nothing."""
+    sent: dict[str, list[dict[str, Any]]] = {"records": [], "events": []}
+    while spool.batches() or spool.held():
+        for path in spool.batches():
+            batch = read_batch(path)
+            sent["records"] += batch["records"]
+            sent["events"] += batch["events"]
+            spool.remove(path)
+        spool.flush()
+        spool.seal(force=True)
+    return sent
+
+
+def test_a_damaged_batch_is_quarantined_its_readable_items_kept(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    spool.append([record(0), record(1)], [])
+    spool.flush()
+    spool.seal(force=True)
+    spool.close()
+    [batch] = spool.batches()
+    damaged = batch.read_bytes() + b'{"record": {"gpu_uuid": "GPU-a"}}\n[]\n'
+    batch.write_bytes(damaged)
+    metrics = Metrics()
+    reopened = Spool(tmp_path, metrics=metrics)
+    assert metrics.get("gpumeter_agent_spool_quarantined_total") == 1
+    [moved] = reopened.quarantine_dir.iterdir()
+    assert moved.read_bytes() == damaged
+    [kept] = reopened.batches()
+    assert [r["start"] for r in read_batch(kept)["records"]] == [T0, T0 + 1]
+
+
+def test_an_earlier_versions_batch_is_still_sent(tmp_path: Path) -> None:
+    legacy = {
+        "batch_id": "b-1",
+        "records": [asdict(record(0))],
+        "events": [],
+        "protocol_version": 1,
+    }
+    (tmp_path / "batches").mkdir()
+    (tmp_path / "batches" / "0000000007-b-1.json").write_text(json.dumps(legacy))
+    spool = Spool(tmp_path)
+    [batch] = spool.batches()
+    assert batch.name.startswith("0000000008-") and batch.suffix == ".jsonl"
+    assert read_batch(batch)["records"] == legacy["records"]
+    assert spool.last_ends == {"GPU-a": T0 + 1}
+
+
+def test_temp_files_left_by_a_crash_are_removed_at_start(tmp_path: Path) -> None:
+    (tmp_path / "batches").mkdir()
+    leftovers = [tmp_path / ".state.json.tmp", tmp_path / "batches" / ".0000000001-x.json.tmp"]
+    for path in leftovers:
+        path.write_bytes(b'{"batch_id": "x", "rec')  # killed while writing it
+    spool = Spool(tmp_path)
+    assert not any(path.exists() for path in leftovers)
+    assert spool.batches() == [] and not list(spool.quarantine_dir.iterdir())

@@ -1,0 +1,53 @@
+"""The import contracts in pyproject.toml hold, and each one catches the import it forbids.
+
+`lint-imports` runs on a copy of the source tree with one forbidden import per contract added;
+every contract must report BROKEN, naming the offending module.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+
+# (module file, forbidden import appended to it, contract name as lint-imports prints it)
+BAD_IMPORTS = [
+    ("metering_agent/records.py", "import app.settings", "The agent deploys alone"),
+    ("app/core/money.py", "import app.billing.lines", "app.core is infrastructure"),
+    ("app/metering/segments.py", "import app.billing.domain", "Layers: each imports only"),
+    ("app/rentals/service.py", "import app.fleet.repository", "Each table's package alone"),
+]
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--no-cache"], cwd=root, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_tree_keeps_every_contract() -> None:
+    result = lint_imports(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "BROKEN" not in result.stdout
+
+
+def test_a_forbidden_import_breaks_its_contract(tmp_path: Path) -> None:
+    for package in ("app", "metering_agent", "tools"):
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("*.pyc"))
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    for module, bad_import, _ in BAD_IMPORTS:
+        with (tmp_path / module).open("a") as source:
+            source.write(f"\n{bad_import}  # noqa\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode == 1, result.stdout
+    summary = result.stdout.split("Broken contracts")[0]
+    for module, bad_import, contract in BAD_IMPORTS:
+        broken = [line for line in summary.splitlines() if line.startswith(contract)]
+        assert broken, f"{contract!r} missing from:\n{summary}"
+        importer = module.removesuffix(".py").replace("/", ".")
+        assert importer in result.stdout, f"{bad_import} in {module} not reported"
+    assert "Contracts: 0 kept, 4 broken." in result.stdout

@@ -93,6 +93,8 @@ def test_hard_limit_refuses_new_rentals_and_says_why(client: TestClient, console
     [error] = refused.json()["detail"]
     assert error["loc"] == ["body", "customer_id"] and error["budget_id"] == limit.json()["id"]
     assert "reached its monthly budget hard limit" in error["msg"]
+    banner = client.get("/dashboard", headers=bearer(key)).text
+    assert "Its hard limit is reached: no new rentals can start" in banner
     client.delete(f"{base}/{limit.json()['id']}", headers=bearer(key))
     console.post("/v1/rentals", console.rental_body(customer["id"], plan["id"], start_at=_iso(now)))
 

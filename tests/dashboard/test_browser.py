@@ -317,3 +317,24 @@ def test_operator_pages(server: str, browser: Browser, admin_key: str, seeded: W
     expect(page.get_by_role("heading", name="Revenue")).to_be_visible()
     shoot(page, "revenue")
     context.close()
+
+
+def test_budget_banner(server: str, browser: Browser, console: Console, seeded: World) -> None:
+    acme = seeded.acme
+    budget = console.client.post(
+        f"/v1/customers/{acme.customer['id']}/budgets",
+        json={"amount": "100", "hard_limit": True},
+        headers={"Authorization": f"Bearer {acme.key}"},
+    )
+    assert budget.status_code == 201, budget.text
+    context = browser.new_context(base_url=server, viewport=SIZES["laptop"])
+    page = context.new_page()
+    page.goto(portal_path(console, acme.customer["id"]))
+    page.goto(f"/dashboard?period={PERIOD}")
+    banner = page.get_by_role("status")
+    expect(banner).to_contain_text("Spend has passed 100 % of your €100.00 monthly budget")
+    expect(banner).to_contain_text("€117.55 (117.6 %)")
+    # October is closed: the hard limit speaks of the current month, so it is not said here.
+    expect(banner).not_to_contain_text("no new rentals")
+    shoot(page, "budget-banner")
+    context.close()

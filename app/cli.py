@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from app.core.logging import configure_logging
-from app.settings import get_settings
+from app.settings import embedded_secret_key, get_settings
 
 
 @contextmanager
@@ -47,17 +47,44 @@ def exit_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 
+MAX_HEADER_BYTES = 64 * 1024
+CONNECTIONS_PER_WORKER = 2048
+
+
+def ensure_secret_key(data_dir: Path | None) -> bool:
+    """Give the workers a signing secret: the configured one, or for the embedded single-box
+    default one generated once in the data dir. False: a configured database without one."""
+    settings = get_settings()
+    if settings.secret_key:
+        return True
+    if settings.database_url:
+        print(
+            "gpumeter serve: GPUMETER_SECRET_KEY is not set; it signs portal links and session "
+            "cookies. Set it to a long random value, the same for every instance, e.g. "
+            "`python3 -c 'import secrets; print(secrets.token_urlsafe(32))'`",
+            file=sys.stderr,
+        )
+        return False
+    os.environ["GPUMETER_SECRET_KEY"] = embedded_secret_key(data_dir or settings.data_dir)
+    get_settings.cache_clear()
+    return True
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.core import migrate
+    from app.core.limits import BoundedH11Protocol
 
+    if not ensure_secret_key(args.data_dir):
+        return 2
     exit_cleanly_on_sigterm()
     with database_url(args.data_dir) as url:
         migrate.upgrade(url)
         # Workers are separate processes: they read the URL from the environment.
         os.environ["GPUMETER_DATABASE_URL"] = url
         get_settings.cache_clear()
+        settings = get_settings()
         uvicorn.run(
             "app.main:app_from_environment",
             factory=True,
@@ -66,6 +93,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             log_config=None,
             access_log=False,
+            # Slow and idle connections are closed (headers: BoundedH11Protocol; bodies:
+            # app.core.limits); shedding is the app's (JSON 503), this is only a hard cap.
+            http=BoundedH11Protocol,
+            timeout_keep_alive=settings.keep_alive_s,
+            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+            limit_concurrency=CONNECTIONS_PER_WORKER,
+            timeout_graceful_shutdown=settings.shutdown_timeout_s,
         )
     return 0
 

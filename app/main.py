@@ -8,12 +8,14 @@ from sqlalchemy import Engine
 
 import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
 from app.auth.endpoints import router as keys_router
+from app.auth.middleware import AuthenticateFirst
 from app.billing.endpoints import customer_router as billing_customer_router
 from app.billing.endpoints import router as invoices_router
 from app.budgets.endpoints import router as budgets_router
 from app.core.db import get_engine
-from app.core.errors import install_error_handlers
+from app.core.errors import document_errors, install_error_handlers
 from app.core.health import router as health_router
+from app.core.limits import RequestLimits
 from app.customers.endpoints import router as customers_router
 from app.dashboard import endpoints as dashboard
 from app.events.endpoints import router as events_router
@@ -56,8 +58,12 @@ def create_app(engine: Engine | None = None) -> FastAPI:
     install_subscribers()
     install_error_handlers(app)
     dashboard.install(app)
+    # Outermost first on the way in: size and concurrency limits, then the key, then the app.
+    app.add_middleware(AuthenticateFirst)
+    app.add_middleware(RequestLimits)
     for router in ROUTERS:
         app.include_router(router)
+    document_errors(app)
     return app
 
 

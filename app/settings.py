@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+from contextlib import suppress
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,6 +26,33 @@ class Settings(BaseSettings):
         description="Where the embedded Postgres keeps its data when no database_url is set.",
     )
     db_pool_size: int = Field(default=10, ge=1, description="Connections per worker process.")
+    db_pool_timeout_s: float = Field(
+        default=2.0, gt=0, description="Longest wait for a pool connection; then 503."
+    )
+    max_in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        description="Requests one worker runs at once; unset: the pool's connections (2 x "
+        "db_pool_size), so each running request can get one.",
+    )
+    queue_wait_s: float = Field(
+        default=2.0, ge=0, description="Longest wait for a request slot; then 503 Retry-After."
+    )
+    max_body_bytes: int = Field(
+        default=16 * 2**20, ge=1024, description="Largest request body; larger ones get 413."
+    )
+    body_read_timeout_s: float = Field(
+        default=30.0, gt=0, description="Longest pause while a request body arrives; then 408."
+    )
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="Longest time for a request's headers to arrive."
+    )
+    keep_alive_s: int = Field(
+        default=5, ge=1, description="An idle keep-alive connection is closed after this."
+    )
+    shutdown_timeout_s: int = Field(
+        default=5, ge=1, description="On SIGTERM, how long running requests may finish."
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     max_clock_skew_s: int = Field(
         default=10, ge=0, description="How far in the future a telemetry timestamp may be."
@@ -70,15 +100,37 @@ class Settings(BaseSettings):
     stripe_lease_s: int = Field(
         default=300, ge=1, description="How long a sync worker owns an outbox item it claimed."
     )
-    secret_key: str = Field(
-        default="change-me-in-production",
-        description="Signs customer portal links and session cookies.",
+    secret_key: str | None = Field(
+        default=None,
+        min_length=16,
+        description="Signs customer portal links and session cookies. Required with a configured "
+        "database; the embedded default generates one in data_dir.",
     )
+
+    @property
+    def requests_in_flight(self) -> int:
+        return self.max_in_flight or 2 * self.db_pool_size
 
 
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+SECRET_KEY_FILE = "secret_key"
+
+
+def embedded_secret_key(data_dir: Path) -> str:
+    """The single-box default's signing secret: random, made once, kept in ``data_dir`` (0600)."""
+    path = data_dir / SECRET_KEY_FILE
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        # O_EXCL: two processes starting at once cannot both write (the loser reads the winner's).
+        with suppress(FileExistsError):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
 
 
 def sqlalchemy_url(url: str) -> str:

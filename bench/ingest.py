@@ -265,7 +265,12 @@ def register_nodes(url: str, count: int) -> list[str]:
 
 def start_service(url: str, workers: int) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    env = {**os.environ, "GPUMETER_DATABASE_URL": url, "GPUMETER_LOG_LEVEL": "warning"}
+    env = {
+        **os.environ,
+        "GPUMETER_DATABASE_URL": url,
+        "GPUMETER_LOG_LEVEL": "warning",
+        "GPUMETER_SECRET_KEY": secrets.token_urlsafe(32),
+    }
     gpumeter = Path(sys.executable).with_name("gpumeter")
     process = subprocess.Popen(
         [str(gpumeter), "serve", "--port", str(port), "--workers", str(workers)], env=env

@@ -8,6 +8,7 @@ creates its own database and drops it at the end.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ from app.wiring import install as install_subscribers
 from tests.harness import Console
 
 SERVER_URL_ENV = "GPUMETER_DATABASE_URL"
+# The run's signing secret, random like a deployment's; the servers tests start inherit it.
+os.environ.setdefault("GPUMETER_SECRET_KEY", secrets.token_urlsafe(32))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -21,7 +21,7 @@ from app.core.processes import wait_for_exit
 from app.core.scratch_db import scratch_database
 from app.customers.models import Customer
 from app.main import create_app
-from app.settings import sqlalchemy_url
+from app.settings import SECRET_KEY_FILE, embedded_secret_key, sqlalchemy_url
 
 BIN = Path(sys.executable).parent
 
@@ -165,3 +165,29 @@ def test_serve_without_a_url_runs_on_embedded_postgres_and_stops_it(
     assert serve.returncode == 0, stderr.decode()[-2000:]
     assert not pid_file.exists()
     assert wait_for_exit(postgres_pid, timeout_s=10), f"postgres {postgres_pid} still runs"
+
+
+def test_serve_refuses_to_start_without_a_secret_on_a_configured_database(
+    database_url: str,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GPUMETER_SECRET_KEY"}
+    env["GPUMETER_DATABASE_URL"] = database_url
+    refused = subprocess.run(
+        [BIN / "gpumeter", "serve", "--port", str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2
+    assert "GPUMETER_SECRET_KEY is not set" in refused.stderr
+
+
+def test_the_embedded_default_generates_its_secret_once_readable_only_by_its_owner(
+    tmp_path: Path,
+) -> None:
+    first = embedded_secret_key(tmp_path / "data")
+    assert len(first) >= 32
+    assert (tmp_path / "data" / SECRET_KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert embedded_secret_key(tmp_path / "data") == first  # kept, not regenerated
+    assert embedded_secret_key(tmp_path / "other") != first

@@ -9,6 +9,7 @@ from app.auth.deps import Admin
 from app.auth.models import KeyKind
 from app.auth.schemas import IssuedKeyRead, KeyCreate, KeyRead
 from app.core.deps import DbSession
+from app.core.errors import error_responses
 from app.core.pagination import Page, Paging, paginate
 
 router = APIRouter(prefix="/v1/keys", tags=["api keys"])
@@ -31,6 +32,7 @@ def list_keys(
     return paginate(session, repository.keys_query(kind=kind), page, KeyRead)
 
 
-@router.post("/{key_id}/revoke")
+@router.post("/{key_id}/revoke", responses=error_responses(404, 409))
 def revoke_key(key_id: uuid.UUID, session: DbSession, _: Admin) -> KeyRead:
+    """Revoke a key at once. The last active admin key cannot be revoked (409)."""
     return KeyRead.model_validate(service.revoke_key(session, key_id))

@@ -21,6 +21,19 @@ def active_keys(session: Session, *, node_id: uuid.UUID) -> Sequence[ApiKey]:
     ).all()
 
 
+def lock_active_admin_keys(session: Session) -> list[uuid.UUID]:
+    """Ids of the active admin keys, locked: two admins revoking each other's key at once
+    cannot both succeed and leave none."""
+    return list(
+        session.scalars(
+            select(ApiKey.id)
+            .where(ApiKey.kind == KeyKind.ADMIN, ApiKey.revoked_at.is_(None))
+            .order_by(ApiKey.id)
+            .with_for_update()
+        )
+    )
+
+
 def keys_query(
     *, kind: KeyKind | None = None, customer_id: uuid.UUID | None = None
 ) -> Select[ApiKey]:

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from app.auth import repository
 from app.auth.models import ApiKey, KeyKind
-from app.core.errors import not_found
+from app.core.errors import Conflict, not_found
 
 PREFIX_LENGTH = 12
 
@@ -90,6 +90,12 @@ def revoke_key(session: Session, key_id: uuid.UUID) -> ApiKey:
     if key is None:
         raise not_found("API key", key_id)
     if key.revoked_at is None:
+        if key.kind == KeyKind.ADMIN and repository.lock_active_admin_keys(session) == [key.id]:
+            raise Conflict(
+                f"API key {key_id} is the last active admin key; create another admin key "
+                "before revoking this one",
+                ("path", "key_id"),
+            )
         key.revoked_at = datetime.now(UTC)
     return key
 

@@ -90,7 +90,8 @@ def list_invoices(
     return paginate(session, query, page, InvoiceSummary, InvoiceSummary.of)
 
 
-@router.get("/{invoice_id}")
+# `:uuid`: GET /v1/invoices/runs is then a 405 (only POST there), not a 422 for this route.
+@router.get("/{invoice_id:uuid}")
 def read_invoice(invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser) -> InvoiceRead:
     return InvoiceRead.of(service.get_invoice(session, invoice_id, caller))
 

@@ -48,7 +48,8 @@ from app.rentals.models import Migration as MigrationRow
 
 _T = TypeVar("_T", Assignment, Migration)
 
-PERIOD_PATTERN = r"^\d{4}-(0[1-9]|1[0-2])$"
+# Years 1970-2999: every month of them starts and ends within datetime's and the epoch's range.
+PERIOD_PATTERN = r"^(19[7-9]\d|2\d{3})-(0[1-9]|1[0-2])$"
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class BillingPeriod:
 
 def billing_period(period: str, timezone: str) -> BillingPeriod:
     if not re.match(PERIOD_PATTERN, period):
-        raise ValueError(f"period must be YYYY-MM, got {period!r}")
+        raise ValueError(f"period must be YYYY-MM from 1970-01 to 2999-12, got {period!r}")
     year, month = int(period[:4]), int(period[5:])
     zone = ZoneInfo(timezone)
     start = datetime(year, month, 1, tzinfo=zone)

@@ -11,6 +11,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.settings import get_settings, sqlalchemy_url
 
+CONNECT_TIMEOUT_S = 5
+
 
 @lru_cache
 def get_engine(url: str | None = None) -> Engine:
@@ -25,7 +27,9 @@ def get_engine(url: str | None = None) -> Engine:
         sqlalchemy_url(url),
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_pool_size,
+        pool_timeout=settings.db_pool_timeout_s,  # then 503 (app.core.errors), never a hang
         pool_pre_ping=True,
+        connect_args={"connect_timeout": CONNECT_TIMEOUT_S},
     )
 
 

@@ -6,13 +6,20 @@ always learns what is wrong and where.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
+
+log = logging.getLogger(__name__)
 
 Loc = Sequence[str | int]
 
@@ -63,6 +70,100 @@ class PayloadTooLarge(ApiError):
     error_type = "payload_too_large"
 
 
+class ServiceUnavailable(ApiError):
+    status_code = 503
+    error_type = "unavailable"
+
+
+# Seconds a shed or database-less request should wait before it is re-sent.
+RETRY_AFTER_S = 1
+
+
+class ErrorItem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx and 503 body."""
+
+    detail: list[ErrorItem]
+
+
+_MEANINGS = {
+    400: "the body is not JSON (or not UTF-8)",
+    401: "missing, invalid or revoked credentials",
+    403: "the credentials may not do this",
+    404: "no such object, or not one the caller may see",
+    409: "conflicts with stored state; each conflict is listed",
+    413: "the request body or batch is too large",
+    422: "invalid input, each problem listed with where it is",
+    503: "overloaded or the database is unreachable; retry after `Retry-After` seconds",
+}
+
+
+def error_responses(*codes: int, **meanings: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` for these error statuses, all in the one error shape; a route
+    may give a status its own meaning (``_409="..."``)."""
+    return {
+        code: {"model": ErrorBody, "description": meanings.get(f"_{code}", _MEANINGS[code])}
+        for code in codes
+    }
+
+
+_PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/stripe/webhook"})
+_BODY_METHODS = frozenset({"post", "put", "patch"})
+
+
+def document_errors(app: FastAPI) -> None:
+    """Add the error statuses every operation can answer to the OpenAPI: 401/403 when it is
+    authenticated, 404 with a path parameter, 400/404/409/413 with a body (not JSON, naming a
+    missing object, a conflict with stored state, too large), 422 with any input, 503 always
+    (shed or database down).
+    An operation's own ``responses=`` meanings win."""
+    plain_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = plain_openapi()
+        definitions = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(definitions.pop("$defs", {}))
+        components["ErrorBody"] = definitions
+        for path, operations in schema["paths"].items():
+            for method, operation in operations.items():
+                _add_errors(path, method, operation)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _add_errors(path: str, method: str, operation: dict[str, Any]) -> None:
+    params = operation.get("parameters", [])
+    codes = {503}
+    if path not in _PUBLIC_PATHS:
+        codes |= {401, 403}
+    if any(p["in"] == "path" for p in params):
+        codes.add(404)
+    if method in _BODY_METHODS:  # a body may name other objects too (404)
+        codes |= {400, 404, 409, 413}
+    if params or "requestBody" in operation:
+        codes.add(422)
+    ref = {"$ref": "#/components/schemas/ErrorBody"}
+    for code in sorted(codes):
+        operation["responses"].setdefault(
+            str(code),
+            {"description": _MEANINGS[code], "content": {"application/json": {"schema": ref}}},
+        )
+
+
+def unavailable_response(msg: str) -> JSONResponse:
+    body = {"detail": [{"loc": [], "msg": msg, "type": ServiceUnavailable.error_type}]}
+    return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 def not_found(what: str, ident: object, loc: Loc = ("path", "id")) -> NotFound:
     return NotFound(f"{what} {ident} not found", loc)
 
@@ -71,7 +172,23 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        if exc.status_code == 503:
+            headers = {"Retry-After": str(RETRY_AFTER_S)}
         return JSONResponse({"detail": exc.items}, status_code=exc.status_code, headers=headers)
+
+    @app.exception_handler(DBAPIError)
+    async def _database_error(request: Request, exc: DBAPIError) -> JSONResponse:
+        # Connection lost or refused, or the server cancelled the statement (a timeout):
+        # the database's state, not the request's fault; the client retries.
+        if not (exc.connection_invalidated or isinstance(exc, OperationalError)):
+            raise exc
+        log.warning("database unavailable", extra={"path": request.url.path, "error": str(exc)})
+        return unavailable_response("the database is unavailable; retry later")
+
+    @app.exception_handler(PoolTimeout)
+    async def _pool_timeout(request: Request, _: PoolTimeout) -> JSONResponse:
+        log.warning("no database connection in time", extra={"path": request.url.path})
+        return unavailable_response("the service is overloaded; retry later")
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -79,6 +196,26 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": items}, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         items = [{"loc": [], "msg": str(exc.detail), "type": "http_error"}]
-        return JSONResponse({"detail": items}, status_code=exc.status_code, headers=exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(allowed_methods(request))
+        return JSONResponse({"detail": items}, status_code=exc.status_code, headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the API serves on this path. Starlette names only those of the first
+    route matching the path, but GET and PATCH of one resource are separate routes."""
+    app = request.app
+    templates = getattr(app.state, "path_methods", None)
+    if templates is None:
+        templates = [
+            (compile_path(path)[0], path, [m.upper() for m in operations])
+            for path, operations in app.openapi()["paths"].items()
+        ]
+        app.state.path_methods = templates
+    path = request.url.path
+    matching = [(t.count("{"), methods) for regex, t, methods in templates if regex.match(path)]
+    fewest = min((n for n, _ in matching), default=0)  # a literal path beats a parameter
+    return sorted({m for n, methods in matching if n == fewest for m in methods})

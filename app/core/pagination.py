@@ -14,6 +14,10 @@ from sqlalchemy.orm import Session
 T = TypeVar("T", bound=BaseModel)
 
 
+# Postgres OFFSET is a BIGINT; far below its end, so offset + limit never overflows either.
+MAX_OFFSET = 2**62
+
+
 @dataclass(frozen=True)
 class PageParams:
     limit: int
@@ -22,7 +26,7 @@ class PageParams:
 
 def _page_params(
     limit: Annotated[int, Query(ge=1, le=1000, description="Items per page.")] = 100,
-    offset: Annotated[int, Query(ge=0, description="Items to skip.")] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Items to skip.")] = 0,
 ) -> PageParams:
     return PageParams(limit=limit, offset=offset)
 

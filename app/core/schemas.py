@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import zoneinfo
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from app.core.money import minor_units
 
@@ -36,6 +36,34 @@ Name = Annotated[str, Field(min_length=1, max_length=200)]
 
 
 class Schema(BaseModel):
-    """Base of request and response bodies: unknown fields are an error, not silently dropped."""
+    """Base of request and response bodies: unknown fields are an error, not silently dropped,
+    and text must be storable (Postgres text holds no NUL and no lone surrogate)."""
 
     model_config = ConfigDict(extra="forbid", from_attributes=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable_text(cls, value: Any) -> Any:
+        if isinstance(value, str) and not storable_text(value):
+            raise ValueError("must be valid UTF-8 text without NUL characters")
+        return value
+
+
+def _refuse_null(value: Any) -> Any:
+    if value is None:
+        raise ValueError("may be left out, but not null")
+    return value
+
+
+def not_null(*fields: str) -> Any:
+    """For a partial update: these fields may be left out, but not set to null (their column
+    cannot be empty). Only explicit values are validated, so leaving them out stays fine."""
+    return field_validator(*fields, mode="before")(_refuse_null)
+
+
+def storable_text(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in value

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from decimal import Decimal
 
 from sqlalchemy import CheckConstraint, Numeric, String
@@ -26,3 +27,5 @@ class Customer(Timestamped, Base):
     # Stripe collection: "charge_automatically" or "send_invoice" (with days_until_due).
     collection_method: Mapped[str] = mapped_column(String(32), default="send_invoice")
     days_until_due: Mapped[int] = mapped_column(default=30)
+    # Portal links and dashboard sessions issued until then are void (an admin revoked them).
+    portal_revoked_at: Mapped[datetime | None]

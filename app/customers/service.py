@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
-from app.core.errors import not_found
+from app.core.errors import Conflict, not_found
 from app.customers.models import Customer
 from app.customers.schemas import CustomerCreate, CustomerUpdate
 
@@ -19,6 +21,7 @@ def get_customer(session: Session, customer_id: uuid.UUID, principal: Principal)
 
 
 def create_customer(session: Session, data: CustomerCreate) -> Customer:
+    _check_stripe_id_free(session, data.stripe_customer_id, None)
     customer = Customer(**data.model_dump())
     session.add(customer)
     session.flush()
@@ -26,7 +29,36 @@ def create_customer(session: Session, data: CustomerCreate) -> Customer:
 
 
 def update_customer(session: Session, customer: Customer, data: CustomerUpdate) -> Customer:
-    for field, value in data.model_dump(exclude_unset=True).items():
+    changes = data.model_dump(exclude_unset=True)
+    if "stripe_customer_id" in changes:
+        _check_stripe_id_free(session, changes["stripe_customer_id"], customer.id)
+    for field, value in changes.items():
         setattr(customer, field, value)
     session.flush()
     return customer
+
+
+def _check_stripe_id_free(
+    session: Session, stripe_id: str | None, customer_id: uuid.UUID | None
+) -> None:
+    """One Stripe customer per customer: another's id is a 409 naming the holder. (The unique
+    index still guards concurrent writers.)"""
+    if stripe_id is None:
+        return
+    holder = session.scalar(select(Customer.id).where(Customer.stripe_customer_id == stripe_id))
+    if holder is not None and holder != customer_id:
+        raise Conflict(
+            f"Stripe customer {stripe_id} already belongs to customer {holder}",
+            ("body", "stripe_customer_id"),
+        )
+
+
+def revoke_portal_sessions(session: Session, customer: Customer) -> datetime:
+    """Mark every portal link and dashboard session of the customer issued until now revoked."""
+    customer.portal_revoked_at = datetime.now(UTC)
+    session.flush()
+    return customer.portal_revoked_at
+
+
+def portal_revoked_at(session: Session, customer_id: uuid.UUID) -> datetime | None:
+    return session.scalar(select(Customer.portal_revoked_at).where(Customer.id == customer_id))

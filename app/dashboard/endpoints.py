@@ -33,12 +33,12 @@ from app.billing.loader import PERIOD_PATTERN, BillingPeriod
 from app.core.db import transaction
 from app.core.deps import DbSession
 from app.core.epoch import from_epoch
-from app.core.errors import ApiError, Unauthorized
+from app.core.errors import ApiError, Unauthorized, error_responses
 from app.core.pagination import Page as PageOf
 from app.core.pagination import Paging, page_of
 from app.core.schemas import Schema
 from app.customers.models import Customer
-from app.customers.service import get_customer
+from app.customers.service import get_customer, revoke_portal_sessions
 from app.dashboard import (
     costs,
     exports,
@@ -104,6 +104,20 @@ def create_portal_link(
     link = sessions.portal_link(customer_id, (body or PortalLinkCreate()).ttl_s)
     url = str(request.url_for("open_portal_link", token=link.token))
     return PortalLinkRead(url=url, expires_at=from_epoch(link.expires_at))
+
+
+class PortalRevocation(Schema):
+    revoked_at: datetime
+
+
+@router.post("/v1/customers/{customer_id}/portal-links/revoke", responses=error_responses(404))
+def revoke_portal_access(
+    customer_id: uuid.UUID, session: DbSession, admin: Admin
+) -> PortalRevocation:
+    """End every portal link and dashboard session of the customer issued until now (its API
+    keys stay valid; revoke those on their own). Links issued afterwards work."""
+    customer = get_customer(session, customer_id, admin)
+    return PortalRevocation(revoked_at=revoke_portal_sessions(session, customer))
 
 
 @router.get("/v1/customers/{customer_id}/incidents")
@@ -255,10 +269,12 @@ def _safe_next(target: str | None) -> str:
 
 
 @pages.get("/portal/{token}", name="open_portal_link")
-def open_portal_link(token: str) -> Response:
-    session_token = sessions.session_from_portal(token)
+def open_portal_link(token: str, request: Request) -> Response:
+    session_token = sessions.session_from_portal(token, request.app.state.engine)
     if session_token is None:
-        raise HTTPException(401, "this portal link is invalid or has expired; ask for a new one")
+        raise HTTPException(
+            401, "this portal link is invalid, expired or revoked; ask for a new one"
+        )
     response = RedirectResponse("/dashboard", status_code=303)
     sessions.set_session_cookie(response, session_token)
     return response

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
@@ -21,6 +23,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app.auth.models import ApiKey, KeyKind
 from app.auth.service import Principal
 from app.core.db import transaction
+from app.core.limits import send_unavailable
+from app.customers.service import portal_revoked_at
 from app.dashboard.tokens import Purpose, sign, verify
 from app.settings import get_settings
 
@@ -40,28 +44,61 @@ class PortalLink:
 
 def portal_link(customer_id: uuid.UUID, ttl_s: int = PORTAL_LINK_TTL_S) -> PortalLink:
     expires_at = int(time.time()) + ttl_s
-    claims = {"cid": str(customer_id), "lid": str(uuid.uuid4())}
+    claims = {"cid": str(customer_id), "lid": str(uuid.uuid4()), "iat": time.time()}
     return PortalLink(sign(_secret(), Purpose.PORTAL, claims, expires_at), expires_at)
 
 
-def session_from_portal(token: str) -> str | None:
-    """A session token for a genuine, unexpired portal link; None otherwise."""
+def session_from_portal(token: str, engine: Engine) -> str | None:
+    """A session token for a genuine, unexpired, unrevoked portal link; None otherwise.
+
+    The session ends when the link would have (or after SESSION_TTL_S, whichever is first) and
+    keeps the link's issue time, so revoking the customer's links ends it too."""
     claims = verify(_secret(), Purpose.PORTAL, token)
-    if claims is None:
+    if claims is None or _revoked(engine, uuid.UUID(claims["cid"]), claims.get("iat", 0.0)):
         return None
     # The link's own id stands in for a key id: it tells sessions from different links apart.
-    return _session(KeyKind.CUSTOMER, claims["lid"], claims["cid"], key_backed=False)
+    expires_at = min(claims["exp"], int(time.time()) + SESSION_TTL_S)
+    return _session(
+        KeyKind.CUSTOMER,
+        claims["lid"],
+        claims["cid"],
+        key_backed=False,
+        issued_at=claims.get("iat", 0.0),
+        expires_at=expires_at,
+    )
 
 
 def session_from_key(principal: Principal) -> str:
     """A session for an API key: checked against revocation on every request."""
     customer = None if principal.customer_id is None else str(principal.customer_id)
-    return _session(principal.kind, str(principal.key_id), customer, key_backed=True)
+    now = time.time()
+    return _session(
+        principal.kind,
+        str(principal.key_id),
+        customer,
+        key_backed=True,
+        issued_at=now,
+        expires_at=int(now) + SESSION_TTL_S,
+    )
 
 
-def _session(kind: KeyKind, key_id: str, customer_id: str | None, *, key_backed: bool) -> str:
-    claims = {"kind": kind.value, "kid": key_id, "cid": customer_id, "key": key_backed}
-    return sign(_secret(), Purpose.SESSION, claims, int(time.time()) + SESSION_TTL_S)
+def _session(
+    kind: KeyKind,
+    key_id: str,
+    customer_id: str | None,
+    *,
+    key_backed: bool,
+    issued_at: float,
+    expires_at: int,
+) -> str:
+    claims = {
+        "kind": kind.value,
+        "kid": key_id,
+        "cid": customer_id,
+        "key": key_backed,
+        "iat": issued_at,
+    }
+    return sign(_secret(), Purpose.SESSION, claims, expires_at)
 
 
 def set_session_cookie(response: Response, session_token: str) -> None:
@@ -88,6 +125,8 @@ def principal_from_claims(claims: dict[str, Any], engine: Engine) -> Principal |
     if claims["key"] and not _key_active(engine, key_id):
         return None
     customer = None if claims["cid"] is None else uuid.UUID(claims["cid"])
+    if customer is not None and _revoked(engine, customer, claims.get("iat", 0.0)):
+        return None
     return Principal(key_id, kind, customer)
 
 
@@ -97,8 +136,18 @@ def _key_active(engine: Engine, key_id: uuid.UUID) -> bool:
         return key is not None and key.revoked_at is None
 
 
+def _revoked(engine: Engine, customer_id: uuid.UUID, issued_at: float) -> bool:
+    """Whether an admin revoked the customer's sessions and links at or after ``issued_at``."""
+    with transaction(engine) as session:
+        revoked_at = portal_revoked_at(session, customer_id)
+    return revoked_at is not None and issued_at <= revoked_at.timestamp()
+
+
 def _secret() -> str:
-    return get_settings().secret_key
+    secret = get_settings().secret_key
+    if not secret:  # `gpumeter serve` never starts without one; an embedding caller must set it
+        raise RuntimeError("GPUMETER_SECRET_KEY is not set: nothing to sign sessions with")
+    return secret
 
 
 class SessionCookieMiddleware:
@@ -116,7 +165,11 @@ class SessionCookieMiddleware:
                 claims = verify(_secret(), Purpose.SESSION, token)
                 if claims is not None:
                     engine = request.app.state.engine
-                    principal = await run_in_threadpool(principal_from_claims, claims, engine)
+                    try:
+                        principal = await run_in_threadpool(principal_from_claims, claims, engine)
+                    except (OperationalError, PoolTimeout):
+                        await send_unavailable(send, "the database is unavailable; retry later")
+                        return
                     if principal is not None:
                         scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)

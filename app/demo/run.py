@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -154,7 +155,9 @@ class Demo:
         self.url, self.directory, self.processes = url, directory, processes
         self.progress, self.options = progress, options
         self.base = f"http://127.0.0.1:{options.port}"
-        self.env = {**os.environ, "GPUMETER_DATABASE_URL": url}
+        # The demo's own signing secret: a served database needs one (`gpumeter serve`).
+        secret = os.environ.get("GPUMETER_SECRET_KEY") or secrets.token_urlsafe(32)
+        self.env = {**os.environ, "GPUMETER_DATABASE_URL": url, "GPUMETER_SECRET_KEY": secret}
         self.started = datetime.now(UTC)
         self.api: Api | None = None
         self.agents: list[Child] = []

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from sqlalchemy.orm import Session
 
 from app.auth import service as key_service
-from app.auth.models import KeyKind
+from app.auth.models import ApiKey, KeyKind
 from app.auth.service import IssuedKey, Principal
 from app.core.errors import Conflict, not_found
 from app.fleet import repository
@@ -43,7 +43,9 @@ def enroll_node(session: Session, data: NodeCreate) -> tuple[Node, IssuedKey]:
 def issue_node_token(session: Session, node: Node) -> IssuedKey:
     """A new agent token for the node; earlier tokens stop working (rotation)."""
     key_service.revoke_node_keys(session, node.id)
-    return key_service.issue_key(session, KeyKind.NODE, f"agent@{node.hostname}", node_id=node.id)
+    # A label only: a 253-character hostname must not overflow the key name's column.
+    name = f"agent@{node.hostname}"[: ApiKey.name.type.length]
+    return key_service.issue_key(session, KeyKind.NODE, name, node_id=node.id)
 
 
 def get_gpu(session: Session, gpu_uuid: str, principal: Principal) -> Gpu:

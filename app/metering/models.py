@@ -91,13 +91,16 @@ class OpenMinuteMetrics(Base):
 
 
 class HealthEventRow(Base):
-    """A health event as the agent reported it (XID, counter jump, state change, clock jump)."""
+    """A health event as the agent reported it (XID, counter jump, state change, clock jump).
+
+    Keyed by GPU and the agent's event id: an id is only unique on its own GPU, so another
+    node sending the same id can never suppress this GPU's event."""
 
     __tablename__ = "health_events"
     __table_args__ = (Index("ix_health_events_gpu_at", "gpu_uuid", "at"),)
 
+    gpu_uuid: Mapped[str] = mapped_column(String(96), ForeignKey("gpus.uuid"), primary_key=True)
     event_id: Mapped[str] = mapped_column(String(200), primary_key=True)
-    gpu_uuid: Mapped[str] = mapped_column(String(96), ForeignKey("gpus.uuid"))
     at: Mapped[int]
     kind: Mapped[str] = mapped_column(String(16))
     code: Mapped[int | None] = mapped_column(Integer)

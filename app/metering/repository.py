@@ -163,29 +163,49 @@ def attach_evidence(session: Session, keys: list[tuple[str, int]]) -> None:
     )
 
 
-def insert_events(session: Session, events: Sequence[HealthEvent]) -> int:
-    """Store events by id; return how many were new (the rest were stored before)."""
-    rows = session.execute(
-        text("""
+_SENT_EVENTS = """
+    SELECT * FROM unnest(CAST(:id AS text[]), CAST(:u AS text[]), CAST(:at AS bigint[]),
+        CAST(:k AS text[]), CAST(:c AS int[]), CAST(:st AS text[]), CAST(:r AS text[]),
+        CAST(:d AS jsonb[])) WITH ORDINALITY
+        AS sent(event_id, gpu_uuid, at, kind, code, state, rule, detail, n)
+"""
+
+
+def insert_events(session: Session, events: Sequence[HealthEvent]) -> tuple[int, list[int]]:
+    """Store events by (GPU, event id): how many were new, and the indexes of those whose id
+    the GPU stored before (or the batch holds twice) with different content: conflicts."""
+    params = {
+        "id": [e.event_id for e in events],
+        "u": [e.gpu_uuid for e in events],
+        "at": [e.at for e in events],
+        "k": [str(e.kind) for e in events],
+        "c": [e.code for e in events],
+        "st": [None if e.state is None else str(e.state) for e in events],
+        "r": [e.rule for e in events],
+        "d": [json.dumps(e.detail) for e in events],
+    }
+    inserted = session.execute(
+        text(f"""
         INSERT INTO health_events (event_id, gpu_uuid, at, kind, code, state, rule, detail)
-        SELECT * FROM unnest(CAST(:id AS text[]), CAST(:u AS text[]), CAST(:at AS bigint[]),
-            CAST(:k AS text[]), CAST(:c AS int[]), CAST(:st AS text[]), CAST(:r AS text[]),
-            CAST(:d AS jsonb[]))
-        ON CONFLICT (event_id) DO NOTHING
+        SELECT event_id, gpu_uuid, at, kind, code, state, rule, detail FROM ({_SENT_EVENTS}) s
+        ORDER BY n
+        ON CONFLICT (gpu_uuid, event_id) DO NOTHING
         RETURNING 1
         """),
-        {
-            "id": [e.event_id for e in events],
-            "u": [e.gpu_uuid for e in events],
-            "at": [e.at for e in events],
-            "k": [str(e.kind) for e in events],
-            "c": [e.code for e in events],
-            "st": [None if e.state is None else str(e.state) for e in events],
-            "r": [e.rule for e in events],
-            "d": [json.dumps(e.detail) for e in events],
-        },
+        params,
     )
-    return len(rows.all())
+    new = len(inserted.all())
+    conflicts = session.scalars(
+        text(f"""
+        SELECT s.n - 1 FROM ({_SENT_EVENTS}) s
+        JOIN health_events e ON e.gpu_uuid = s.gpu_uuid AND e.event_id = s.event_id
+        WHERE (s.at, s.kind, s.code, s.state, s.rule, s.detail)
+            IS DISTINCT FROM (e.at, e.kind, e.code, e.state, e.rule, e.detail)
+        ORDER BY s.n
+        """),
+        params,
+    )
+    return new, list(conflicts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,7 +59,7 @@ def ingest(
     accepted = [batch.records[i] for i in judgement.accepted]
     if accepted:
         _store_metrics(session, accepted)
-    events_new = repository.insert_events(session, batch.events) if batch.events else 0
+    events_new = _store_events(session, batch) if batch.events else 0
     _attach_evidence(session, batch, created)
     if batch.records:
         changed = repository.touch_gpus(session, _latest(batch.records))
@@ -173,6 +173,24 @@ def _store_metrics(session: Session, records: list[UsageRecord]) -> None:
                 opened[(gpu, hour)] = row
     repository.write_metric_rows(session, closed, closed=True)
     repository.write_metric_rows(session, opened, closed=False)
+
+
+def _store_events(session: Session, batch: IngestBatch) -> int:
+    """Store the events (ids are per GPU); an id re-sent with other content is a conflict."""
+    new, conflicts = repository.insert_events(session, batch.events)
+    if conflicts:
+        raise Conflict.many(
+            [
+                {
+                    "loc": ["body", "events", i, "event_id"],
+                    "msg": f"event {batch.events[i].event_id} of GPU {batch.events[i].gpu_uuid} "
+                    "was already stored with different content",
+                    "gpu_uuid": batch.events[i].gpu_uuid,
+                }
+                for i in conflicts
+            ]
+        )
+    return new
 
 
 def _attach_evidence(session: Session, batch: IngestBatch, created: list[tuple[str, int]]) -> None:

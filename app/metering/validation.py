@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from app.core.schemas import storable_text
 from app.fleet.models import Gpu
 from app.metering.models import HealthEventRow
 from app.settings import Settings
@@ -21,6 +22,8 @@ from metering_agent.protocol import (
 
 DAY = 86_400
 INT32_MAX = 2**31 - 1
+DETAIL_MAX_BYTES = 8192
+DETAIL_MAX_DEPTH = 8
 
 
 def _width(column: Any) -> int:
@@ -65,11 +68,27 @@ def batch_errors(batch: IngestBatch, settings: Settings, now: int) -> list[Field
         if e.at < oldest:
             errors.append(FieldError(("events", i, "at"), "older than the retention period"))
         errors += _item_errors(("events", i), e)
-        if not _storable_json(e.detail):
-            errors.append(
-                FieldError(("events", i, "detail"), "must be plain JSON without NUL characters")
-            )
+        errors += _detail_errors(("events", i, "detail"), e.detail)
     return errors
+
+
+def _detail_errors(loc: tuple[str | int, ...], detail: Any) -> Iterator[FieldError]:
+    """Evidence is small and flat: bounded in size and nesting, so no batch can bloat the
+    table or the timelines that show it."""
+    if not _storable_json(detail):
+        yield FieldError(loc, "must be plain JSON without NUL characters")
+    elif len(json.dumps(detail, ensure_ascii=False).encode()) > DETAIL_MAX_BYTES:
+        yield FieldError(loc, f"must be at most {DETAIL_MAX_BYTES} bytes of JSON")
+    if _depth(detail) > DETAIL_MAX_DEPTH:
+        yield FieldError(loc, f"must nest at most {DETAIL_MAX_DEPTH} levels deep")
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
 
 
 def _item_errors(loc: tuple[str | int, ...], item: Any) -> Iterator[FieldError]:
@@ -90,17 +109,8 @@ def _item_errors(loc: tuple[str | int, ...], item: Any) -> Iterator[FieldError]:
 def _field_errors(loc: tuple[str | int, ...], value: str, limit: int) -> Iterator[FieldError]:
     if not 1 <= len(value) <= limit:
         yield FieldError(loc, f"length must be 1..{limit}, not {len(value)}")
-    if not _storable_text(value):
+    if not storable_text(value):
         yield FieldError(loc, "must be valid UTF-8 text without NUL characters")
-
-
-def _storable_text(value: str) -> bool:
-    """Postgres text holds no NUL and only encodable characters (no lone surrogates)."""
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return "\x00" not in value
 
 
 def _storable_json(value: Any) -> bool:
@@ -109,4 +119,4 @@ def _storable_json(value: Any) -> bool:
         dumped = json.dumps(value, allow_nan=False, ensure_ascii=False)
     except ValueError:
         return False
-    return "\\u0000" not in dumped and _storable_text(dumped)
+    return "\\u0000" not in dumped and storable_text(dumped)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import AwareDatetime, Field, field_validator
 
-from app.core.schemas import Amount, CurrencyCode, HourlyPrice, Name, Schema
+from app.core.schemas import Amount, CurrencyCode, HourlyPrice, Name, Schema, not_null
 
 
 class VoucherTier(Schema):
@@ -58,6 +58,8 @@ class PlanCreate(PlanSettings):
 
 
 class PlanUpdate(Schema):
+    """A partial update: fields left out stay; only the cap may be cleared with null."""
+
     name: Name | None = None
     increment_s: int | None = Field(default=None, ge=1, le=86_400)
     minimum_s: int | None = Field(default=None, ge=0, le=31 * 86_400)
@@ -69,6 +71,15 @@ class PlanUpdate(Schema):
 
     _tiers = field_validator("voucher_tiers")(
         lambda tiers: None if tiers is None else _distinct_tiers(tiers)
+    )
+    _not_null = not_null(
+        "name",
+        "increment_s",
+        "minimum_s",
+        "bill_degraded",
+        "bill_unmetered",
+        "voucher_tiers",
+        "voucher_validity_days",
     )
 
 

@@ -4,7 +4,7 @@ import uuid
 from datetime import datetime
 from decimal import Decimal
 
-from sqlalchemy import Select
+from sqlalchemy import Select, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -54,6 +54,10 @@ def create_plan(session: Session, data: PlanCreate) -> PricePlan:
 
 def update_plan(session: Session, plan: PricePlan, data: PlanUpdate) -> PricePlan:
     changes = data.model_dump(exclude_unset=True, mode="json")
+    if "name" in changes:
+        holder = session.scalar(select(PricePlan.id).where(PricePlan.name == data.name))
+        if holder is not None and holder != plan.id:
+            raise Conflict(f"price plan {holder} is already named {data.name!r}", ("body", "name"))
     for field in changes:
         setattr(plan, field, changes[field] if field == "voucher_tiers" else getattr(data, field))
     session.flush()

@@ -217,8 +217,11 @@ def _check_assignable(
             f"GPU {gpu_uuid} is a {gpu.model!r}, but rental {rental.id} rents {rental.gpu_model!r}",
             (*loc, gpu_field),
         )
-    if start < rental.start_at or (
-        rental.end_at is not None and (end is None or end > rental.end_at)
+    # An open assignment of an ended rental ends with it: its start must come before that end.
+    if (
+        start < rental.start_at
+        or (end is not None and start >= end)
+        or (rental.end_at is not None and (end is None or end > rental.end_at))
     ):
         raise Unprocessable(
             f"the assignment must lie within the rental [{rental.start_at.isoformat()}, "

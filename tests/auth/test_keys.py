@@ -66,3 +66,15 @@ def test_node_token_rotation_revokes_the_old_token(console: Console) -> None:
 def test_node_token_cannot_read_the_console_api(console: Console) -> None:
     token = console.node()["token"]["key"]
     assert console.client.get("/v1/customers", headers=bearer(token)).status_code == 403
+
+
+def test_the_last_active_admin_key_cannot_be_revoked(console: Console) -> None:
+    only = console.client.get("/v1/keys", headers=console.headers).json()["items"][0]["id"]
+    refused = console.post(f"/v1/keys/{only}/revoke", {}, status=409)
+    assert refused["detail"][0]["loc"] == ["path", "key_id"]
+    assert "last active admin key" in refused["detail"][0]["msg"]
+    second = console.post("/v1/keys", {"name": "second"})
+    assert console.post(f"/v1/keys/{only}/revoke", {}, status=200)["revoked_at"]
+    # Now the second is the last one, even for itself.
+    second_console = Console(console.client, second["key"])
+    second_console.post(f"/v1/keys/{second['id']}/revoke", {}, status=409)

@@ -88,6 +88,7 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/fleet/health"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/events"): Case(Expect.SCOPED),
     ("POST", "/v1/customers/{customer_id}/portal-links"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/customers/{customer_id}/portal-links/revoke"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/invoices/runs"): Case(Expect.ADMIN_ONLY, body={"period": "2026-11"}),
     ("GET", "/v1/invoices"): Case(Expect.SCOPED, query="?customer_id={customer_id}"),
     ("GET", "/v1/invoices/{invoice_id}"): Case(Expect.HIDDEN),

@@ -67,7 +67,7 @@ def server(database_url: str) -> Iterator[str]:
     env = {
         **os.environ,
         "GPUMETER_DATABASE_URL": database_url,
-        "GPUMETER_SECRET_KEY": get_settings().secret_key,
+        "GPUMETER_SECRET_KEY": get_settings().secret_key or "",
     }
     gpumeter = Path(sys.executable).parent / "gpumeter"
     process = subprocess.Popen([str(gpumeter), "serve", "--port", str(port)], env=env)

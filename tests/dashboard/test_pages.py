@@ -213,7 +213,7 @@ def test_bad_expired_and_swapped_tokens_are_refused(
 ) -> None:
     url = portal_link(console, seeded.acme.customer["id"])
     token = url.rsplit("/", 1)[1]
-    secret = get_settings().secret_key
+    secret = get_settings().secret_key or ""
     expired = tokens.sign(
         secret, tokens.Purpose.PORTAL, {"cid": "x", "lid": "y"}, int(time.time()) - 1
     )

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, select, text
 
 from app.core.db import transaction
 from app.core.epoch import from_epoch
@@ -244,3 +244,46 @@ def test_customer_sees_only_the_rented_interval(
 
 def _iso(second: int) -> str:
     return from_epoch(second).isoformat()
+
+
+def test_event_ids_are_per_gpu(agent: Agent, other_agent: Agent, db: Engine) -> None:
+    t = minute_ago(3)
+    agent.post([], [{**event("GPU-1", t, code=13), "event_id": "xid-13"}])
+    # Another node's GPU with the same event id: its own event, not a duplicate of GPU-1's.
+    stored = other_agent.post([], [{**event("GPU-2", t + 1, code=79), "event_id": "xid-13"}])
+    assert (stored["events_accepted"], stored["events_duplicate"]) == (1, 0)
+    with db.connect() as conn:
+        rows = conn.execute(
+            text("SELECT gpu_uuid, code FROM health_events WHERE event_id = 'xid-13' ORDER BY 1")
+        ).all()
+    assert [tuple(r) for r in rows] == [("GPU-1", 13), ("GPU-2", 79)]
+
+
+def test_an_event_id_resent_with_other_content_is_a_conflict(agent: Agent, db: Engine) -> None:
+    t = minute_ago(3)
+    first = {**event("GPU-1", t, code=13), "event_id": "e-1"}
+    agent.post([], [first])
+    body = agent.post([], [first, {**first, "code": 31}], status=409)
+    assert [item["loc"] for item in body["detail"]] == [["body", "events", 1, "event_id"]]
+    assert "event e-1 of GPU GPU-1" in body["detail"][0]["msg"]
+    twice = {**event("GPU-1", t + 1, code=43), "event_id": "e-2"}  # twice in one batch
+    agent.post([], [twice, {**twice, "code": 45}], status=409)
+    with db.connect() as conn:
+        stored = conn.execute(text("SELECT event_id, code FROM health_events")).all()
+    assert [tuple(r) for r in stored] == [("e-1", 13)]
+
+
+def test_event_detail_is_bounded_in_size_and_depth(agent: Agent) -> None:
+    t = minute_ago(3)
+    deep: dict[str, object] = {}
+    for _ in range(9):
+        deep = {"d": deep}
+    events = [
+        {**event("GPU-1", t, code=13), "detail": {"msg": "x" * 9000}},
+        {**event("GPU-1", t + 1, code=13), "detail": deep},
+    ]
+    body = agent.post([], events, status=422)
+    assert [(i["loc"], i["msg"]) for i in body["detail"]] == [
+        (["body", "events", 0, "detail"], "must be at most 8192 bytes of JSON"),
+        (["body", "events", 1, "detail"], "must nest at most 8 levels deep"),
+    ]

@@ -195,3 +195,108 @@ def test_naive_datetimes_are_refused(
     error = only_error(client.post("/v1/rentals", json=body, headers=console.headers), 422)
     assert error["loc"] == ["body", "start_at"]
     assert "timezone" in error["msg"]
+
+
+# --- inputs schemathesis found answered with 500 -----------------------------------------
+
+
+def test_a_list_offset_beyond_bigint_is_422(console: Console) -> None:
+    response = console.client.get(
+        "/v1/customers?offset=9223372036854775808", headers=console.headers
+    )
+    assert only_error(response, 422)["loc"] == ["query", "offset"]
+
+
+@pytest.mark.parametrize("stripe_id", ["cus_123", ""])
+def test_a_duplicate_or_empty_stripe_customer_id_is_refused(
+    console: Console, stripe_id: str
+) -> None:
+    first = console.customer("A", stripe_customer_id="cus_123")
+    second = console.customer("B")
+    body = {"name": "C", "stripe_customer_id": stripe_id}
+    created = console.client.post("/v1/customers", json=body, headers=console.headers)
+    updated = console.client.patch(
+        f"/v1/customers/{second['id']}",
+        json={"stripe_customer_id": stripe_id},
+        headers=console.headers,
+    )
+    status = 409 if stripe_id else 422
+    for response in (created, updated):
+        error = only_error(response, status)
+        assert error["loc"] == ["body", "stripe_customer_id"]
+    if stripe_id:
+        assert first["id"] in error["msg"]
+    # Setting one's own id again is no conflict.
+    own = {"stripe_customer_id": "cus_123"}
+    path = f"/v1/customers/{first['id']}"
+    assert console.client.patch(path, json=own, headers=console.headers).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("kind", "field"),
+    [("plans", "name"), ("plans", "increment_s"), ("customers", "name"), ("customers", "currency")],
+)
+def test_explicit_null_for_a_field_that_cannot_be_empty_is_422(
+    console: Console, kind: str, field: str
+) -> None:
+    obj = console.plan() if kind == "plans" else console.customer()
+    response = console.client.patch(
+        f"/v1/{kind}/{obj['id']}", json={field: None}, headers=console.headers
+    )
+    assert only_error(response, 422)["loc"] == ["body", field]
+
+
+def test_clearing_a_nullable_field_with_null_still_works(console: Console) -> None:
+    customer = console.customer(email="ops@example.com")
+    response = console.client.patch(
+        f"/v1/customers/{customer['id']}", json={"email": None}, headers=console.headers
+    )
+    assert response.status_code == 200 and response.json()["email"] is None
+
+
+@pytest.mark.parametrize("field", ["hostname", "datacenter"])
+def test_a_nul_character_in_node_text_is_422(console: Console, field: str) -> None:
+    body = {"hostname": "node-x", "datacenter": "fra1", field: "a\x00b"}
+    response = console.client.post("/v1/nodes", json=body, headers=console.headers)
+    error = only_error(response, 422)
+    assert error["loc"] == ["body", field] and "NUL" in error["msg"]
+
+
+@pytest.mark.parametrize("period", ["0000-01", "9999-12"])
+@pytest.mark.parametrize("view", ["usage", "what-if"])
+def test_a_period_outside_the_calendar_is_422(console: Console, period: str, view: str) -> None:
+    customer = console.customer()
+    response = console.client.get(
+        f"/v1/customers/{customer['id']}/{view}?period={period}", headers=console.headers
+    )
+    assert only_error(response, 422)["loc"] == ["query", "period"]
+
+
+def test_an_open_assignment_starting_after_the_rentals_end_is_422(
+    console: Console, setup: dict[str, Any]
+) -> None:
+    rental = console.rental(
+        setup["customer"]["id"], setup["plan"]["id"], end_at="2026-11-02T00:00:00Z"
+    )
+    error = console.assign(rental["id"], "GPU-0", "2026-11-03T00:00:00Z", status=422)
+    assert error["detail"][0]["loc"] == ["body", "start_at"]
+
+
+def test_a_node_with_the_longest_hostname_registers(console: Console) -> None:
+    registered = console.post("/v1/nodes", {"hostname": "h" * 253, "datacenter": "fra1"})
+    assert registered["node"]["hostname"] == "h" * 253
+    assert registered["token"]["name"] == ("agent@" + "h" * 253)[:200]
+
+
+def test_renaming_a_plan_to_another_plans_name_is_409(console: Console) -> None:
+    taken = console.plan("reserved")
+    plan = console.plan("on-demand")
+    response = console.client.patch(
+        f"/v1/plans/{plan['id']}", json={"name": "reserved"}, headers=console.headers
+    )
+    error = only_error(response, 409)
+    assert error["loc"] == ["body", "name"] and taken["id"] in error["msg"]
+    same = console.client.patch(
+        f"/v1/plans/{plan['id']}", json={"name": "on-demand"}, headers=console.headers
+    )
+    assert same.status_code == 200

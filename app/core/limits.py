@@ -1,0 +1,183 @@
+"""Limits before work: every request's size, wait and body-read time are bounded.
+
+``RequestLimits`` is pure ASGI (it never buffers a body):
+- a declared ``Content-Length`` over the limit is refused with 413 before a byte is read, and a
+  chunked body is counted as it streams and cut off at the limit;
+- a body that stops arriving for ``body_read_timeout_s`` is answered 408;
+- at most ``max_in_flight`` requests per worker run at once, sized to the database pool, so
+  every running request can get a connection and a thread: threads can no longer all wait on
+  the pool while the pool's connections wait for threads. A request that finds no slot within
+  ``queue_wait_s`` is shed with 503 and ``Retry-After``.
+
+``BoundedH11Protocol`` adds what uvicorn lacks: a deadline for a request's headers, so a client
+that sends them a byte at a time (or never) loses its connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from app.core.errors import RETRY_AFTER_S, Loc
+from app.settings import Settings, get_settings
+
+# Liveness must answer while the worker sheds load: it touches no database.
+UNLIMITED_PATHS = frozenset({"/healthz"})
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_bytes: int
+    max_in_flight: int
+    queue_wait_s: float
+    body_read_timeout_s: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> Limits:
+        return cls(
+            max_body_bytes=settings.max_body_bytes,
+            max_in_flight=settings.requests_in_flight,
+            queue_wait_s=settings.queue_wait_s,
+            body_read_timeout_s=settings.body_read_timeout_s,
+        )
+
+
+async def send_error(
+    send: Send,
+    status: int,
+    msg: str,
+    kind: str,
+    loc: Loc = (),
+    headers: dict[str, str] | None = None,
+) -> None:
+    """An error in the API's one shape, sent straight from ASGI (closing the connection: the
+    body, if any, is left unread)."""
+    body = json.dumps({"detail": [{"loc": list(loc), "msg": msg, "type": kind}]}).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]
+    raw.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_unavailable(send: Send, msg: str) -> None:
+    await send_error(send, 503, msg, "unavailable", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+class RequestLimits:
+    def __init__(self, app: ASGIApp, limits: Limits | None = None) -> None:
+        self.app = app
+        self.limits = limits or Limits.of(get_settings())
+        self.slots = asyncio.Semaphore(self.limits.max_in_flight)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.limits.max_body_bytes:
+            await send_error(send, 413, self._too_large(), "payload_too_large")
+            return
+        try:
+            await asyncio.wait_for(self.slots.acquire(), self.limits.queue_wait_s)
+        except TimeoutError:
+            await send_unavailable(send, "the service is overloaded; retry later")
+            return
+        try:
+            await self._call_bounded(scope, receive, send)
+        finally:
+            self.slots.release()
+
+    async def _call_bounded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        received = 0
+        started = refused = False
+
+        async def refuse(status: int, msg: str, kind: str) -> Message:
+            # Answer now; the app sees the client gone and whatever it answers is dropped.
+            nonlocal refused
+            if not started:
+                await send_error(send, status, msg, kind)
+            refused = True
+            return {"type": "http.disconnect"}
+
+        async def bounded_receive() -> Message:
+            nonlocal received
+            try:
+                message = await asyncio.wait_for(receive(), self.limits.body_read_timeout_s)
+            except TimeoutError:
+                return await refuse(408, "the request body did not arrive in time", "timeout")
+            received += len(message.get("body", b""))
+            if received > self.limits.max_body_bytes:
+                return await refuse(413, self._too_large(), "payload_too_large")
+            return message
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        await self.app(scope, bounded_receive, tracked_send)
+
+    def _too_large(self) -> str:
+        return f"the request body is larger than {self.limits.max_body_bytes} bytes"
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose request headers are not complete
+    within ``header_timeout_s`` of its start (or of the previous response)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._header_deadline: asyncio.TimerHandle | None = None
+        self._waiting_after: object = None  # the cycle that was current when the wait began
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._await_headers()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._header_deadline is not None and self.cycle is not self._waiting_after:
+            self._header_deadline.cancel()  # a new request's headers are complete
+            self._header_deadline = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._await_headers()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+        super().connection_lost(exc)
+
+    def _await_headers(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a pipelined request is already running
+        self._waiting_after = self.cycle
+        timeout = get_settings().header_timeout_s
+        self._header_deadline = self.loop.call_later(timeout, self._headers_too_slow)
+
+    def _headers_too_slow(self) -> None:
+        self._header_deadline = None
+        if self.cycle is self._waiting_after and not self.transport.is_closing():
+            self.transport.close()

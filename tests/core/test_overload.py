@@ -1,0 +1,129 @@
+"""Overload sheds, never wedges: a real `gpumeter serve --workers 2` under more load than it
+runs at once answers 503 + Retry-After in the error shape (no other 5xx), keeps answering
+/healthz, is quick again once the load stops, and stops within 10 s of SIGTERM under load."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import Engine
+
+from app.auth.models import KeyKind
+from app.auth.service import issue_key
+from app.core.db import transaction
+from app.core.local_service import free_port, wait_until_ready
+from app.core.processes import stop_child
+
+BIN = Path(sys.executable).parent
+# Tiny on purpose: one connection and two requests at a time per worker, a short queue.
+TIGHT = {
+    "GPUMETER_DB_POOL_SIZE": "1",
+    "GPUMETER_MAX_IN_FLIGHT": "2",
+    "GPUMETER_QUEUE_WAIT_S": "0.05",
+    "GPUMETER_LOG_LEVEL": "error",
+}
+
+
+@pytest.fixture
+def serve(database_url: str, db: Engine, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    port = free_port()
+    env = {**os.environ, **TIGHT, "GPUMETER_DATABASE_URL": database_url}
+    with (tmp_path / "serve.log").open("wb") as log:
+        process = subprocess.Popen(
+            [BIN / "gpumeter", "serve", "--port", str(port), "--workers", "2"],
+            env=env,
+            stderr=log,
+        )
+    process.base = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    try:
+        wait_until_ready(process.base, process, timeout_s=60)  # type: ignore[attr-defined]
+        yield process
+    finally:
+        stop_child(process, "service")
+
+
+def hammer(base: str, key: str, stop: threading.Event, statuses: Counter[int]) -> None:
+    headers = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=base, timeout=10) as client:
+        while not stop.is_set():
+            try:
+                response = client.get("/v1/customers?limit=1000", headers=headers)
+            except httpx.TransportError:
+                continue  # the service going away under SIGTERM
+            statuses[response.status_code] += 1
+            if response.status_code == 503:
+                assert response.headers["retry-after"] == "1"
+                assert response.json()["detail"][0]["type"] == "unavailable"
+
+
+def admin_key(db: Engine) -> str:
+    with transaction(db) as session:
+        return issue_key(session, KeyKind.ADMIN, "load").secret
+
+
+def start_load(base: str, key: str, threads: int) -> tuple[threading.Event, Counter[int], list]:
+    stop, statuses = threading.Event(), Counter[int]()
+    workers = [
+        threading.Thread(target=hammer, args=(base, key, stop, statuses), daemon=True)
+        for _ in range(threads)
+    ]
+    for worker in workers:
+        worker.start()
+    return stop, statuses, workers
+
+
+def wait_for(condition: object, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+@pytest.mark.e2e
+def test_overload_is_shed_with_503_and_the_service_recovers(
+    serve: subprocess.Popen[bytes], db: Engine
+) -> None:
+    base: str = serve.base  # type: ignore[attr-defined]
+    key = admin_key(db)
+    stop, statuses, workers = start_load(base, key, threads=24)
+    try:
+        wait_for(lambda: statuses[503] >= 20 and statuses[200] >= 5, 60)
+        assert httpx.get(f"{base}/healthz", timeout=5).status_code == 200  # alive while shedding
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(20)
+    assert {code for code in statuses if code >= 500} == {503}, statuses
+    # Quiet again: answered at once, with nothing left wedged.
+    started = time.monotonic()
+    for _ in range(10):
+        response = httpx.get(f"{base}/v1/customers", headers={"Authorization": f"Bearer {key}"})
+        assert response.status_code == 200
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.e2e
+def test_sigterm_stops_the_service_within_10_s_under_load(
+    serve: subprocess.Popen[bytes], db: Engine
+) -> None:
+    stop, statuses, workers = start_load(serve.base, admin_key(db), threads=24)  # type: ignore[attr-defined]
+    try:
+        wait_for(lambda: sum(statuses.values()) >= 50, 60)
+        sent = time.monotonic()
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(15)
+        assert time.monotonic() - sent < 10
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(20)

@@ -33,13 +33,10 @@ def list_budgets(
     return paginate(session, repository.budgets_query(customer.id), page, BudgetRead, BudgetRead.of)
 
 
-@router.delete("/v1/customers/{customer_id}/budgets/{budget_id}")
-def delete_budget(
-    customer_id: uuid.UUID, budget_id: uuid.UUID, session: DbSession, caller: ConsoleUser
-) -> BudgetRead:
+@router.delete("/v1/budgets/{budget_id}")
+def delete_budget(budget_id: uuid.UUID, session: DbSession, caller: ConsoleUser) -> BudgetRead:
     """Delete the budget (its crossings go with it); answers what was deleted."""
-    customer = get_customer(session, customer_id, caller)
-    budget = service.get_budget(session, customer, budget_id)
+    budget = service.get_budget(session, budget_id, caller)
     deleted = BudgetRead.of(budget)
     session.delete(budget)
     return deleted

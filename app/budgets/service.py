@@ -60,9 +60,10 @@ def create_budget(
     return budget
 
 
-def get_budget(session: Session, customer: Customer, budget_id: uuid.UUID) -> Budget:
+def get_budget(session: Session, budget_id: uuid.UUID, caller: Principal) -> Budget:
+    """The budget, if the caller may see its customer; 404 otherwise (existence never leaks)."""
     budget = session.get(Budget, budget_id)
-    if budget is None or budget.customer_id != customer.id:
+    if budget is None or not caller.may_read_customer(budget.customer_id):
         raise not_found("budget", budget_id)
     return budget
 
@@ -174,8 +175,8 @@ def refuse_rental_over_hard_limit(session: Session, customer: Customer) -> None:
             raise Conflict(
                 f"customer {customer.id} has reached its monthly budget hard limit: spend "
                 f"{s.spend} of {s.budget.amount} {s.budget.currency} in {s.period}; raise or "
-                f"delete budget {s.budget.id} (DELETE /v1/customers/{customer.id}/budgets/"
-                f"{s.budget.id}) to create rentals",
+                f"delete budget {s.budget.id} (DELETE /v1/budgets/{s.budget.id}) to create "
+                "rentals",
                 ("body", "customer_id"),
                 extra={"budget_id": str(s.budget.id)},
             )

@@ -95,7 +95,8 @@ def test_hard_limit_refuses_new_rentals_and_says_why(client: TestClient, console
     assert "reached its monthly budget hard limit" in error["msg"]
     banner = client.get("/dashboard", headers=bearer(key)).text
     assert "Its hard limit is reached: no new rentals can start" in banner
-    client.delete(f"{base}/{limit.json()['id']}", headers=bearer(key))
+    deleted = client.delete(f"/v1/budgets/{limit.json()['id']}", headers=bearer(key))
+    assert deleted.status_code == 200 and deleted.json()["id"] == limit.json()["id"]
     console.post("/v1/rentals", console.rental_body(customer["id"], plan["id"], start_at=_iso(now)))
 
 

@@ -52,7 +52,7 @@ def budget_status(
     return page_of(service.status(service.budgets_of(session, customer), spend), page)
 
 
-@router.post("/v1/budgets/check")
+@router.post("/v1/budget-checks")
 def check_budgets(session: DbSession, _: Admin, now: Now) -> CheckRead:
     """Evaluate every budget for its customer's current month: each threshold newly crossed
     is recorded and published once as ``budget.threshold_crossed`` (run it on a schedule)."""

@@ -2,7 +2,7 @@
 
 Spend is billing's own usage view (cost to date and month-end forecast, before vouchers and
 tax) for the customer's current period, the whole customer's or one rental's. Crossing is
-evaluated by ``check`` (``POST /v1/budgets/check``, for a scheduler): each threshold newly at
+evaluated by ``check`` (``POST /v1/budget-checks``, for a scheduler): each threshold newly at
 or over its mark in a period is recorded once and published once as
 ``budget.threshold_crossed``. Pages and ``status`` only read. A hard limit (whole-customer
 budgets) refuses new rentals while the month's spend is at or over the amount.

@@ -114,7 +114,7 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/customers/{customer_id}/budgets"): Case(Expect.HIDDEN),
     ("GET", "/v1/customers/{customer_id}/budgets/status"): Case(Expect.HIDDEN),
     ("DELETE", "/v1/budgets/{budget_id}"): Case(Expect.HIDDEN),
-    ("POST", "/v1/budgets/check"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/budget-checks"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/fleet/summary"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/revenue"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/stripe/webhook"): Case(Expect.SIGNED, body={"id": "evt_x", "type": "x"}),

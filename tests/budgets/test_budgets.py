@@ -39,8 +39,8 @@ def test_thresholds_cross_once_each_with_an_event_and_a_banner(
     crossed = {(t["basis"], t["percent"]) for t in status["thresholds"] if t["crossed"]}
     # €57.79 spent of €100, €115.58 forecast: 50 % of actual and 100 % of forecast.
     assert crossed == {("actual", 50), ("forecast", 100)}
-    first = console.post("/v1/budgets/check", {}, status=200)
-    again = console.post("/v1/budgets/check", {}, status=200)
+    first = console.post("/v1/budget-checks", {}, status=200)
+    again = console.post("/v1/budget-checks", {}, status=200)
     assert (first["crossed"], again["crossed"]) == (2, 0)
     events = client.get("/v1/events?type=budget.threshold_crossed", headers=console.headers)
     items = [e for e in events.json()["items"] if e["type"] == "budget.threshold_crossed"]

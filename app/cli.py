@@ -9,6 +9,7 @@ import sys
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 from app.core.logging import configure_logging
@@ -83,6 +84,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         migrate.upgrade(url)
         # Workers are separate processes: they read the URL from the environment.
         os.environ["GPUMETER_DATABASE_URL"] = url
+        if args.no_worker:
+            os.environ["GPUMETER_WORKER_IN_PROCESS"] = "false"
         get_settings.cache_clear()
         settings = get_settings()
         uvicorn.run(
@@ -159,34 +162,47 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_stripe_sync(args: argparse.Namespace) -> int:
-    import threading
-
     from app.core.db import get_engine
     from app.payments.stripe_api import make_client
-    from app.payments.stripe_mirror import run_forever, sync_due
+    from app.payments.stripe_mirror import sync_due
 
     settings = get_settings()
     if not settings.stripe_api_key:
         print("GPUMETER_STRIPE_API_KEY is not set: the Stripe mirror is off", file=sys.stderr)
         return 2
     with database_url(args.data_dir) as url:
-        engine, client = get_engine(url), make_client(settings)
-        if args.once:
-            worked = sync_due(engine, client, settings)
-            print(f"{worked} invoice(s) worked")
-            return 0
-        stop = threading.Event()
-        for stop_signal in (signal.SIGTERM, signal.SIGINT):  # finish the row in hand, then exit
-            signal.signal(stop_signal, lambda *_: stop.set())
-        run_forever(engine, client, settings, stop)
+        worked = sync_due(get_engine(url), make_client(settings), settings)
+    print(f"{worked} invoice(s) worked")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from prometheus_client import start_http_server
+
+    from app.core import migrate
+    from app.core.db import get_engine
+    from app.core.queue import run_worker
+    from app.wiring import install
+
+    if args.concurrency is not None:
+        os.environ["GPUMETER_WORKER_CONCURRENCY"] = str(args.concurrency)
+        get_settings.cache_clear()
+    install()
+    with database_url(args.data_dir) as url:
+        migrate.upgrade(url)
+        if args.metrics_port is not None:
+            start_http_server(args.metrics_port, addr=args.metrics_host)
+        # SIGTERM/SIGINT: stop taking jobs, give running ones worker_shutdown_s, then exit.
+        engine, name = get_engine(url), f"worker-{os.getpid()}"
+        asyncio.run(run_worker(engine, get_settings(), name=name, install_signal_handlers=True))
     return 0
 
 
 def cmd_invoices_run(args: argparse.Namespace) -> int:
-    from datetime import UTC, datetime
-
     from app.billing.progress import ProgressBar
-    from app.billing.run import run_invoices
+    from app.billing.run import as_of_time, run_invoices
     from app.core.db import get_engine, transaction
     from app.core.errors import ApiError
     from app.wiring import install as install_subscribers
@@ -194,10 +210,11 @@ def cmd_invoices_run(args: argparse.Namespace) -> int:
     install_subscribers()  # finalizing queues the Stripe mirror, webhooks
     try:  # one transaction for the whole run: all drafts change together or not at all
         with database_url(args.data_dir) as url, transaction(get_engine(url)) as session:
+            now = as_of_time(args.as_of, datetime.now(UTC), ("--as-of",))
             summary = run_invoices(
                 session,
                 args.period,
-                datetime.now(UTC),
+                now,
                 customer_id=args.customer,
                 finalize=args.finalize,
                 force=args.force,
@@ -213,6 +230,8 @@ def cmd_invoices_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if not args.verbose:  # the terminal shows progress; the demo's logs go to demo.log
+        configure_logging("warning")
     from app.demo.run import DemoOptions, run_demo
 
     options = DemoOptions(
@@ -238,6 +257,17 @@ def cmd_register_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def _aware_time(text: str) -> datetime:
+    """An ISO 8601 time with its zone (``Z`` or an offset), for ``--as-of``."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"give the zone too, e.g. {text}Z")
+    return value
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -258,6 +288,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
     serve.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    serve.add_argument(
+        "--no-worker",
+        action="store_true",
+        help="run no job-queue worker in the service (when `gpumeter worker` runs separately; "
+        "same as GPUMETER_WORKER_IN_PROCESS=false)",
+    )
     _add_data_dir(serve)
     serve.set_defaults(handler=cmd_serve)
 
@@ -351,11 +387,32 @@ def build_parser() -> argparse.ArgumentParser:
         dest="stripe_command", required=True, metavar="STRIPE_COMMAND"
     )
     stripe_sync = stripe.add_parser(
-        "sync", help="mirror finalized and voided invoices into Stripe (polls until stopped)"
+        "sync",
+        help="mirror the finalized and voided invoices that are due into Stripe now, then exit "
+        "(workers do it continuously)",
     )
-    stripe_sync.add_argument("--once", action="store_true", help="work what is due now, then exit")
     _add_data_dir(stripe_sync)
     stripe_sync.set_defaults(handler=cmd_stripe_sync)
+    worker = commands.add_parser(
+        "worker",
+        help="run a job-queue worker (Stripe mirror, webhooks, scheduled invoice runs) until "
+        "SIGTERM; run as many as you like",
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="jobs at once (default GPUMETER_WORKER_CONCURRENCY)",
+    )
+    worker.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
+    )
+    worker.add_argument(
+        "--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)"
+    )
+    _add_data_dir(worker)
+    worker.set_defaults(handler=cmd_worker)
+
     invoices = commands.add_parser("invoices", help="invoices").add_subparsers(
         dest="invoices_command", required=True, metavar="INVOICES_COMMAND"
     )
@@ -369,6 +426,13 @@ def build_parser() -> argparse.ArgumentParser:
     invoices_run.add_argument("--finalize", action="store_true", help="number and lock them")
     invoices_run.add_argument(
         "--force", action="store_true", help="finalize before the period's grace time passed"
+    )
+    invoices_run.add_argument(
+        "--as-of",
+        type=_aware_time,
+        default=None,
+        help="run as of this past time (ISO 8601 with a zone, e.g. 2026-11-01T06:00:00Z): "
+        "grace, vouchers, generated_at and finalized_at are judged then (default: now)",
     )
     _add_data_dir(invoices_run)
     invoices_run.set_defaults(handler=cmd_invoices_run)

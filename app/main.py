@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
@@ -16,19 +19,25 @@ from app.core.db import get_engine
 from app.core.errors import document_errors, install_error_handlers
 from app.core.health import router as health_router
 from app.core.limits import RequestLimits
+from app.core.metrics import router as metrics_router
+from app.core.queue import worker_in_background
 from app.customers.endpoints import router as customers_router
 from app.dashboard import endpoints as dashboard
 from app.events.endpoints import router as events_router
 from app.fleet.endpoints import router as fleet_router
+from app.fleet.service import GPU_REGISTRY
 from app.metering.endpoints import router as metering_router
 from app.payments.endpoints import router as stripe_router
-from app.payments.stripe_mirror import stripe_sync_lifespan
 from app.plans.endpoints import router as plans_router
 from app.rentals.endpoints import router as rentals_router
+from app.schedule.endpoints import router as schedule_router
+from app.settings import get_settings
+from app.webhooks.endpoints import router as webhooks_router
 from app.wiring import install as install_subscribers
 
 ROUTERS = [
     health_router,
+    metrics_router,
     keys_router,
     customers_router,
     dashboard.router,
@@ -41,20 +50,35 @@ ROUTERS = [
     metering_router,
     plans_router,
     rentals_router,
+    schedule_router,
     stripe_router,
+    webhooks_router,
 ]
 
 
-def create_app(engine: Engine | None = None) -> FastAPI:
+def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> FastAPI:
+    """The service; with ``worker`` (default: ``GPUMETER_WORKER_IN_PROCESS``) a job-queue
+    worker runs on its event loop while it serves."""
+    in_process = get_settings().worker_in_process if worker is None else worker
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not in_process:
+            yield
+            return
+        async with worker_in_background(app.state.engine, get_settings()):
+            yield
+
     # Swagger UI and ReDoc from packaged assets: /docs works offline (no CDN).
     app = FastAPIOffline(
         title="gpumeter",
         version="0.1.0",
         description="Per-second GPU metering and billing: console API, ingest, invoices.",
-        lifespan=stripe_sync_lifespan,  # the Stripe sync worker, when Stripe is configured
+        lifespan=lifespan,
         favicon_url="/favicon.ico",
     )
     app.state.engine = engine or get_engine()
+    app.state.gpu_registry = GPU_REGISTRY  # metering's port to the fleet's GPUs (ingest)
     install_subscribers()
     install_error_handlers(app)
     dashboard.install(app)
@@ -70,7 +94,6 @@ def create_app(engine: Engine | None = None) -> FastAPI:
 def app_from_environment() -> FastAPI:
     """Entry point for uvicorn workers (`factory=True`): settings come from the environment."""
     from app.core.logging import configure_logging
-    from app.settings import get_settings
 
     configure_logging(get_settings().log_level)
     return create_app()

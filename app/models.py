@@ -11,6 +11,8 @@ from app.metering.models import HealthEventRow, MinuteMetrics, OpenMinuteMetrics
 from app.payments.models import PaymentFailure, StripeOutbox, StripeWebhookEvent
 from app.plans.models import PlanPrice, PricePlan
 from app.rentals.models import GpuAssignment, Migration, Rental
+from app.schedule.models import ScheduledRun
+from app.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 __all__ = [
     "ApiKey",
@@ -36,8 +38,12 @@ __all__ = [
     "Pool",
     "PricePlan",
     "Rental",
+    "ScheduledRun",
     "StateSegment",
     "StripeOutbox",
     "StripeWebhookEvent",
     "VoucherEntryRow",
+    "WebhookAttempt",
+    "WebhookDelivery",
+    "WebhookEndpoint",
 ]

@@ -91,14 +91,65 @@ class Settings(BaseSettings):
     stripe_retry_max_s: float = Field(
         default=300.0, gt=0, description="Longest delay between the sync's retries of an invoice."
     )
-    stripe_poll_interval_s: float = Field(
-        default=5.0, gt=0, description="How often the Stripe sync worker polls its outbox."
-    )
-    stripe_sync_in_process: bool = Field(
-        default=True, description="Run the Stripe sync worker inside each service process."
-    )
     stripe_lease_s: int = Field(
         default=300, ge=1, description="How long a sync worker owns an outbox item it claimed."
+    )
+    seller_name: str = Field(default="gpumeter", description="Seller name on invoices.")
+    seller_address: str = Field(default="", description="Seller postal address on invoices.")
+    seller_tax_id: str = Field(default="", description="Seller VAT / tax id on invoices.")
+    worker_in_process: bool = Field(
+        default=True,
+        description="Run a job-queue worker inside each service process (the single box); "
+        "turn off when `gpumeter worker` processes run separately.",
+    )
+    worker_concurrency: int = Field(
+        default=4, ge=1, le=64, description="Jobs one worker runs at once."
+    )
+    worker_shutdown_s: float = Field(
+        default=10.0, ge=0, description="On SIGTERM, how long running jobs may finish."
+    )
+    worker_heartbeat_s: float = Field(default=10.0, gt=0, description="Worker heartbeat period.")
+    worker_stalled_s: float = Field(
+        default=30.0, gt=0, description="A worker silent this long is dead; its jobs re-run."
+    )
+    worker_poll_s: float = Field(
+        default=5.0, gt=0, description="Longest wait between job polls (LISTEN/NOTIFY wakes it)."
+    )
+    webhook_allow_private: bool = Field(
+        default=False,
+        description="Allow webhook URLs on loopback, private and link-local addresses.",
+    )
+    webhook_timeout_s: float = Field(
+        default=10.0, gt=0, le=60, description="One delivery's timeout."
+    )
+    webhook_retry_base_s: float = Field(
+        default=5.0, gt=0, description="First delay before a failed delivery is retried."
+    )
+    webhook_retry_max_s: float = Field(
+        default=6 * 3600.0, gt=0, description="Longest delay between retries of a delivery."
+    )
+    webhook_retry_window_s: float = Field(
+        default=3 * 86400.0, gt=0, description="How long a delivery is retried before it fails."
+    )
+    webhook_disable_after_s: float = Field(
+        default=5 * 86400.0,
+        ge=0,
+        description="An endpoint failing every delivery this long is disabled.",
+    )
+    invoice_schedule_finalize: bool = Field(
+        default=True,
+        description="The scheduled monthly run finalizes the drafts (false: drafts only).",
+    )
+    invoice_schedule_cron: str = Field(
+        default="*/5 * * * *",
+        description="When workers check for due monthly runs (cron; a 6th field is seconds).",
+    )
+    nats_url: str | None = Field(
+        default=None, description="NATS server; set: every event is published to JetStream too."
+    )
+    nats_stream: str = Field(default="GPUMETER_EVENTS", description="The JetStream stream.")
+    nats_subject_prefix: str = Field(
+        default="gpumeter.events", description="Events go to <prefix>.<type>."
     )
     secret_key: str | None = Field(
         default=None,

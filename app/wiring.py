@@ -1,20 +1,44 @@
-"""The composition root: which package reacts to which domain event.
+"""The composition root: which package reacts to which domain event, which jobs the queue runs.
 
-Domain packages publish events without knowing their listeners; only this module (called by
-the app factory, the worker and the CLI commands that change invoices) connects them, so the
-layers stay acyclic (billing never imports payments).
+Domain packages publish events without knowing their listeners and declare their tasks on
+their own blueprints; only this module (called by the app factory, the worker and the CLI
+commands that change invoices) connects them, so the layers stay acyclic (billing never
+imports payments).
 """
 
 from __future__ import annotations
 
+import procrastinate
+
 from app.budgets.service import refuse_rental_over_hard_limit
-from app.events.service import subscribe
+from app.core import queue as job_queue
+from app.events import stream
+from app.events.service import ALL_TYPES, subscribe
+from app.payments import jobs as payments_jobs
 from app.payments.service import on_invoice_event
 from app.rentals.service import add_create_check
+from app.schedule import jobs as schedule_jobs
+from app.settings import get_settings
+from app.webhooks import jobs as webhook_jobs
+from app.webhooks.service import on_event as deliver_to_webhooks
+
+BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
+    "queue": job_queue.core_tasks,
+    "payments": payments_jobs.tasks,
+    "webhooks": webhook_jobs.tasks,
+    "invoice_schedule": schedule_jobs.tasks,
+    "nats": stream.tasks,
+}
 
 
 def install() -> None:
-    """Register every in-process subscriber; calling it again changes nothing."""
+    """Register every subscriber and every task; calling it again changes nothing."""
     subscribe("invoice.finalized", on_invoice_event)
     subscribe("invoice.voided", on_invoice_event)
+    subscribe(ALL_TYPES, deliver_to_webhooks)
     add_create_check(refuse_rental_over_hard_limit)
+    if get_settings().nats_url:
+        subscribe(ALL_TYPES, stream.queue_publication)
+    for namespace, blueprint in BLUEPRINTS.items():
+        if not any(name.startswith(f"{namespace}:") for name in job_queue.queue.tasks):
+            job_queue.queue.add_tasks_from(blueprint, namespace=namespace)

@@ -46,7 +46,7 @@ COLUMNS = {
     "nodes": "id, hostname, datacenter",
     "gpus": "uuid, node_id, model, pool",
     "price_plans": "id, name, currency, increment_s, minimum_s, bill_degraded, bill_unmetered, "
-    "monthly_cap_per_gpu, voucher_tiers, voucher_validity_days",
+    "voucher_tiers, voucher_validity_days",
     "plan_prices": "plan_id, gpu_model, price_per_hour, effective_from",
     "rentals": "id, customer_id, plan_id, gpu_model, gpu_count, start_at, end_at",
     "gpu_assignments": "rental_id, customer_id, gpu_uuid, start_at, end_at",
@@ -71,9 +71,7 @@ class Fleet:
 
     def _plan(self) -> None:
         tiers = json.dumps([{"min_days": 7, "percent": "5"}, {"min_days": 30, "percent": "15"}])
-        self.rows["price_plans"].append(
-            (self.plan, "bench", "USD", 1, 1, True, False, None, tiers, 90)
-        )
+        self.rows["price_plans"].append((self.plan, "bench", "USD", 1, 1, True, False, tiers, 90))
         self.rows["plan_prices"].append(
             (self.plan, "H100", "2.49", from_epoch(self.start - 86400 * 30))
         )

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from hypothesis import settings
 from sqlalchemy import Engine, create_engine, text
 
 from app.auth.models import KeyKind
@@ -32,6 +33,11 @@ from tests.harness import Console
 SERVER_URL_ENV = "GPUMETER_DATABASE_URL"
 # The run's signing secret, random like a deployment's; the servers tests start inherit it.
 os.environ.setdefault("GPUMETER_SECRET_KEY", secrets.token_urlsafe(32))
+
+# Properties check values, not speed: on a loaded CI machine hypothesis's default 200 ms
+# deadline per example fails them spuriously.
+settings.register_profile("gpumeter", deadline=None)
+settings.load_profile("gpumeter")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -95,7 +101,8 @@ def db(engine: Engine) -> Engine:
 
 @pytest.fixture
 def app(db: Engine) -> FastAPI:
-    return create_app(db)
+    """The service without its in-process queue worker (tests that need one start it)."""
+    return create_app(db, worker=False)
 
 
 @pytest.fixture

@@ -5,9 +5,12 @@ so every test package gets them without importing them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi.testclient import TestClient
+
+from app.core.processes import wait_until
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -63,3 +66,10 @@ class Console:
     ) -> dict[str, Any]:
         body = {"gpu_uuid": gpu_uuid, "start_at": start, **fields}
         return self.post(f"/v1/rentals/{rental_id}/assignments", body, status)
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 30) -> None:
+    """Fail unless ``condition`` turns truthy within ``timeout_s``, saying ``what`` did not
+    happen. Tests wait on conditions, never on fixed sleeps."""
+    if not wait_until(lambda: bool(condition()), timeout_s, poll_s=0.05):
+        raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

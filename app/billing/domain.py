@@ -87,11 +87,13 @@ class Migration:
 
 @dataclass(frozen=True)
 class PricePoint:
-    """Price per GPU-hour of ``gpu_model`` from ``effective_from`` until the next point."""
+    """Price per GPU-hour of ``gpu_model`` from ``effective_from`` until the next point, and
+    the model's monthly cap per GPU over the same time (None: that price is not capped)."""
 
     gpu_model: str
     effective_from: int
     price_per_hour: Decimal
+    monthly_cap_per_gpu: Decimal | None = None
 
     def __post_init__(self) -> None:
         exponent = self.price_per_hour.as_tuple().exponent
@@ -99,6 +101,8 @@ class PricePoint:
             raise ValueError(f"price must be finite with <= 10 decimals: {self.price_per_hour}")
         if self.price_per_hour < 0:
             raise ValueError("price must not be negative")
+        if self.monthly_cap_per_gpu is not None and self.monthly_cap_per_gpu <= 0:
+            raise ValueError("a monthly cap must be positive")
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,6 @@ class PlanTerms:
     minimum_s: int = 1
     bill_degraded: bool = True
     bill_unmetered: bool = False
-    monthly_cap_per_gpu: Decimal | None = None
     voucher_tiers: tuple[VoucherTier, ...] = ()
     voucher_validity_days: int = 90
 

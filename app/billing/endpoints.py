@@ -14,8 +14,9 @@ from app.billing import repository, service, usage
 from app.billing.html import render_invoice
 from app.billing.loader import PERIOD_PATTERN, current_period
 from app.billing.models import InvoiceStatus
-from app.billing.run import run_invoices
+from app.billing.run import as_of_time, run_invoices
 from app.billing.schemas import (
+    CreditNoteRead,
     FinalizeBody,
     InvoiceRead,
     InvoiceSummary,
@@ -59,7 +60,7 @@ def create_run(body: RunCreate, session: DbSession, _: Admin, now: Now) -> RunRe
     summary = run_invoices(
         session,
         body.period,
-        now,
+        as_of_time(body.as_of, now, ("body", "as_of")),
         customer_id=body.customer_id,
         finalize=body.finalize,
         force=body.force,
@@ -102,6 +103,16 @@ def invoice_html(invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser)
     invoice = service.get_invoice(session, invoice_id, caller)
     customer = session.get_one(Customer, invoice.customer_id)
     return HTMLResponse(render_invoice(InvoiceRead.of(invoice), customer))
+
+
+@router.get("/{invoice_id}/credit-notes")
+def invoice_credit_notes(
+    invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser, page: Paging
+) -> Page[CreditNoteRead]:
+    """The credit notes that correct this invoice, newest first."""
+    invoice = service.get_invoice(session, invoice_id, caller)
+    query = repository.credit_notes_query(invoice_id=invoice.id)
+    return paginate(session, query, page, CreditNoteRead, CreditNoteRead.of)
 
 
 @router.post("/{invoice_id}/finalize")
@@ -147,6 +158,16 @@ def read_usage(
     """Cost to date with its buckets, effective GPU-hours, vouchers and a month-end forecast."""
     customer = get_customer(session, customer_id, caller)
     return usage.usage(session, customer, _customer_period(customer, period, now), now)
+
+
+@customer_router.get("/{customer_id}/credit-notes")
+def read_credit_notes(
+    customer_id: uuid.UUID, session: DbSession, caller: ConsoleUser, page: Paging
+) -> Page[CreditNoteRead]:
+    """The customer's credit notes (negative late-data corrections), newest first."""
+    customer = get_customer(session, customer_id, caller)
+    query = repository.credit_notes_query(customer_id=customer.id)
+    return paginate(session, query, page, CreditNoteRead, CreditNoteRead.of)
 
 
 @customer_router.get("/{customer_id}/what-if")

@@ -3,14 +3,22 @@
 API:
     build_invoice(invoice_id, customer_id, currency, rated_rentals, vouchers, as_of, tax_rate,
                   adjustments=()) -> Invoice
+    credit_note_lines(lines, currency) -> list[InvoiceLine]
 
 Rules: adjustment lines (late data for earlier periods) follow the rental lines; vouchers
 apply to the sum of both (never below zero) and each application is its own negative line;
 tax = tax_rate x (sum of lines after vouchers), rounded once; total = sum of all lines
 including tax. The voucher ledger entries the invoice implies come
 back with it, for the caller to persist in the same transaction.
+
+No negative invoices: when negative adjustments take the sum of rental and adjustment lines
+below zero, the excess becomes credit notes, one per corrected invoice, taken from the most
+negative adjustment total first (then by invoice id); each is a positive ``credit_note`` line
+(referencing the invoice it corrects) that brings this invoice's sum back to exactly zero,
+and the caller issues the matching credit note when it finalizes the invoice.
 """
 
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -49,6 +57,7 @@ def build_invoice(
     lines += adjustments
     if any(line.currency != currency for line in lines):
         raise ValueError(f"all rental lines must be in {currency}")
+    lines += credit_note_lines(lines, currency)
     applications, expirations = apply_vouchers(
         vouchers, sum_amounts(lines, currency), as_of, invoice_id
     )
@@ -61,3 +70,28 @@ def build_invoice(
     return Invoice(
         invoice_id, customer_id, currency, tuple(lines), tuple(applications), tuple(expirations)
     )
+
+
+def credit_note_lines(lines: Sequence[InvoiceLine], currency: str) -> list[InvoiceLine]:
+    """The credit-note lines that bring a negative sum of ``lines`` back to zero."""
+    excess = -sum_amounts(lines, currency)
+    adjusted: dict[tuple[str, str | None], Decimal] = defaultdict(Decimal)
+    for line in lines:
+        if line.kind is LineKind.ADJUSTMENT and line.adjusts_invoice_id is not None:
+            adjusted[line.adjusts_invoice_id, line.adjusts_period] += line.amount
+    notes = []
+    for (invoice_id, period), amount in sorted(adjusted.items(), key=lambda a: (a[1], a[0])):
+        if excess <= 0 or amount >= 0:
+            break
+        take = min(excess, -amount)
+        excess -= take
+        notes.append(
+            InvoiceLine(
+                LineKind.CREDIT_NOTE,
+                take,
+                currency,
+                adjusts_invoice_id=invoice_id,
+                adjusts_period=period,
+            )
+        )
+    return notes

@@ -28,7 +28,6 @@ from sqlalchemy.orm import InstrumentedAttribute, Session, lazyload
 
 from app.billing.domain import (
     Assignment,
-    GpuState,
     Migration,
     PlanTerms,
     PricePoint,
@@ -43,8 +42,10 @@ from app.fleet.models import MaintenanceWindow
 from app.metering.repository import segments_between
 from app.plans.models import PlanPrice, PricePlan
 from app.plans.service import price_schedule
-from app.rentals.models import GpuAssignment, Rental
 from app.rentals.models import Migration as MigrationRow
+from app.rentals.models import Rental
+from app.rentals.visibility import served
+from metering_agent.protocol import GpuState
 
 _T = TypeVar("_T", Assignment, Migration)
 
@@ -198,21 +199,12 @@ def _rentals(
 
 
 def _assignments(session: Session, rental_ids: list[uuid.UUID], span: Span) -> list[Assignment]:
-    rows = session.execute(
-        select(
-            GpuAssignment.rental_id,
-            GpuAssignment.gpu_uuid,
-            GpuAssignment.start_at,
-            GpuAssignment.end_at,
-        ).where(
-            GpuAssignment.rental_id.in_(rental_ids),
-            *_overlapping(GpuAssignment.start_at, GpuAssignment.end_at, span),
-        )
-    )
+    query = served(rental_ids=rental_ids, start=from_epoch(span[0]), end=from_epoch(span[1]))
+    rows = session.execute(query)
     # An open assignment runs to the period end; the core clips to the rental anyway.
     return [
         Assignment(str(r), gpu, epoch(s), span[1] if e is None else epoch(e))
-        for r, gpu, s, e in rows
+        for r, _, gpu, s, e in rows
     ]
 
 
@@ -231,7 +223,8 @@ def _migrations(session: Session, rental_ids: list[uuid.UUID], span: Span) -> li
             m.to_gpu_uuid,
             epoch(m.failed_at),
             epoch(m.resumed_at),
-            {"migration_id": m.id, "reason": m.reason},
+            # What the customer may read: the GPUs and the reason; no internal ids.
+            {"from_gpu": m.from_gpu_uuid, "to_gpu": m.to_gpu_uuid, "reason": m.reason},
         )
         for m in rows
     ]
@@ -279,13 +272,14 @@ class _PlanBook:
         plan = self._session.get_one(PricePlan, plan_id)
         schedule = price_schedule(self._session, plan_id, gpu_model, customer_id)
         return PlanTerms(
-            prices=tuple(PricePoint(gpu_model, epoch(at), price) for at, price in schedule),
+            prices=tuple(
+                PricePoint(gpu_model, epoch(at), price, cap) for at, price, cap in schedule
+            ),
             currency=plan.currency,
             increment_s=plan.increment_s,
             minimum_s=plan.minimum_s,
             bill_degraded=plan.bill_degraded,
             bill_unmetered=plan.bill_unmetered,
-            monthly_cap_per_gpu=plan.monthly_cap_per_gpu,
             voucher_tiers=tuple(
                 VoucherTier(int(t["min_days"]), Decimal(str(t["percent"])))
                 for t in plan.voucher_tiers

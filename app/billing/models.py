@@ -59,6 +59,7 @@ class Invoice(Timestamped, Base):
     total: Mapped[Decimal]  # the sum of all lines
     generated_at: Mapped[datetime]
     finalized_at: Mapped[datetime | None]
+    due_at: Mapped[datetime | None]  # finalization + the customer's payment terms
     paid_at: Mapped[datetime | None]
     voided_at: Mapped[datetime | None]
     void_reason: Mapped[str | None] = mapped_column(String(500))
@@ -147,3 +148,41 @@ class VoucherEntryRow(Base):
         ForeignKey("invoices.id", ondelete="CASCADE"), index=True
     )
     created_by: Mapped[uuid.UUID | None]  # the admin key of a manual grant
+
+
+class CreditNote(Timestamped, Base):
+    """What a negative late-data adjustment takes beyond the period's charges, credited on the
+    invoice it corrects: numbered ``CN-<year>-<000001>`` without gaps (its own series) and
+    immutable once issued (a trigger, migration 0008; only the Stripe columns may change)."""
+
+    __tablename__ = "credit_notes"
+    __table_args__ = (
+        CheckConstraint("amount > 0", name="amount_positive"),
+        Index("ix_credit_notes_stripe_pending", "id", postgresql_where=text("stripe_id IS NULL")),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    customer_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("customers.id"), index=True)
+    number: Mapped[str] = mapped_column(String(32), unique=True)
+    # The finalized invoice it corrects, and the invoice whose adjustments it came from.
+    invoice_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("invoices.id"), index=True)
+    issued_with_invoice_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("invoices.id"))
+    currency: Mapped[str] = mapped_column(String(3))
+    amount: Mapped[Decimal]  # before tax, positive
+    tax_rate: Mapped[Decimal] = mapped_column(Numeric(7, 6))
+    tax: Mapped[Decimal]
+    total: Mapped[Decimal]
+    reason: Mapped[str] = mapped_column(String(500))
+    issued_at: Mapped[datetime]
+    stripe_id: Mapped[str | None] = mapped_column(String(255), unique=True)
+    stripe_status: Mapped[str | None] = mapped_column(String(32))
+    stripe_error: Mapped[str | None] = mapped_column(String(2000))
+
+
+class CreditNoteNumberCounter(Base):
+    """The last credit-note number handed out per year (a series apart from invoices')."""
+
+    __tablename__ = "credit_note_number_counters"
+
+    year: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    last_number: Mapped[int]

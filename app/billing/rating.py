@@ -1,13 +1,13 @@
 """Rating: rented GPU-seconds -> buckets -> sessions -> invoice lines, by interval algebra.
 
 API:
-    rate_rental(rental, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period)
-        -> RatedRental
-    rate_rentals(rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period)
-        -> list[RatedRental]        # builds each GPU's health timeline once for all rentals
+    rate_rental(rental, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period,
+                cap_period=None) -> RatedRental
+    rate_rentals(rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period,
+                 cap_period=None) -> list[RatedRental]   # each GPU's timeline built once
+    cap_allowance(rated, buckets) -> Decimal | None
     build_timeline(segments, maintenance) -> Timeline
     price_at(rental, time) -> Decimal
-    cap(rental) -> Decimal | None
     is_billed(bucket, plan) -> bool
 
 Rules (where the design left room):
@@ -32,9 +32,20 @@ Rules (where the design left room):
   seconds + all credit-bucket seconds in that price period.
 * Credit lines: one per credit piece (a maximal run of one credit bucket on one GPU: a
   failure incident, a migration window, a degraded run), split at price changes so each
-  credit mirrors exactly the charge it reverses. Evidence = first segment's / migration's.
-* Cap line: when charges + credits exceed ``monthly_cap_per_gpu x gpu_count`` (rounded to
-  the currency, not prorated for partial periods) a negative line brings the net to the cap.
+  credit mirrors the charge it reverses. Evidence = first segment's / migration's.
+* Net (rule "net = billable seconds x price"): per price period, charge + credits =
+  round((charged s - credited s) x price) exactly; the credit lines share the difference by
+  largest remainder (``lines.credit_lines``). So a customer who multiplies their billed
+  seconds by the price gets the invoice's net, to the cent.
+* Cap ("tier + cap"; the cap belongs with the GPU model's price, effective-dated with it):
+  a capped rental pays at most its *allowance* = monthly cap per GPU x (GPU-seconds in
+  billed buckets ÷ the billing period's seconds), summed over the capped price periods and
+  rounded once. Seconds credited (failure, migration, degraded credit), in maintenance or
+  unmetered and unbilled earn no allowance, so the cap shrinks with every credit and a
+  credit always lowers what a capped customer pays; a rental that covers half the period
+  (or uses one of its two GPUs) gets half the cap. When the net of the capped price periods
+  exceeds the allowance, one negative cap line brings it down to the allowance. ``cap_period``
+  is the full billing period when ``period`` is cut short (usage to date).
 """
 
 from bisect import bisect_right
@@ -42,13 +53,13 @@ from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
-from typing import Any, NamedTuple
+from fractions import Fraction
+from typing import NamedTuple
 
 from app.billing.domain import (
     CREDIT_BUCKETS,
     Assignment,
     Bucket,
-    GpuState,
     Migration,
     Piece,
     PlanTerms,
@@ -58,9 +69,16 @@ from app.billing.domain import (
     Session,
 )
 from app.billing.intervals import Span, clip, merge, subtract
-from app.billing.lines import InvoiceLine, cap_line, charge_line, credit_line, sum_amounts
-from app.core.money import round_money
-from metering_agent.protocol import SEVERITY
+from app.billing.lines import (
+    InvoiceLine,
+    LineKind,
+    cap_line,
+    charge_line,
+    credit_lines,
+    sum_amounts,
+)
+from app.core.money import round_money, time_amount
+from metering_agent.protocol import SEVERITY, GpuState
 
 
 class _Cell(NamedTuple):
@@ -181,6 +199,9 @@ class _PriceBook:
     def price(self, index: int) -> Decimal:
         return self.points[index].price_per_hour
 
+    def cap(self, index: int) -> Decimal | None:
+        return self.points[index].monthly_cap_per_gpu
+
     def period_of(self, index: int, bounds: Span) -> Span:
         end = self._starts[index + 1] if index + 1 < len(self._starts) else bounds[1]
         return max(self._starts[index], bounds[0]), min(end, bounds[1])
@@ -202,6 +223,8 @@ class RatedRental:
     sessions: tuple[Session, ...]
     lines: tuple[InvoiceLine, ...]
     buckets: Mapping[Bucket, int] = field(hash=False)
+    cap_allowance: Decimal | None = None  # the most this rental's capped price periods cost
+    period_s: int = 0  # the billing period's length the cap is prorated over
 
     @property
     def rented_s(self) -> int:
@@ -221,6 +244,12 @@ class RatedRental:
         """Charges + credits + cap: what this rental costs before vouchers and tax."""
         return sum_amounts(self.lines, self.rental.plan.currency)
 
+    @property
+    def uncapped_net(self) -> Decimal:
+        """Charges + credits: what the rental would cost without its cap."""
+        lines = [line for line in self.lines if line.kind is not LineKind.CAP]
+        return sum_amounts(lines, self.rental.plan.currency)
+
 
 def rate_rental(
     rental: RentalInput,
@@ -229,9 +258,10 @@ def rate_rental(
     maintenance_by_gpu: Mapping[str, Sequence[Span]],
     migrations: Iterable[Migration],
     period: Span,
+    cap_period: Span | None = None,
 ) -> RatedRental:
     [rated] = rate_rentals(
-        [rental], assignments, segments_by_gpu, maintenance_by_gpu, migrations, period
+        [rental], assignments, segments_by_gpu, maintenance_by_gpu, migrations, period, cap_period
     )
     return rated
 
@@ -243,7 +273,9 @@ def rate_rentals(
     maintenance_by_gpu: Mapping[str, Sequence[Span]],
     migrations: Iterable[Migration],
     period: Span,
+    cap_period: Span | None = None,
 ) -> list[RatedRental]:
+    period_s = (cap_period or period)[1] - (cap_period or period)[0]
     assignments_of: dict[str, list[Assignment]] = defaultdict(list)
     for assignment in assignments:
         assignments_of[assignment.rental_id].append(assignment)
@@ -257,7 +289,9 @@ def rate_rentals(
         for gpu in gpus
     }
     return [
-        _rate(r, assignments_of[r.rental_id], migrations_of[r.rental_id], timelines, period)
+        _rate(
+            r, assignments_of[r.rental_id], migrations_of[r.rental_id], timelines, period, period_s
+        )
         for r in rentals
     ]
 
@@ -279,6 +313,7 @@ def _rate(
     migrations: Sequence[Migration],
     timelines: Mapping[str, Timeline],
     period: Span,
+    period_s: int,
 ) -> RatedRental:
     bounds = _bounds(rental, period)
     window_pieces = _window_pieces(migrations, bounds)
@@ -298,8 +333,10 @@ def _rate(
     buckets = {b: 0 for b in Bucket}
     for piece in pieces:
         buckets[piece.bucket] += piece.seconds
-    lines = _lines(rental, bounds, pieces, sessions)
-    return RatedRental(rental, bounds, tuple(pieces), tuple(sessions), lines, buckets)
+    lines, allowance = _lines(rental, bounds, pieces, sessions, period_s)
+    return RatedRental(
+        rental, bounds, tuple(pieces), tuple(sessions), lines, buckets, allowance, period_s
+    )
 
 
 def _window_pieces(migrations: Sequence[Migration], bounds: Span) -> list[Piece]:
@@ -319,16 +356,16 @@ def _window_pieces(migrations: Sequence[Migration], bounds: Span) -> list[Piece]
 def _classify(
     gpu: str, run: Span, holes: Sequence[Span], timeline: Timeline, plan: PlanTerms
 ) -> list[Piece]:
-    runs: list[list[Any]] = []  # [start, end, bucket, evidence], fused while adjacent and equal
+    pieces: list[Piece] = []  # fused while adjacent and in the same bucket
     for start, end in subtract([run], holes):
         for cell in timeline.cells_in(start, end):
             bucket = _bucket(cell, plan)
-            if runs and runs[-1][1] == cell.start and runs[-1][2] is bucket:
-                runs[-1][1] = cell.end
+            if pieces and pieces[-1].end == cell.start and pieces[-1].bucket is bucket:
+                pieces[-1] = replace(pieces[-1], end=cell.end)
                 continue
             evidence = cell.segment.evidence if cell.segment and bucket in CREDIT_BUCKETS else None
-            runs.append([cell.start, cell.end, bucket, evidence])
-    return [Piece(gpu, start, end, bucket, run[0], ev) for start, end, bucket, ev in runs]
+            pieces.append(Piece(gpu, cell.start, cell.end, bucket, run[0], evidence))
+    return pieces
 
 
 def _session(gpu: str, run: Span, pieces: Sequence[Piece], plan: PlanTerms) -> Session:
@@ -341,41 +378,85 @@ def _session(gpu: str, run: Span, pieces: Sequence[Piece], plan: PlanTerms) -> S
     return Session(gpu, run[0], run[1], billed_s, charged_s, last)
 
 
+class _PeriodTally:
+    """What one price period of a rental adds up to."""
+
+    def __init__(self) -> None:
+        self.charged_s = 0  # billed seconds after increments + credited seconds
+        self.credited: list[Piece] = []
+
+
 def _lines(
-    rental: RentalInput, bounds: Span, pieces: Sequence[Piece], sessions: Sequence[Session]
-) -> tuple[InvoiceLine, ...]:
+    rental: RentalInput,
+    bounds: Span,
+    pieces: Sequence[Piece],
+    sessions: Sequence[Session],
+    period_s: int,
+) -> tuple[tuple[InvoiceLine, ...], Decimal | None]:
     plan, model, rental_id = rental.plan, rental.gpu_model, rental.rental_id
+    currency = plan.currency
     book = _PriceBook(plan.price_points(model))
-    charged: dict[int, int] = defaultdict(int)
-    credits: list[InvoiceLine] = []
+    tally: dict[int, _PeriodTally] = defaultdict(_PeriodTally)
     for piece in pieces:
         credited = piece.bucket in CREDIT_BUCKETS
         if not (credited or is_billed(piece.bucket, plan)):
             continue
         for index, (start, end) in book.split(piece.start, piece.end):
-            charged[index] += end - start
+            tally[index].charged_s += end - start
             if credited:
-                part = replace(piece, start=start, end=end)
-                credits.append(
-                    credit_line(rental_id, model, part, book.price(index), plan.currency)
-                )
+                tally[index].credited.append(replace(piece, start=start, end=end))
     for session in sessions:
         if session.last_billed_at is not None:
-            charged[book.index_at(session.last_billed_at)] += session.extra_s
-    lines = [
-        charge_line(rental_id, model, book.period_of(i, bounds), s, book.price(i), plan.currency)
-        for i, s in sorted(charged.items())
-    ]
-    lines += credits
-    capped = cap_line(rental_id, sum_amounts(lines, plan.currency), cap(rental), plan.currency)
-    if capped:
-        lines.append(capped)
-    return tuple(lines)
+            tally[book.index_at(session.last_billed_at)].charged_s += session.extra_s
+    charges: list[InvoiceLine] = []
+    credits: list[InvoiceLine] = []
+    for i, t in sorted(tally.items()):
+        price = book.price(i)
+        charge = charge_line(
+            rental_id, model, book.period_of(i, bounds), t.charged_s, price, currency
+        )
+        net = time_amount(t.charged_s - sum(p.seconds for p in t.credited), price, currency)
+        charges.append(charge)
+        credits += credit_lines(rental_id, model, t.credited, price, currency, charge.amount - net)
+    lines = charges + credits
+    caps = {i for i in tally if book.cap(i) is not None}
+    if not caps:
+        return tuple(lines), None
+    billed = [p for p in pieces if is_billed(p.bucket, plan)]
+    allowance = _allowance(book, billed, period_s, currency)
+    capped_net = sum_amounts((x for x in lines if _price_index(book, x) in caps), currency)
+    evidence = {
+        "allowance": str(allowance),
+        "capped_net": str(capped_net),
+        "period_s": period_s,
+        "caps_per_gpu": sorted({f"{(book.cap(i) or Decimal()).normalize():f}" for i in caps}),
+    }
+    if line := cap_line(rental_id, capped_net, allowance, currency, evidence):
+        lines.append(line)
+    return tuple(lines), allowance
 
 
-def cap(rental: RentalInput) -> Decimal | None:
-    """The rental's monthly ceiling (all its GPUs), rounded to the currency; None: no cap."""
-    cap_per_gpu = rental.plan.monthly_cap_per_gpu
-    if cap_per_gpu is None:
+def _price_index(book: _PriceBook, line: InvoiceLine) -> int:
+    assert line.start is not None  # charge and credit lines carry their interval
+    return book.index_at(line.start)
+
+
+def _allowance(book: _PriceBook, pieces: Iterable[Piece], period_s: int, currency: str) -> Decimal:
+    """Cap per GPU x GPU-seconds of ``pieces`` ÷ the period's seconds, over capped price
+    periods, rounded once."""
+    exact = Fraction()
+    for piece in pieces:
+        for index, (start, end) in book.split(piece.start, piece.end):
+            if (cap := book.cap(index)) is not None:
+                exact += Fraction(cap) * (end - start) / period_s
+    return round_money(exact, currency)
+
+
+def cap_allowance(rated: RatedRental, buckets: Collection[Bucket]) -> Decimal | None:
+    """The rental's cap allowance had its seconds in ``buckets`` been the billed ones (the
+    what-if's "without automatic credits" counts downtime as billed); None if uncapped."""
+    if rated.cap_allowance is None:
         return None
-    return round_money(cap_per_gpu * rental.gpu_count, rental.plan.currency)
+    book = _PriceBook(rated.rental.plan.price_points(rated.rental.gpu_model))
+    pieces = [p for p in rated.pieces if p.bucket in buckets]
+    return _allowance(book, pieces, rated.period_s, rated.rental.plan.currency)

@@ -10,12 +10,14 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Select, delete, func, select, text
+from sqlalchemy import Select, delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from app.billing.lines import LineKind
 from app.billing.models import (
+    CreditNote,
+    CreditNoteNumberCounter,
     Invoice,
     InvoiceLineRow,
     InvoiceNumberCounter,
@@ -23,12 +25,11 @@ from app.billing.models import (
     VoucherEntryRow,
 )
 from app.billing.vouchers import EntryKind
-from app.rentals.models import GpuAssignment
+from app.rentals.visibility import served
 
 # What a rental cost on its invoice: everything but vouchers, tax and adjustments of others.
-_RENTAL_KINDS = [
-    k.value for k in LineKind if k not in (LineKind.VOUCHER, LineKind.TAX, LineKind.ADJUSTMENT)
-]
+_NOT_RENTAL = (LineKind.VOUCHER, LineKind.TAX, LineKind.ADJUSTMENT, LineKind.CREDIT_NOTE)
+_RENTAL_KINDS = [k.value for k in LineKind if k not in _NOT_RENTAL]
 _LOCKED = (InvoiceStatus.FINALIZED, InvoiceStatus.PAID)
 
 
@@ -122,23 +123,44 @@ def insert_entries(session: Session, rows: list[dict[str, Any]]) -> None:
         session.execute(statement, rows)
 
 
-def next_number(session: Session, year: int) -> int:
-    """The year's next invoice number. The counter row stays locked (UPDATE takes the same
-    row lock as SELECT ... FOR UPDATE) until the finalizing transaction ends, so numbers are
-    handed out in commit order and a rolled-back finalization gives its number back."""
+def next_number(
+    session: Session,
+    year: int,
+    counter: type[InvoiceNumberCounter | CreditNoteNumberCounter] = InvoiceNumberCounter,
+) -> int:
+    """The year's next invoice (or credit-note) number. The counter row stays locked (UPDATE
+    takes the same row lock as SELECT ... FOR UPDATE) until the finalizing transaction ends,
+    so numbers are handed out in commit order and a rolled-back finalization gives its number
+    back."""
     session.execute(
-        pg_insert(InvoiceNumberCounter)
+        pg_insert(counter)
         .values(year=year, last_number=0)
         .on_conflict_do_nothing(index_elements=["year"])
     )
     number: int = session.execute(
-        text(
-            "UPDATE invoice_number_counters SET last_number = last_number + 1 "
-            "WHERE year = :year RETURNING last_number"
-        ),
-        {"year": year},
+        update(counter)
+        .where(counter.year == year)
+        .values(last_number=counter.last_number + 1)
+        .returning(counter.last_number)
     ).scalar_one()
     return number
+
+
+def credit_notes_issued_with(session: Session, invoice_id: uuid.UUID) -> Sequence[CreditNote]:
+    return session.scalars(
+        select(CreditNote).where(CreditNote.issued_with_invoice_id == invoice_id)
+    ).all()
+
+
+def credit_notes_query(
+    *, customer_id: uuid.UUID | None = None, invoice_id: uuid.UUID | None = None
+) -> Select[CreditNote]:
+    query = select(CreditNote).order_by(CreditNote.issued_at.desc(), CreditNote.number.desc())
+    if customer_id is not None:
+        query = query.where(CreditNote.customer_id == customer_id)
+    if invoice_id is not None:
+        query = query.where(CreditNote.invoice_id == invoice_id)
+    return query
 
 
 def earlier_finalized(
@@ -183,17 +205,8 @@ def customer_gpus(
     session: Session, customer_id: uuid.UUID, start: datetime, end: datetime
 ) -> list[str]:
     """GPUs that served any of the customer's rentals during [start, end)."""
-    return list(
-        session.scalars(
-            select(GpuAssignment.gpu_uuid)
-            .distinct()
-            .where(
-                GpuAssignment.customer_id == customer_id,
-                GpuAssignment.start_at < end,
-                (GpuAssignment.end_at.is_(None)) | (GpuAssignment.end_at > start),
-            )
-        )
-    )
+    intervals = served(customer_id=customer_id, start=start, end=end).subquery()
+    return list(session.scalars(select(intervals.c.gpu_uuid).distinct()))
 
 
 def applied_entries(session: Session, invoice_id: uuid.UUID) -> Sequence[VoucherEntryRow]:

@@ -2,6 +2,9 @@
 
 Idempotent: each customer's draft is rebuilt in place from current data, so running again
 gives the same drafts and never duplicates; finalized and paid invoices are left untouched.
+A run is judged at ``now``, which ``as_of`` (API field, ``--as-of``) may set to a past time
+for re-runs and backfills: grace, vouchers, ``generated_at``/``finalized_at`` follow it; the
+usage rated is the data stored now (late data is what adjustments are for).
 Customers are grouped by billing time zone (each zone has its own calendar month); each group
 loads its rating inputs in a few set-based queries. A customer whose configuration the core
 rejects (no price in effect, a plan in another currency) is reported and skipped; the rest of
@@ -58,6 +61,17 @@ class RunSummary:
         return f"period {self.period}: {self.customers} customers: {counts} in {self.seconds:.2f} s"
 
 
+def as_of_time(as_of: datetime | None, now: datetime, loc: tuple[str, ...]) -> datetime:
+    """The time a run is judged at: ``as_of`` (a re-run or backfill, reproducible: grace,
+    voucher validity, ``generated_at``, ``finalized_at`` and the numbers' year are taken at
+    it), never later than ``now``; None means now."""
+    if as_of is None:
+        return now
+    if as_of > now:
+        raise Unprocessable(f"as_of {as_of.isoformat()} is in the future", loc)
+    return as_of
+
+
 def run_invoices(
     session: Session,
     period: str,
@@ -108,7 +122,7 @@ def _run_zone(
             )
             outcome = _outcome(draft)
             if draft is not None and finalize and outcome is Outcome.DRAFTED:
-                finalize_invoice(session, draft.invoice, now, rated=draft.rated, force=force)
+                finalize_invoice(session, draft, now, force=force)
                 outcome = Outcome.FINALIZED
         except Unprocessable as error:
             outcome, draft = Outcome.FAILED, None

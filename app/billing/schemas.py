@@ -8,10 +8,18 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
+from app.billing.evidence import xid_of
+from app.billing.lines import CREDIT_KINDS
 from app.billing.loader import PERIOD_PATTERN
-from app.billing.models import Invoice, InvoiceLineRow, InvoiceStatus, VoucherEntryRow
+from app.billing.models import (
+    CreditNote,
+    Invoice,
+    InvoiceLineRow,
+    InvoiceStatus,
+    VoucherEntryRow,
+)
 from app.core.money import round_money
 from app.core.schemas import Amount, Schema
 
@@ -41,11 +49,15 @@ class InvoiceLineRead(Schema):
     rate: str | None = Field(description="Price per GPU-hour; the tax rate on the tax line.")
     voucher_id: str | None
     evidence: dict[str, Any] | None
+    code: int | None = Field(
+        default=None, description="Credit lines: the NVIDIA XID of the failure credited."
+    )
     adjusts_invoice_id: uuid.UUID | None
     adjusts_period: str | None
 
     @classmethod
     def of(cls, line: InvoiceLineRow, currency: str) -> InvoiceLineRead:
+
         return cls(
             position=line.position,
             kind=line.kind,
@@ -59,6 +71,7 @@ class InvoiceLineRead(Schema):
             rate=plain(line.rate),
             voucher_id=line.voucher_id,
             evidence=line.evidence,
+            code=xid_of(line.evidence) if line.kind in CREDIT_KINDS else None,
             adjusts_invoice_id=line.adjusts_invoice_id,
             adjusts_period=line.adjusts_period,
         )
@@ -80,6 +93,7 @@ class InvoiceSummary(Schema):
     total: str
     generated_at: datetime
     finalized_at: datetime | None
+    due_at: datetime | None = Field(description="Finalization + the customer's payment terms.")
     paid_at: datetime | None
     voided_at: datetime | None
     void_reason: str | None
@@ -117,6 +131,11 @@ class RunCreate(Schema):
     customer_id: uuid.UUID | None = None
     finalize: bool = False
     force: bool = Field(default=False, description="Finalize before the grace time passed.")
+    as_of: AwareDatetime | None = Field(
+        default=None,
+        description="Run as of this past time (re-runs, backfills): grace, voucher validity, "
+        "generated_at and finalized_at are judged then. Default: now.",
+    )
 
 
 class RunFailure(Schema):
@@ -200,6 +219,10 @@ class RentalUsageRead(Schema):
     billed_s: int
     effective: EffectiveRead
     cost_to_date: str
+    cap_allowance: str | None = Field(
+        description="The most this rental can cost so far under its cap: the monthly cap per "
+        "GPU x (billed GPU-seconds ÷ the period's seconds); credited seconds earn none."
+    )
     forecast: str
 
 
@@ -236,3 +259,36 @@ class WhatIfRead(Schema):
     currency: str
     manual_recovery_s: int
     rows: list[WhatIfRowRead]
+
+
+class CreditNoteRead(Schema):
+    id: uuid.UUID
+    customer_id: uuid.UUID
+    number: str
+    invoice_id: uuid.UUID = Field(description="The finalized invoice this credit note corrects.")
+    issued_with_invoice_id: uuid.UUID = Field(
+        description="The invoice whose late-data adjustments exceeded what it charges."
+    )
+    currency: str
+    amount: str
+    tax_rate: str
+    tax: str
+    total: str
+    reason: str
+    issued_at: datetime
+    stripe_id: str | None
+    stripe_status: str | None
+
+    @classmethod
+    def of(cls, note: CreditNote) -> CreditNoteRead:
+        fields = {name: getattr(note, name) for name in cls.model_fields}
+        currency = note.currency
+        return cls(
+            **{
+                **fields,
+                "amount": money(note.amount, currency),
+                "tax": money(note.tax, currency),
+                "total": money(note.total, currency),
+                "tax_rate": plain(note.tax_rate),
+            }
+        )

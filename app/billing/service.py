@@ -4,20 +4,33 @@ The rules live in the pure core (``rating``, ``invoice``, ``vouchers``); this mo
 loads its inputs, stores its outputs and owns the lifecycle. Services take the session and
 never commit: a run or a request is one transaction.
 
-Lifecycle: ``refresh_draft`` (re)builds a customer's draft for a period, replacing its lines
-and its provisional voucher entries, so generation is idempotent; ``finalize_invoice``
-numbers a just-refreshed draft and issues its tier vouchers; ``void_invoice`` and
-``mark_invoice_paid`` are the only later changes (the database refuses any other).
+Lifecycle: ``refresh_draft`` (re)builds a customer's draft for a period, replacing its lines,
+so generation is idempotent; ``finalize_invoice`` numbers a just-refreshed draft, writes the
+voucher ledger entries it implies, issues its tier vouchers and credit notes and sets its due
+date; ``void_invoice`` and ``mark_invoice_paid`` are the only later changes (the database
+refuses any other).
 
 Choices (documented where the design left room):
-* Invoice date = the period end: vouchers issued before it and still valid at it apply, and
-  vouchers that expired by then are written off on that invoice.
+* Vouchers are judged at the run's time (``now``, which ``--as-of`` sets): every voucher
+  issued by then and not expired applies to an invoice finalized then, whatever period it
+  covers, oldest expiry first. A draft shows what would apply at the time it was drafted and
+  writes no ledger entries; finalization writes the applications, and for vouchers whose
+  expiry has passed by then, expiry entries dated at that expiry.
 * Numbers ``GM-<year>-<000001>``: the year is the UTC year of finalization (the date the
-  number is issued), gapless per year through a locked counter row.
-* Late data: for each earlier finalized or paid invoice whose period ended within the ingest
-  retention, if a segment of the customer's GPUs overlapping that period was received after
-  its finalization (minus ``LATE_MARGIN``, covering ingest transactions still in flight then),
-  the period is re-rated with today's data; each rental's difference to what was billed for it
+  number is issued), gapless per year through a locked counter row. Credit notes:
+  ``CN-<year>-<000001>``, a series of their own with its own counter.
+* Due date = finalization + the customer's ``days_until_due`` (their payment terms).
+* Credit notes: when negative adjustments exceed what the invoice charges, the excess is a
+  credit note on each corrected invoice (``invoice.credit_note_lines``), never a negative
+  invoice; its tax is the corrected invoice's rate on its amount. An invoice that issued
+  credit notes cannot be voided: re-drafting its period would credit the same data twice.
+* Late data and corrections: for each earlier finalized or paid invoice whose period ended
+  within the ingest retention, if anything it was rated from changed after its finalization
+  (minus ``LATE_MARGIN``, covering transactions still in flight then): a segment of the
+  customer's GPUs received late, a rental, assignment or migration of the customer created or
+  changed, a price effective before the period's end added to a plan it rents on, or a
+  maintenance window on its GPUs recorded, overlapping that period, the period is re-rated with
+  today's data; each rental's difference to what was billed for it
   (its lines there plus adjustments already finalized elsewhere) becomes an adjustment line.
   Since the difference is taken against what was billed, nothing is ever billed twice.
 * Voiding returns the vouchers the invoice consumed as new vouchers with the same expiry
@@ -39,11 +52,18 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.billing import repository
+from app.billing.intervals import Span
 from app.billing.invoice import Invoice as BuiltInvoice
 from app.billing.invoice import build_invoice
 from app.billing.lines import InvoiceLine, LineKind
 from app.billing.loader import BillingPeriod, PeriodInputs, load_inputs
-from app.billing.models import Invoice, InvoiceStatus, VoucherEntryRow
+from app.billing.models import (
+    CreditNote,
+    CreditNoteNumberCounter,
+    Invoice,
+    InvoiceStatus,
+    VoucherEntryRow,
+)
 from app.billing.rating import RatedRental, rate_rentals
 from app.billing.schemas import money
 from app.billing.vouchers import (
@@ -58,7 +78,10 @@ from app.core.errors import Conflict, Unprocessable, not_found
 from app.core.money import minor_units, round_money
 from app.customers.models import Customer
 from app.events.service import publish
+from app.fleet import service as fleet_service
 from app.metering.repository import late_segments_since
+from app.plans import service as plans_service
+from app.rentals import service as rentals_service
 from app.settings import get_settings
 
 LATE_MARGIN = timedelta(hours=1)
@@ -66,11 +89,13 @@ LATE_MARGIN = timedelta(hours=1)
 
 @dataclass(frozen=True)
 class Draft:
-    """The period's invoice and, when it was (re)built as a draft now, the rated rentals it
-    was built from (finalization needs them); an invoice past draft is left untouched."""
+    """The period's invoice and, when it was (re)built as a draft now, the rated rentals and
+    the core's invoice it was built from (finalization needs both); an invoice past draft is
+    left untouched."""
 
     invoice: Invoice
     rated: list[RatedRental]
+    built: BuiltInvoice | None = None
 
 
 def get_invoice(
@@ -83,7 +108,11 @@ def get_invoice(
     return invoice
 
 
-def rate(inputs: PeriodInputs, customer_id: uuid.UUID) -> list[RatedRental]:
+def rate(
+    inputs: PeriodInputs, customer_id: uuid.UUID, cap_period: Span | None = None
+) -> list[RatedRental]:
+    """The customer's rentals rated over ``inputs.span``; ``cap_period`` is the whole billing
+    period when the span is cut short (usage to date), so caps prorate over the month."""
     return rate_rentals(
         inputs.rentals(customer_id),
         inputs.assignments_of(customer_id),
@@ -91,6 +120,7 @@ def rate(inputs: PeriodInputs, customer_id: uuid.UUID) -> list[RatedRental]:
         inputs.maintenance_by_gpu,
         inputs.migrations_of(customer_id),
         inputs.span,
+        cap_period,
     )
 
 
@@ -123,33 +153,102 @@ def refresh_draft(
     if invoice is None and not rated and not adjustments:
         return None
     invoice = invoice or _new_invoice(customer, period)
-    built = _build(session, customer, invoice, rated, adjustments)
+    built = _build(session, customer, invoice, rated, adjustments, now)
     _write_draft(session, invoice, built, customer.tax_rate or Decimal(0), now)
-    return Draft(invoice, rated)
+    return Draft(invoice, rated, built)
 
 
 def finalize_invoice(
-    session: Session,
-    invoice: Invoice,
-    now: datetime,
-    *,
-    rated: Iterable[RatedRental],
-    force: bool = False,
+    session: Session, draft: Draft, now: datetime, *, force: bool = False
 ) -> Invoice:
-    """Number a draft refreshed in this transaction from ``rated``, issue its tier vouchers
-    and lock it. Refused before the period's grace time has passed unless ``force``."""
-    if invoice.status != InvoiceStatus.DRAFT:
+    """Number a draft refreshed in this transaction at ``now``, write the voucher entries it
+    implies, issue its tier vouchers and credit notes, and lock it. Refused before the
+    period's grace time has passed unless ``force``."""
+    invoice, built = draft.invoice, draft.built
+    if invoice.status != InvoiceStatus.DRAFT or built is None:
         raise Conflict(f"invoice {invoice.number} is already {invoice.status.value}", ("path",))
     check_grace(invoice.period, invoice.period_end, now, force)
+    customer = session.get_one(Customer, invoice.customer_id)
     invoice.number = f"GM-{now.year:04d}-{repository.next_number(session, now.year):06d}"
     invoice.status = InvoiceStatus.FINALIZED
     invoice.finalized_at = now
+    invoice.due_at = now + timedelta(days=customer.days_until_due)
     session.flush()
     span = (epoch(invoice.period_start), epoch(invoice.period_end))
-    tier = issue_tier_vouchers(rated, span, epoch(now))
-    repository.insert_entries(session, [_entry_row(e, invoice) for e in tier])
+    tier = issue_tier_vouchers(draft.rated, span, epoch(now))
+    entries = [*built.voucher_applications, *built.voucher_expirations, *tier]
+    repository.insert_entries(session, [_entry_row(e, invoice) for e in entries])
     _publish(session, "invoice.finalized", invoice)
+    for voucher in tier:
+        _publish_voucher(session, voucher, invoice.currency)
+    _issue_credit_notes(session, invoice, built, now)
     return invoice
+
+
+def _issue_credit_notes(
+    session: Session, invoice: Invoice, built: BuiltInvoice, now: datetime
+) -> None:
+    for line in built.lines:
+        if line.kind is not LineKind.CREDIT_NOTE:
+            continue
+        assert line.adjusts_invoice_id is not None  # credit_note_lines always sets it
+        corrected = session.get_one(Invoice, uuid.UUID(line.adjusts_invoice_id))
+        tax = round_money(line.amount * corrected.tax_rate, invoice.currency)
+        number = repository.next_number(session, now.year, CreditNoteNumberCounter)
+        note = CreditNote(
+            id=uuid.uuid4(),
+            customer_id=invoice.customer_id,
+            number=f"CN-{now.year:04d}-{number:06d}",
+            invoice_id=corrected.id,
+            issued_with_invoice_id=invoice.id,
+            currency=invoice.currency,
+            amount=line.amount,
+            tax_rate=corrected.tax_rate,
+            tax=tax,
+            total=line.amount + tax,
+            reason=f"late-data corrections to {corrected.number} ({corrected.period}) "
+            f"beyond what invoice {invoice.number} charges",
+            issued_at=now,
+        )
+        session.add(note)
+        session.flush()
+        data = {
+            "credit_note_id": note.id,
+            "number": note.number,
+            "invoice_id": corrected.id,
+            "invoice_number": corrected.number,
+            "issued_with_invoice_id": invoice.id,
+            "currency": note.currency,
+            "amount": money(note.amount, note.currency),
+            "tax": money(note.tax, note.currency),
+            "total": money(note.total, note.currency),
+            "issued_at": now.isoformat(),
+        }
+        subject = f"credit_note/{note.id}"
+        publish(session, "credit_note.issued", data, subject=subject, customer_id=note.customer_id)
+
+
+def _publish_voucher(session: Session, voucher: VoucherEntry, currency: str) -> None:
+    """``voucher.issued`` for a tier or manual voucher (issuing is idempotent by id, so a
+    re-finalization can publish a voucher id again; its ``voucher_id`` identifies it)."""
+    assert voucher.expires_at is not None  # issued entries carry their expiry
+    data = {
+        "voucher_id": voucher.voucher_id,
+        "source": voucher.source,
+        "amount": money(voucher.amount, currency),
+        "currency": currency,
+        "issued_at": from_epoch(voucher.at).isoformat(),
+        "expires_at": from_epoch(voucher.expires_at).isoformat(),
+        "reason": voucher.reason,
+    }
+    customer_id = uuid.UUID(voucher.customer_id)
+    publish(
+        session,
+        "voucher.issued",
+        data,
+        subject=f"voucher/{voucher.voucher_id}",
+        customer_id=customer_id,
+    )
 
 
 def refresh_and_finalize(
@@ -164,7 +263,7 @@ def refresh_and_finalize(
     )
     draft = refresh_draft(session, customer, period, now)
     assert draft is not None  # the draft row exists, so there is something to refresh
-    return finalize_invoice(session, draft.invoice, now, rated=draft.rated, force=force)
+    return finalize_invoice(session, draft, now, force=force)
 
 
 def void_invoice(session: Session, invoice: Invoice, now: datetime, reason: str) -> Invoice:
@@ -172,6 +271,13 @@ def void_invoice(session: Session, invoice: Invoice, now: datetime, reason: str)
     if invoice.status != InvoiceStatus.FINALIZED:
         raise Conflict(
             f"only a finalized invoice can be voided; this one is {invoice.status.value}",
+            ("path",),
+        )
+    if notes := repository.credit_notes_issued_with(session, invoice.id):
+        numbers = ", ".join(n.number for n in notes)
+        raise Conflict(
+            f"invoice {invoice.number} issued credit note(s) {numbers}: voiding it would credit "
+            "the same corrections twice; correct it with a manual voucher instead",
             ("path",),
         )
     invoice.status = InvoiceStatus.VOID
@@ -239,6 +345,7 @@ def grant_voucher(
     row = VoucherEntryRow(**_entry_fields(entry, customer.currency), created_by=admin_key_id)
     session.add(row)
     session.flush()
+    _publish_voucher(session, entry, customer.currency)
     return row
 
 
@@ -330,16 +437,16 @@ def _build(
     invoice: Invoice,
     rated: Sequence[RatedRental],
     adjustments: Sequence[InvoiceLine],
+    now: datetime,
 ) -> BuiltInvoice:
     """The core's invoice, computed before anything is written, so a customer the core rejects
-    leaves nothing behind. The draft's own provisional voucher entries are ignored: they are
-    replaced by what this build implies."""
-    as_of = epoch(invoice.period_end)
+    leaves nothing behind. Vouchers: those issued by ``now`` (entries of drafts written by
+    earlier versions, provisional, are ignored and deleted by ``_write_draft``)."""
+    as_of = epoch(now)
     usable = [
         e
         for e in repository.voucher_entries(session, customer.id, invoice.currency)
-        if (e.invoice_id != invoice.id or e.kind == EntryKind.ISSUED)
-        and (e.kind != EntryKind.ISSUED or epoch(e.at) < as_of)
+        if (e.invoice_id != invoice.id or e.kind == EntryKind.ISSUED) and epoch(e.at) <= as_of
     ]
     with core_errors(customer):
         return build_invoice(
@@ -365,18 +472,32 @@ def _write_draft(
     repository.delete_provisional_entries(session, invoice.id)
     rows = [_line_row(invoice, i, line) for i, line in enumerate(built.lines)]
     repository.replace_lines(session, invoice.id, rows)
-    entries = [*built.voucher_applications, *built.voucher_expirations]
-    repository.insert_entries(session, [_entry_row(e, invoice) for e in entries])
     session.expire(invoice, ["lines"])
 
 
-def _adjustments(session: Session, customer: Customer, earlier: Invoice) -> list[InvoiceLine]:
-    """Adjustment lines for late data in one earlier finalized invoice's period."""
+def _changed_since_finalized(session: Session, customer: Customer, earlier: Invoice) -> bool:
+    """Whether anything the period was rated from changed after its finalization (less
+    ``LATE_MARGIN``): telemetry, a rental, assignment or migration, a price effective in it,
+    a maintenance window recorded late. Each owner package answers for its own rows."""
     assert earlier.finalized_at is not None
-    gpus = repository.customer_gpus(session, customer.id, earlier.period_start, earlier.period_end)
-    span = (epoch(earlier.period_start), epoch(earlier.period_end))
+    start, end = earlier.period_start, earlier.period_end
     since = earlier.finalized_at - LATE_MARGIN
-    if not gpus or not late_segments_since(session, gpus, *span, since):
+    gpus = repository.customer_gpus(session, customer.id, start, end)
+    return (
+        (bool(gpus) and late_segments_since(session, gpus, epoch(start), epoch(end), since))
+        or rentals_service.changed_since(session, customer.id, start, end, since)
+        or plans_service.prices_added_since(session, customer.id, end, since)
+        or (
+            bool(gpus)
+            and fleet_service.maintenance_recorded_since(session, gpus, start, end, since)
+        )
+    )
+
+
+def _adjustments(session: Session, customer: Customer, earlier: Invoice) -> list[InvoiceLine]:
+    """Adjustment lines for corrections to one earlier finalized invoice's period."""
+    span = (epoch(earlier.period_start), epoch(earlier.period_end))
+    if not _changed_since_finalized(session, customer, earlier):
         return []
     billed = repository.billed_by_rental(session, earlier)
     lines = []

@@ -1,15 +1,21 @@
 """Live views for the dashboard: cost to date with buckets and effective GPU-hours, a month-end
 forecast, the voucher ledger, and the what-if table. Read-only; nothing here is stored.
 
-Forecast (per rental still running at ``as_of``): cost to date + cost to date / elapsed x
-remaining, where elapsed runs from the rental's start within the period to ``as_of`` and
-remaining from ``as_of`` to the rental's end within the period; the result is held to the
-rental's cap and rounded once. Finished rentals forecast their cost to date. So a steady
-rental forecasts its full month, and the forecast meets the invoice at period end.
+Cost to date is rated as the invoice would be (credits and the cap included), with the cap
+prorated over the whole billing period's seconds, not the days so far: the allowance earned
+to date (``RatedRental.cap_allowance``) is shown per rental, and cost to date never exceeds it.
+
+Forecast (per rental still running at ``as_of``): the uncapped cost to date and the cap
+allowance to date are each extrapolated by (elapsed + remaining) / elapsed, where elapsed
+runs from the rental's start within the period to ``as_of`` and remaining from ``as_of`` to
+the rental's end within the period; the forecast is the smaller, rounded once. Finished
+rentals forecast their cost to date. So a steady rental forecasts its full month, and the
+forecast meets the invoice at period end.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -21,7 +27,7 @@ from app.billing import repository
 from app.billing.domain import Bucket
 from app.billing.effective import EffectiveUsage, effective_usage, minute_spans
 from app.billing.loader import BillingPeriod, load_inputs, started_period
-from app.billing.rating import RatedRental, cap
+from app.billing.rating import RatedRental
 from app.billing.schemas import (
     EffectiveRead,
     OpenVoucherRead,
@@ -48,7 +54,7 @@ def usage(session: Session, customer: Customer, period_name: str, now: datetime)
     period, span = _to_date(customer, period_name, now)
     inputs = load_inputs(session, [customer.id], span)
     with core_errors(customer):
-        rated = rate(inputs, customer.id)
+        rated = rate(inputs, customer.id, period.span)
     idle = idle_by_gpu(session, inputs.gpus, span)
     currency, zero = customer.currency, Decimal(0)
     forecasts = [_forecast(r, span[1], period.span[1], currency) for r in rated]
@@ -84,6 +90,7 @@ def what_if_table(
             inputs.migrations_of(customer.id),
             span,
             manual_recovery_s=recovery,
+            cap_period=period.span,
         )
     currency = customer.currency
 
@@ -152,7 +159,7 @@ def _rental_usage(
 ) -> RentalUsageRead:
     rental, currency = rated.rental, rated.rental.plan.currency
     return RentalUsageRead(
-        rental_id=rental.rental_id,
+        rental_id=uuid.UUID(rental.rental_id),
         gpu_model=rental.gpu_model,
         gpu_count=rental.gpu_count,
         running=rental.rental_end is None or rental.rental_end > as_of,
@@ -160,6 +167,7 @@ def _rental_usage(
         billed_s=rated.billed_s,
         effective=_effective(effective_usage(rated, idle)),
         cost_to_date=money(rated.net, currency),
+        cap_allowance=None if rated.cap_allowance is None else money(rated.cap_allowance, currency),
         forecast=money(forecast, currency),
     )
 
@@ -170,9 +178,11 @@ def _forecast(rated: RatedRental, as_of: int, period_end: int, currency: str) ->
     if elapsed <= 0 or remaining <= 0:
         return rated.net
     # cost + cost / elapsed x remaining, exact until the one rounding.
-    projected = round_money(Fraction(rated.net) * (elapsed + remaining) / elapsed, currency)
-    ceiling = cap(rental)
-    return projected if ceiling is None else min(projected, ceiling)
+    scale = Fraction(elapsed + remaining, elapsed)
+    projected = Fraction(rated.uncapped_net) * scale
+    if rated.cap_allowance is not None:
+        projected = min(projected, Fraction(rated.cap_allowance) * scale)
+    return round_money(projected, currency)
 
 
 def _buckets(rated: Sequence[RatedRental]) -> dict[str, int]:

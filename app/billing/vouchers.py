@@ -11,15 +11,18 @@ API:
 Rules:
 * Amounts in entries are always positive; a voucher's remaining balance is
   issued - applied - expired and never negative. A customer's vouchers share one currency.
-* A voucher is usable while ``as_of < expires_at``.
+* A voucher is usable while ``as_of < expires_at``: it applies to any invoice finalized
+  while it is valid, whatever period that invoice covers (``as_of`` = the finalization, or
+  for a draft the time it was drafted, which shows what would apply then).
 * Tier vouchers: the rental's continuous duration at period end is
   min(rental_end, period_end) - rental_start, in whole days; the highest tier whose
   ``min_days`` it meets gives ``percent`` % of the rental's net (charges + credits + cap),
   rounded half-up once; nothing is issued for a net <= 0. Voucher id: ``tier:<rental>:<period
   start>`` so re-running finalization issues the same id (idempotent upsert downstream).
-* Application: vouchers expired as of the invoice date with a remaining balance get an
-  expiry entry; the rest apply oldest expiry first (then by id), each taking
-  min(remaining, amount still due), never taking the amount due below zero.
+* Application: vouchers expired by ``as_of`` with a remaining balance get an expiry entry
+  dated at their expiry (never later than ``as_of``, so never in the future); the rest apply
+  oldest expiry first (then by id), each taking min(remaining, amount still due), never
+  taking the amount due below zero.
 """
 
 from collections import defaultdict
@@ -138,7 +141,9 @@ def apply_vouchers(
             continue
         if v.expires_at <= as_of:
             expirations.append(
-                VoucherEntry(EntryKind.EXPIRED, v.voucher_id, v.customer_id, v.remaining, as_of)
+                VoucherEntry(
+                    EntryKind.EXPIRED, v.voucher_id, v.customer_id, v.remaining, v.expires_at
+                )
             )
         elif due > 0:
             taken = min(v.remaining, due)

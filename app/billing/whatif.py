@@ -2,20 +2,25 @@
 
 API:
     what_if(rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period,
-            increments=(1, 60, 3600), manual_recovery_s=2820) -> WhatIfTable
+            increments=(1, 60, 3600), manual_recovery_s=2820, cap_period=None) -> WhatIfTable
 
 Rules:
 * "With credits" is the real rating (``rate_rentals``) with the increment swapped in:
-  amount = charge + credit lines. "Without credits" keeps the charge lines (which already
-  include failed and migration seconds), drops the failure/migration credit lines, and adds
-  a downtime top-up per incident. ``degraded_credit`` is a plan price rule, not an automatic
-  credit, so it stays in both columns.
+  amount = what the invoice charges for the rentals (charges, credits and the cap).
+  "Without credits" keeps the charge lines (which already include failed and migration
+  seconds), drops the failure/migration credit lines, and adds a downtime top-up per
+  incident. ``degraded_credit`` is a plan price rule, not an automatic credit, so it stays
+  in both columns.
+* The cap applies in both columns, each by its own rule: with credits, the allowance is
+  earned by billed seconds only (``rating``'s cap rule); without automatic credits, the
+  downtime is billed, so it earns allowance too. A capped customer thus sees in both
+  columns what they would be invoiced, and the difference is what the credits save them.
 * A downtime incident is a maximal contiguous run of failure and migration-window seconds
   on one GPU, so a failure and the migration window right after it form one incident.
   Billed downtime = max(incident seconds, ``manual_recovery_s``): the top-up
   (manual_recovery_s - incident seconds, if positive) is priced at the incident's last
   second, rounded as its own line and not subject to increments.
-* Amounts exclude the cap, vouchers and tax, which would mask the comparison.
+* Amounts exclude vouchers and tax, which would mask the comparison.
 """
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -25,7 +30,7 @@ from decimal import Decimal
 from app.billing.domain import Assignment, Bucket, Migration, Piece, RentalInput, Segment
 from app.billing.intervals import Span
 from app.billing.lines import LineKind, sum_amounts
-from app.billing.rating import RatedRental, price_at, rate_rentals
+from app.billing.rating import RatedRental, cap_allowance, is_billed, price_at, rate_rentals
 from app.core.money import time_amount
 
 DEFAULT_MANUAL_RECOVERY_S = 47 * 60
@@ -68,6 +73,7 @@ def what_if(
     period: Span,
     increments: Sequence[int] = DEFAULT_INCREMENTS,
     manual_recovery_s: int = DEFAULT_MANUAL_RECOVERY_S,
+    cap_period: Span | None = None,
 ) -> WhatIfTable:
     rentals, assignments, migrations = list(rentals), list(assignments), list(migrations)
     currencies = {r.plan.currency for r in rentals}
@@ -78,7 +84,13 @@ def what_if(
     for increment in increments:
         variant = [replace(r, plan=replace(r.plan, increment_s=increment)) for r in rentals]
         rated = rate_rentals(
-            variant, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period
+            variant,
+            assignments,
+            segments_by_gpu,
+            maintenance_by_gpu,
+            migrations,
+            period,
+            cap_period,
         )
         rows.append(
             WhatIfRow(
@@ -91,22 +103,32 @@ def what_if(
 
 
 def _with_credits(rated: Sequence[RatedRental], currency: str) -> WhatIfCell:
-    lines = [line for r in rated for line in r.lines if line.kind is not LineKind.CAP]
-    return WhatIfCell(sum_amounts(lines, currency), sum(r.billed_s for r in rated))
+    amount = sum((r.net for r in rated), sum_amounts((), currency))
+    return WhatIfCell(amount, sum(r.billed_s for r in rated))
 
 
 def _without_credits(
     rated: Sequence[RatedRental], currency: str, manual_recovery_s: int
 ) -> WhatIfCell:
-    lines = [line for r in rated for line in r.lines if line.kind in _KEPT_WITHOUT_CREDITS]
-    amount, seconds = sum_amounts(lines, currency), 0
+    amount, seconds = sum_amounts((), currency), 0
     for r in rated:
+        lines = [line for line in r.lines if line.kind in _KEPT_WITHOUT_CREDITS]
+        cost = sum_amounts(lines, currency)
         seconds += r.billed_s + sum(r.buckets[b] for b in _DOWNTIME)
         for start, end in _incidents(r.pieces):
             top_up = max(manual_recovery_s - (end - start), 0)
             seconds += top_up
-            amount += time_amount(top_up, price_at(r.rental, end - 1), currency)
+            cost += time_amount(top_up, price_at(r.rental, end - 1), currency)
+        amount += _capped(r, cost)
     return WhatIfCell(amount, seconds)
+
+
+def _capped(rated: RatedRental, cost: Decimal) -> Decimal:
+    """``cost`` held to the allowance the rental earns when its downtime is billed too."""
+    plan = rated.rental.plan
+    earning = {b for b in Bucket if is_billed(b, plan)} | _DOWNTIME
+    allowance = cap_allowance(rated, earning)
+    return cost if allowance is None else min(cost, allowance)
 
 
 def _incidents(pieces: Sequence[Piece]) -> Iterator[Span]:

@@ -1,14 +1,24 @@
-"""How an invoice line reads, in one wording for the invoice HTML, the dashboard and the PDF.
+"""How an invoice reads, in one wording for the invoice HTML, the dashboard and the PDF.
 
 Plain text: each renderer escapes it for its medium and formats times in its own zone.
+Customer text names GPUs, times, XIDs and reasons, never an internal row id.
+
+API:
+    label(kind) -> str
+    line_facts(line, when, rental=str) -> list[str]
+    credits_summary(lines) -> CreditsSummary
+    percent(rate) -> str
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
 
+from app.billing.lines import CREDIT_KINDS
 from app.billing.schemas import InvoiceLineRead
 
 KIND_LABELS = {
@@ -18,6 +28,7 @@ KIND_LABELS = {
     "degraded_credit": "Degraded-time credit",
     "cap": "Monthly cap",
     "adjustment": "Adjustment (late data)",
+    "credit_note": "Issued as a credit note",
     "voucher": "Voucher",
     "tax": "Tax",
 }
@@ -48,3 +59,41 @@ def line_facts(
     if line.adjusts_period:
         facts.append(f"corrects {line.adjusts_period}")
     return facts
+
+
+@dataclass(frozen=True)
+class CreditsSummary:
+    credited_s: int
+    incidents: int
+
+    @property
+    def gpu_hours(self) -> Decimal:
+        return (Decimal(self.credited_s) / 3600).quantize(Decimal("0.01"), ROUND_HALF_UP)
+
+    @property
+    def text(self) -> str:
+        incidents = "incident" if self.incidents == 1 else "incidents"
+        return f"{self.gpu_hours} GPU-hours credited for {self.incidents} {incidents}"
+
+
+def credits_summary(lines: Iterable[InvoiceLineRead]) -> CreditsSummary:
+    """Credited seconds and incidents: credit lines of one rental on one GPU that touch (a
+    failure and the migration window after it; one incident split at a price change) are
+    one incident."""
+    credits = sorted(
+        (x for x in lines if x.kind in CREDIT_KINDS and x.start_at and x.end_at),
+        key=lambda x: (str(x.rental_id), x.gpu_uuid or "", x.start_at),
+    )
+    incidents, last = 0, None
+    for x in credits:
+        key = (x.rental_id, x.gpu_uuid)
+        if last is None or last[0] != key or last[1] != x.start_at:
+            incidents += 1
+        last = (key, x.end_at)
+    return CreditsSummary(sum(x.seconds or 0 for x in credits), incidents)
+
+
+def percent(rate: Decimal | str) -> str:
+    """A tax rate as a percentage: 0.19 -> "19 %", 0.075 -> "7.5 %"."""
+    value = (Decimal(rate) * 100).normalize()
+    return f"{value:f} %"

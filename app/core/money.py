@@ -4,8 +4,13 @@ Amounts are ``Decimal`` values with exactly the currency's ISO 4217 minor-unit e
 (USD ``12.34``, JPY ``1234``). Intermediate values are exact ``Fraction``s, so rounding
 happens exactly once, at the line, with ROUND_HALF_UP (ties away from zero).
 
+Three-decimal currencies (BHD, JOD, KWD, OMR, TND) round to the nearest ten of their minor
+unit (KWD ``12.340``): Stripe accepts only such amounts for them, and an amount we bill must
+be one Stripe can charge exactly, or its totals would not match ours.
+
 API:
     minor_units(currency) -> int
+    quantum(currency) -> Fraction                  # the rounding step, 0.01 for USD
     round_money(value, currency) -> Decimal        # the single rounding step
     time_amount(seconds, price_per_hour, currency) -> Decimal   # seconds x price / 3600
     zero(currency) -> Decimal
@@ -30,17 +35,23 @@ _MINOR_UNITS: dict[str, int] = {
     "HKD": 2,
     "INR": 2,
     "ISK": 0,
+    "JOD": 3,
     "JPY": 0,
     "KRW": 0,
     "KWD": 3,
     "NOK": 2,
     "NZD": 2,
+    "OMR": 3,
     "PLN": 2,
     "SEK": 2,
     "SGD": 2,
+    "TND": 3,
     "USD": 2,
     "VND": 0,
 }
+
+# Minor units per rounding step where it is not one (Stripe: three-decimal currencies).
+_STEP: dict[str, int] = {code: 10 for code, units in _MINOR_UNITS.items() if units == 3}
 
 SECONDS_PER_HOUR = 3600
 
@@ -56,13 +67,18 @@ def minor_units(currency: str) -> int:
         raise UnknownCurrencyError(f"unknown currency {currency!r}") from None
 
 
+def quantum(currency: str) -> Fraction:
+    """The smallest amount a rounded value moves by: 0.01 USD, 1 JPY, 0.010 KWD."""
+    return Fraction(_STEP.get(currency, 1), 10 ** minor_units(currency))
+
+
 def round_money(value: Decimal | Fraction | int, currency: str) -> Decimal:
-    """Round an exact value to the currency's minor unit, half-up (away from zero on ties)."""
-    exponent = minor_units(currency)
-    scaled = Fraction(value) * 10**exponent
+    """Round an exact value to the currency's quantum, half-up (away from zero on ties)."""
+    exponent, step = minor_units(currency), _STEP.get(currency, 1)
+    scaled = Fraction(value) * 10**exponent / step
     # floor(|x| + 1/2) is half-up on the magnitude; the sign is re-applied afterwards.
     magnitude = int(abs(scaled) + Fraction(1, 2))
-    units = -magnitude if scaled < 0 else magnitude
+    units = (-magnitude if scaled < 0 else magnitude) * step
     return Decimal(units).scaleb(-exponent)
 
 

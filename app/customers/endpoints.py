@@ -25,7 +25,7 @@ def create_customer(body: CustomerCreate, session: DbSession, _: Admin) -> Custo
 @router.get("")
 def list_customers(session: DbSession, caller: ConsoleUser, page: Paging) -> Page[CustomerRead]:
     """Admins see every customer; a customer key sees only its own."""
-    query = repository.customers_query(only_id=caller.customer_scope)
+    query = repository.readable_customers(caller)
     return paginate(session, query, page, CustomerRead)
 
 

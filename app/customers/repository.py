@@ -4,7 +4,14 @@ import uuid
 
 from sqlalchemy import Select, select
 
+from app.auth.service import Principal
 from app.customers.models import Customer
+
+
+def readable_customers(principal: Principal) -> Select[Customer]:
+    """Every customer the principal may read (all for an admin, its own for a customer key);
+    every list and get of customers starts here."""
+    return customers_query(only_id=principal.customer_scope)
 
 
 def customers_query(*, only_id: uuid.UUID | None = None) -> Select[Customer]:

@@ -13,7 +13,7 @@ from app.auth.service import Principal
 from app.core.epoch import epoch
 from app.dashboard import wording
 from app.dashboard.formatting import Formatter
-from app.metering import reads
+from app.fleet import telemetry
 from app.metering.schemas import Timeline
 from app.rentals.models import Migration, Rental
 
@@ -105,7 +105,7 @@ def build(
         band = rows.setdefault(a.gpu_uuid, Band(a.gpu_uuid, len(rows)))
         if start < end:
             band.last_start = max(band.last_start, start)
-            timeline = reads.timeline(session, a.gpu_uuid, caller, start, end)
+            timeline = telemetry.timeline(session, a.gpu_uuid, caller, start, end)
             _add_timeline(band, timeline, fmt, window)
     links = [link for m in rental.migrations if (link := _migration(m, rows, fmt, window))]
     return BandChart(lo, hi, list(rows.values()), links, _ticks(lo, hi, fmt))

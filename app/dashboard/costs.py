@@ -73,7 +73,7 @@ def costs(session: Session, customer: Customer, period: BillingPeriod, now: date
     span = (period.span[0], min(period.span[1], epoch(now)))
     inputs = load_inputs(session, [customer.id], span)
     with core_errors(customer):
-        rated = rate(inputs, customer.id)
+        rated = rate(inputs, customer.id, period.span)
     idle = idle_by_gpu(session, inputs.gpus, span)
     days = day_bounds(period)
     currency = customer.currency

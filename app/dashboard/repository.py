@@ -9,22 +9,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import BigInteger, cast, extract, func, or_, select, text
 from sqlalchemy.orm import Session
 
-_EVENTS_DURING_ASSIGNMENTS = text("""
-SELECT e.event_id, e.gpu_uuid, e.at, e.kind, e.code, e.state, e.rule, e.detail, a.rental_id,
-  extract(epoch FROM e.received_at)::bigint AS received_s
-FROM gpu_assignments a
-JOIN health_events e ON e.gpu_uuid = a.gpu_uuid
-  AND e.at >= GREATEST(extract(epoch FROM a.start_at)::bigint, :lo) AND e.at < :hi
-  AND (a.end_at IS NULL OR e.at <= extract(epoch FROM a.end_at)::bigint)
-WHERE a.customer_id = :customer
-  AND (NOT :failures OR (e.kind = 'state_change' AND e.state = 'failed'))
-  AND a.start_at < to_timestamp(:hi) AND (a.end_at IS NULL OR a.end_at > to_timestamp(:lo))
-ORDER BY e.at DESC, e.event_id
-LIMIT :limit
-""")
+from app.core.epoch import from_epoch
+from app.metering.models import HealthEventRow
+from app.rentals.visibility import served
 
 
 def latest_events(
@@ -38,14 +28,22 @@ def latest_events(
 ) -> list[dict[str, Any]]:
     """Newest first: events of [lo, hi) on GPUs during (or ending) the customer's assignments;
     with ``failures_only``, only the state changes to ``failed``."""
-    params = {
-        "customer": customer_id,
-        "lo": lo,
-        "hi": hi,
-        "limit": limit,
-        "failures": failures_only,
-    }
-    return [dict(row._mapping) for row in session.execute(_EVENTS_DURING_ASSIGNMENTS, params)]
+    held = served(customer_id=customer_id, start=from_epoch(lo), end=from_epoch(hi)).subquery()
+    held_from = func.greatest(cast(extract("epoch", held.c.start_at), BigInteger), lo)
+    held_end = cast(extract("epoch", held.c.end_at), BigInteger)
+    e = HealthEventRow
+    received_s = cast(extract("epoch", e.received_at), BigInteger).label("received_s")
+    query = (
+        select(e.event_id, e.gpu_uuid, e.at, e.kind, e.code, e.state, e.rule, e.detail)
+        .add_columns(held.c.rental_id, received_s)
+        .join(held, e.gpu_uuid == held.c.gpu_uuid)
+        .where(e.at >= held_from, e.at < hi, or_(held.c.end_at.is_(None), e.at <= held_end))
+        .order_by(e.at.desc(), e.event_id)
+        .limit(limit)
+    )
+    if failures_only:
+        query = query.where(e.kind == "state_change", e.state == "failed")
+    return [dict(row._mapping) for row in session.execute(query)]
 
 
 # --- operators: the fleet and revenue ------------------------------------------------------

@@ -97,14 +97,15 @@ def run_demo(options: DemoOptions, open_database: OpenDatabase) -> int:
 
 @contextmanager
 def logs_to_file(path: Path) -> Iterator[None]:
-    """The demo's own JSON logs into ``path``, so the terminal shows progress only."""
+    """The demo's own JSON logs into ``path``, so the terminal shows progress only (the CLI
+    already keeps import-time info logs off it)."""
     level = get_settings().log_level
     with path.open("a") as log_file:
         configure_logging(level, stream=log_file)
         try:
             yield
-        finally:
-            configure_logging(level)
+        finally:  # the file goes with the workspace; what little follows, warnings only
+            configure_logging("warning")
 
 
 def _raise_stopped(_signum: int, _frame: FrameType | None) -> None:

@@ -72,6 +72,13 @@ def publish(
     return event
 
 
+def get_event(session: Session, event_id: uuid.UUID) -> DomainEvent:
+    event = repository.event_by_id(session, event_id)
+    if event is None:
+        raise LookupError(f"event {event_id} does not exist")
+    return event
+
+
 def list_events(
     session: Session,
     principal: Principal,

@@ -1,17 +1,30 @@
 from __future__ import annotations
 
+import time
 import uuid
+from datetime import datetime
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 
 from app.auth.deps import Admin, ConsoleUser
 from app.auth.endpoints import issued_key_read
 from app.auth.schemas import IssuedKeyRead
 from app.core.deps import DbSession
 from app.core.pagination import Page, Paging, paginate
-from app.fleet import repository, service
+from app.fleet import repository, service, telemetry
 from app.fleet.models import Pool
-from app.fleet.schemas import GpuCreate, GpuRead, GpuUpdate, NodeCreate, NodeRead, NodeRegistered
+from app.fleet.schemas import (
+    GpuCreate,
+    GpuRead,
+    GpuUpdate,
+    MaintenanceCreate,
+    MaintenanceRead,
+    NodeCreate,
+    NodeRead,
+    NodeRegistered,
+)
+from app.metering import reads, schemas
 
 router = APIRouter(prefix="/v1", tags=["fleet"])
 
@@ -40,9 +53,11 @@ def rotate_node_token(node_id: uuid.UUID, session: DbSession, _: Admin) -> Issue
 
 
 @router.get("/nodes/{node_id}/gpus")
-def list_node_gpus(node_id: uuid.UUID, session: DbSession, _: Admin, page: Paging) -> Page[GpuRead]:
+def list_node_gpus(
+    node_id: uuid.UUID, session: DbSession, admin: Admin, page: Paging
+) -> Page[GpuRead]:
     service.get_node(session, node_id)
-    return paginate(session, repository.gpus_query(node_id=node_id), page, GpuRead)
+    return paginate(session, repository.gpus_query(admin, node_id=node_id), page, GpuRead)
 
 
 @router.get("/gpus")
@@ -55,9 +70,7 @@ def list_gpus(
     model: str | None = None,
 ) -> Page[GpuRead]:
     """Fleet-wide GPUs for admins; a customer sees the GPUs that served its rentals."""
-    query = repository.gpus_query(
-        customer_id=caller.customer_scope, node_id=node_id, pool=pool, model=model
-    )
+    query = repository.gpus_query(caller, node_id=node_id, pool=pool, model=model)
     return paginate(session, query, page, GpuRead)
 
 
@@ -76,3 +89,49 @@ def update_gpu(gpu_uuid: str, body: GpuUpdate, session: DbSession, admin: Admin)
     """Move a GPU between pools (rentable, spare, maintenance)."""
     gpu = service.get_gpu(session, gpu_uuid, admin)
     return GpuRead.model_validate(service.change_pool(session, gpu, body))
+
+
+# --- GPU telemetry (metering facts, clipped to what the caller may see) ---------------------
+
+Start = Annotated[datetime, Query(description="Inclusive; ISO 8601 (UTC if no offset).")]
+End = Annotated[datetime, Query(description="Exclusive; ISO 8601 (UTC if no offset).")]
+
+
+@router.get("/gpus/{gpu_uuid}/timeline", tags=["metering"])
+def gpu_timeline(
+    gpu_uuid: str, start: Start, end: End, session: DbSession, caller: ConsoleUser
+) -> schemas.Timeline:
+    """State segments, unmetered gaps and health events of a GPU over [start, end)."""
+    lo, hi = reads.window(start, end)
+    return telemetry.timeline(session, gpu_uuid, caller, lo, hi)
+
+
+@router.get("/gpus/{gpu_uuid}/metrics", tags=["metering"])
+def gpu_metrics(
+    gpu_uuid: str,
+    start: Start,
+    end: End,
+    session: DbSession,
+    caller: ConsoleUser,
+    step: Annotated[int, Query(ge=60, le=86_400, description="Seconds per point.")] = 60,
+) -> schemas.Metrics:
+    """Minute metrics of a GPU over [start, end), aggregated to ``step`` seconds."""
+    lo, hi = reads.window(start, end, step)
+    return telemetry.metrics(session, gpu_uuid, caller, lo, hi, step)
+
+
+@router.get("/fleet/health", tags=["metering"])
+def fleet_health(session: DbSession, _: Admin) -> schemas.FleetHealth:
+    """GPUs by last reported state and pool, and failures that began in the last 24 h."""
+    return telemetry.fleet_health(session, int(time.time()))
+
+
+@router.post("/gpus/{gpu_uuid}/maintenance", status_code=201)
+def record_maintenance(
+    gpu_uuid: str, body: MaintenanceCreate, session: DbSession, admin: Admin
+) -> MaintenanceRead:
+    """Record a maintenance window with explicit start and end, in the past too: rented
+    seconds in it are not billed; the reply names the rentals it covers."""
+    gpu = service.get_gpu(session, gpu_uuid, admin)
+    window, rentals = service.record_maintenance(session, gpu, body)
+    return MaintenanceRead.model_validate(window).model_copy(update={"rentals": rentals})

@@ -8,6 +8,7 @@ from sqlalchemy import CheckConstraint, ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.base import Base, Timestamped, pg_enum
+from app.metering.models import GPU_MODEL_LENGTH, GPU_UUID_LENGTH
 
 
 class Pool(StrEnum):
@@ -30,17 +31,18 @@ class Gpu(Timestamped, Base):
 
     __tablename__ = "gpus"
 
-    uuid: Mapped[str] = mapped_column(String(96), primary_key=True)
+    uuid: Mapped[str] = mapped_column(String(GPU_UUID_LENGTH), primary_key=True)
     node_id: Mapped[UUID] = mapped_column(ForeignKey("nodes.id"), index=True)
-    model: Mapped[str] = mapped_column(String(100))
+    model: Mapped[str] = mapped_column(String(GPU_MODEL_LENGTH))
     pool: Mapped[Pool] = mapped_column(pg_enum(Pool, "gpu_pool"), default=Pool.RENTABLE)
     # Last health state reported by the agent ("healthy", "degraded", "failed") and when.
     last_state: Mapped[str | None] = mapped_column(String(16))
     last_seen_at: Mapped[datetime | None]
 
 
-class MaintenanceWindow(Base):
-    """An interval during which the operator drained a GPU; rented seconds in it are not billed."""
+class MaintenanceWindow(Timestamped, Base):
+    """An interval during which the operator drained a GPU; rented seconds in it are not billed.
+    ``created_at`` tells billing whether a window recorded late touches a finalized period."""
 
     __tablename__ = "gpu_maintenance_windows"
     __table_args__ = (

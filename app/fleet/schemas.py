@@ -3,7 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from uuid import UUID
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field, model_validator
 
 from app.auth.schemas import IssuedKeyRead
 from app.core.schemas import Schema
@@ -43,6 +43,31 @@ class GpuUpdate(Schema):
     pool: Pool
     reason: str | None = Field(
         default=None, max_length=500, description="Why, e.g. for maintenance."
+    )
+
+
+class MaintenanceCreate(Schema):
+    start_at: AwareDatetime
+    end_at: AwareDatetime
+    reason: str | None = Field(default=None, max_length=500)
+
+    @model_validator(mode="after")
+    def _ends_after_start(self) -> MaintenanceCreate:
+        if self.end_at <= self.start_at:
+            raise ValueError("end_at must be after start_at")
+        return self
+
+
+class MaintenanceRead(Schema):
+    id: int
+    gpu_uuid: str
+    start_at: datetime
+    end_at: datetime | None
+    reason: str | None
+    created_at: datetime
+    rentals: list[UUID] = Field(
+        default_factory=list,
+        description="Rentals that held the GPU in the window: those seconds are not billed.",
     )
 
 

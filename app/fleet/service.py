@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
@@ -11,7 +12,8 @@ from app.auth.service import IssuedKey, Principal
 from app.core.errors import Conflict, not_found
 from app.fleet import repository
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
-from app.fleet.schemas import GpuCreate, GpuUpdate, NodeCreate
+from app.fleet.schemas import GpuCreate, GpuUpdate, MaintenanceCreate, NodeCreate
+from app.metering.ports import GpuRegistry, StateChange
 
 
 def get_node(session: Session, node_id: uuid.UUID) -> Node:
@@ -50,16 +52,10 @@ def issue_node_token(session: Session, node: Node) -> IssuedKey:
 
 def get_gpu(session: Session, gpu_uuid: str, principal: Principal) -> Gpu:
     """The GPU, if the caller may see it (customers: GPUs that served their rentals)."""
-    gpu = session.get(Gpu, gpu_uuid)
-    scope = principal.customer_scope
-    if gpu is None or (scope is not None and not _served(session, gpu_uuid, scope)):
+    gpu = session.scalar(repository.readable_gpus(principal).where(Gpu.uuid == gpu_uuid))
+    if gpu is None:
         raise not_found("GPU", gpu_uuid, ("path", "gpu_uuid"))
     return gpu
-
-
-def _served(session: Session, gpu_uuid: str, customer_id: uuid.UUID) -> bool:
-    query = repository.gpus_query(customer_id=customer_id).where(Gpu.uuid == gpu_uuid)
-    return session.scalar(query) is not None
 
 
 def create_gpu(session: Session, data: GpuCreate) -> Gpu:
@@ -74,6 +70,29 @@ def create_gpu(session: Session, data: GpuCreate) -> Gpu:
     return gpu
 
 
+def record_maintenance(
+    session: Session, gpu: Gpu, data: MaintenanceCreate
+) -> tuple[MaintenanceWindow, list[uuid.UUID]]:
+    """A maintenance window with explicit times, past ones included (a drain recorded after
+    the fact). The rule: it may not overlap another window of the GPU (409, naming it); it
+    may cover rented time, whose seconds then go to the ``maintenance`` bucket and are not
+    billed, and the rentals it covers come back so the operator sees whom it affects; a
+    window recorded after a period was finalized is a correction on the next invoice."""
+    clash = repository.maintenance_windows(session, [gpu.uuid], data.start_at, data.end_at)
+    if clash:
+        other = clash[0]
+        until = other.end_at.isoformat() if other.end_at else "open"
+        raise Conflict(
+            f"GPU {gpu.uuid} already has maintenance window {other.id} from "
+            f"{other.start_at.isoformat()} to {until} overlapping it",
+            ("body", "start_at"),
+        )
+    window = MaintenanceWindow(gpu_uuid=gpu.uuid, **data.model_dump())
+    session.add(window)
+    session.flush()
+    return window, repository.rentals_assigned(session, gpu.uuid, data.start_at, data.end_at)
+
+
 def change_pool(session: Session, gpu: Gpu, data: GpuUpdate) -> Gpu:
     """Move a GPU between pools; entering or leaving maintenance opens or closes its window."""
     now = datetime.now(UTC)
@@ -86,3 +105,30 @@ def change_pool(session: Session, gpu: Gpu, data: GpuUpdate) -> Gpu:
     gpu.pool = data.pool
     session.flush()
     return gpu
+
+
+class _IngestGpus:
+    """``app.metering.ports.GpuRegistry`` over the fleet's ``gpus`` table."""
+
+    def owners(self, session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID]:
+        return repository.gpu_owners(session, gpu_uuids)
+
+    def register(self, session: Session, node_id: uuid.UUID, models: dict[str, str]) -> None:
+        repository.register_gpus(session, node_id, models)
+
+    def record_latest(
+        self, session: Session, latest: dict[str, tuple[str, str, int]]
+    ) -> list[StateChange]:
+        return repository.touch_gpus(session, latest)
+
+
+GPU_REGISTRY: GpuRegistry = _IngestGpus()
+
+
+def maintenance_recorded_since(
+    session: Session, gpu_uuids: list[str], start: datetime, end: datetime, since: datetime
+) -> bool:
+    """Whether a maintenance window on these GPUs overlapping [start, end) was recorded after
+    ``since`` (billing: a correction to a finalized period)."""
+    windows = repository.maintenance_windows(session, gpu_uuids, start, end)
+    return any(window.created_at > since for window in windows)

@@ -1,14 +1,13 @@
 from __future__ import annotations
 
-import time
-from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Request
 
-from app.auth.deps import Admin, ConsoleUser, NodeAgent
+from app.auth.deps import NodeAgent
 from app.core.deps import DbSession
-from app.metering import reads, schemas, service
+from app.metering import service
+from app.metering.ports import GpuRegistry
 from app.settings import get_settings
 from metering_agent.protocol import INGEST_PATH, IngestBatch, IngestResult
 
@@ -22,44 +21,22 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+def gpu_registry(request: Request) -> GpuRegistry:
+    """The fleet's GPUs, as the composition root (``app.main.create_app``) wired them."""
+    registry: GpuRegistry = request.app.state.gpu_registry
+    return registry
+
+
 @router.post(INGEST_PATH, responses=_ERRORS)
-def ingest(batch: IngestBatch, session: DbSession, node: NodeAgent) -> IngestResult:
+def ingest(
+    batch: IngestBatch,
+    session: DbSession,
+    node: NodeAgent,
+    gpus: Annotated[GpuRegistry, Depends(gpu_registry)],
+) -> IngestResult:
     """Store a node agent's batch of usage records and health events, whole or not at all.
 
     Re-sent records and events are counted as duplicates and change nothing.
     """
     assert node.node_id is not None  # node keys always carry their node
-    return service.ingest(session, node.node_id, batch, get_settings())
-
-
-Start = Annotated[datetime, Query(description="Inclusive; ISO 8601 (UTC if no offset).")]
-End = Annotated[datetime, Query(description="Exclusive; ISO 8601 (UTC if no offset).")]
-
-
-@router.get("/v1/gpus/{gpu_uuid}/timeline")
-def gpu_timeline(
-    gpu_uuid: str, start: Start, end: End, session: DbSession, caller: ConsoleUser
-) -> schemas.Timeline:
-    """State segments, unmetered gaps and health events of a GPU over [start, end)."""
-    lo, hi = reads.window(start, end)
-    return reads.timeline(session, gpu_uuid, caller, lo, hi)
-
-
-@router.get("/v1/gpus/{gpu_uuid}/metrics")
-def gpu_metrics(
-    gpu_uuid: str,
-    start: Start,
-    end: End,
-    session: DbSession,
-    caller: ConsoleUser,
-    step: Annotated[int, Query(ge=60, le=86_400, description="Seconds per point.")] = 60,
-) -> schemas.Metrics:
-    """Minute metrics of a GPU over [start, end), aggregated to ``step`` seconds."""
-    lo, hi = reads.window(start, end, step)
-    return reads.metrics(session, gpu_uuid, caller, lo, hi, step)
-
-
-@router.get("/v1/fleet/health")
-def fleet_health(session: DbSession, _: Admin) -> schemas.FleetHealth:
-    """GPUs by last reported state and pool, and failures that began in the last 24 h."""
-    return reads.fleet_health(session, int(time.time()))
+    return service.ingest(session, node.node_id, batch, get_settings(), gpus)

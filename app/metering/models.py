@@ -25,6 +25,10 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.base import Base
 
+# How long the GPU identity an agent reports may be; the fleet's gpus table uses the same.
+GPU_UUID_LENGTH = 96
+GPU_MODEL_LENGTH = 100
+
 
 class StateSegment(Base):
     """A maximal run ``[start, end)`` of one state of one GPU, extended in place while it holds.
@@ -44,7 +48,9 @@ class StateSegment(Base):
         {"postgresql_with": {"fillfactor": 70}},
     )
 
-    gpu_uuid: Mapped[str] = mapped_column(String(96), ForeignKey("gpus.uuid"), primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(
+        String(GPU_UUID_LENGTH), ForeignKey("gpus.uuid"), primary_key=True
+    )
     start: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
     end: Mapped[int]
     state: Mapped[str] = mapped_column(String(16))
@@ -65,7 +71,9 @@ class MinuteMetrics(Base):
     __tablename__ = "gpu_minute_metrics"
     __table_args__ = ({"postgresql_with": {"toast_tuple_target": 128}},)
 
-    gpu_uuid: Mapped[str] = mapped_column(String(96), ForeignKey("gpus.uuid"), primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(
+        String(GPU_UUID_LENGTH), ForeignKey("gpus.uuid"), primary_key=True
+    )
     hour: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)  # epoch s, UTC
     mem_total_mib: Mapped[int | None] = mapped_column(Integer)
     slots: Mapped[bytes] = mapped_column(LargeBinary)
@@ -84,7 +92,9 @@ class OpenMinuteMetrics(Base):
     __tablename__ = "gpu_minute_metrics_open"
     __table_args__ = ({"postgresql_with": {"fillfactor": 50, "toast_tuple_target": 128}},)
 
-    gpu_uuid: Mapped[str] = mapped_column(String(96), ForeignKey("gpus.uuid"), primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(
+        String(GPU_UUID_LENGTH), ForeignKey("gpus.uuid"), primary_key=True
+    )
     hour: Mapped[int]  # epoch s, UTC
     mem_total_mib: Mapped[int | None] = mapped_column(Integer)
     slots: Mapped[bytes] = mapped_column(LargeBinary)
@@ -99,7 +109,9 @@ class HealthEventRow(Base):
     __tablename__ = "health_events"
     __table_args__ = (Index("ix_health_events_gpu_at", "gpu_uuid", "at"),)
 
-    gpu_uuid: Mapped[str] = mapped_column(String(96), ForeignKey("gpus.uuid"), primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(
+        String(GPU_UUID_LENGTH), ForeignKey("gpus.uuid"), primary_key=True
+    )
     event_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     at: Mapped[int]
     kind: Mapped[str] = mapped_column(String(16))

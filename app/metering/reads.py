@@ -1,32 +1,26 @@
-"""Console reads: a GPU's timeline and metrics, and fleet health.
+"""Metering's read interface: a GPU's timeline and metrics over given parts of a window.
 
-Customers see only GPUs that served their rentals, and only the seconds of those rentals:
-everything is clipped to the customer's assignment intervals of that GPU.
+Tenancy-free: the caller (``app.fleet.telemetry``, the GPU sub-resources of the console API)
+decides which parts of the window a principal may see and passes them in.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.auth.service import Principal
 from app.core.epoch import epoch, from_epoch
-from app.core.errors import Unprocessable, not_found
-from app.fleet.models import Gpu
+from app.core.errors import Unprocessable
 from app.metering import packing, repository, schemas
 from app.metering.segments import Span, gaps
-from app.rentals.models import GpuAssignment
 
 _Number = TypeVar("_Number", int, float)
 
 MAX_WINDOW_S = 31 * 86_400
 MAX_POINTS = 10_000
-FAILED_LOOKBACK_S = 86_400
 
 
 def window(start: datetime, end: datetime, step: int = 60) -> tuple[int, int]:
@@ -46,35 +40,10 @@ def _aware(t: datetime) -> datetime:
     return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
-def visible(
-    session: Session, gpu_uuid: str, caller: Principal, start: int, end: int
-) -> list[tuple[int, int]]:
-    """The parts of [start, end) the caller may see of this GPU; 404 when none ever."""
-    if session.get(Gpu, gpu_uuid) is None:
-        raise not_found("GPU", gpu_uuid, ("path", "gpu_uuid"))
-    if caller.customer_scope is None:
-        return [(start, end)]
-    rented = _rented(session, gpu_uuid, caller.customer_scope)
-    if not rented:
-        raise not_found("GPU", gpu_uuid, ("path", "gpu_uuid"))
-    clipped = [(max(a, start), min(b, end)) for a, b in rented]
-    return [(a, b) for a, b in clipped if a < b]
-
-
-def _rented(session: Session, gpu_uuid: str, customer_id: uuid.UUID) -> list[tuple[int, int]]:
-    rows = session.execute(
-        select(GpuAssignment.start_at, GpuAssignment.end_at)
-        .where(GpuAssignment.gpu_uuid == gpu_uuid, GpuAssignment.customer_id == customer_id)
-        .order_by(GpuAssignment.start_at)
-    )
-    far_future = 2**62
-    return [(epoch(a), far_future if b is None else epoch(b)) for a, b in rows]
-
-
 def timeline(
-    session: Session, gpu_uuid: str, caller: Principal, start: int, end: int
+    session: Session, gpu_uuid: str, parts: list[tuple[int, int]], start: int, end: int
 ) -> schemas.Timeline:
-    parts = visible(session, gpu_uuid, caller, start, end)
+    """Segments, unmetered gaps and health events of ``parts`` of [start, end)."""
     segments, unmetered, events = [], [], []
     for lo, hi in parts:
         rows = repository.segments_between(session, [gpu_uuid], lo, hi)[gpu_uuid]
@@ -98,15 +67,21 @@ def timeline(
     )
 
 
+def failed_since(session: Session, since: int) -> list[dict[str, Any]]:
+    """Failed segments that began at or after ``since``, newest first."""
+    return repository.failed_since(session, since)
+
+
 def _without(row: dict, key: str) -> dict:
     return {k: v for k, v in row.items() if k != key}
 
 
 def metrics(
-    session: Session, gpu_uuid: str, caller: Principal, start: int, end: int, step: int
+    session: Session, gpu_uuid: str, parts: list[tuple[int, int]], step: int
 ) -> schemas.Metrics:
+    """Minute metrics within ``parts``, aggregated to ``step`` seconds."""
     buckets: dict[int, list[packing.Minute]] = {}
-    for lo, hi in visible(session, gpu_uuid, caller, start, end):
+    for lo, hi in parts:
         for m in repository.minute_rows(session, [gpu_uuid], lo, hi)[gpu_uuid]:
             buckets.setdefault(m.start - m.start % step, []).append(m)
     points = [_point(t, ms) for t, ms in sorted(buckets.items())]
@@ -137,22 +112,3 @@ def _point(t: int, ms: list[packing.Minute]) -> schemas.MetricPoint:
 def _max(values: Iterable[_Number | None]) -> _Number | None:
     present = [v for v in values if v is not None]
     return max(present) if present else None
-
-
-def fleet_health(session: Session, now: int) -> schemas.FleetHealth:
-    counts = [
-        schemas.StateCount(state=state or "unknown", pool=pool, gpus=n)
-        for state, pool, n in repository.gpu_counts(session)
-    ]
-    failed = [
-        schemas.FailedGpu(
-            gpu_uuid=row["gpu_uuid"],
-            node_id=row["node_id"],
-            model=row["model"],
-            since=from_epoch(row["start"]),
-            until=from_epoch(row["end"]),
-            evidence=row["evidence"],
-        )
-        for row in repository.failed_since(session, now - FAILED_LOOKBACK_S)
-    ]
-    return schemas.FleetHealth(at=from_epoch(now), by_state_and_pool=counts, recently_failed=failed)

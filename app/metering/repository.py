@@ -54,54 +54,6 @@ def lock_node(session: Session, node_id: uuid.UUID) -> None:
     )
 
 
-def gpu_owners(session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID]:
-    rows = session.execute(
-        text("SELECT uuid, node_id FROM gpus WHERE uuid = ANY(CAST(:u AS text[]))"),
-        {"u": list(gpu_uuids)},
-    )
-    return {gpu: node for gpu, node in rows}
-
-
-def register_gpus(session: Session, node_id: uuid.UUID, models: dict[str, str]) -> None:
-    """Register GPUs to the node (pool ``rentable``); ones registered meanwhile are left as is."""
-    session.execute(
-        text("""
-        INSERT INTO gpus (uuid, node_id, model, pool)
-        SELECT u, :node, m, 'rentable'
-        FROM unnest(CAST(:u AS text[]), CAST(:m AS text[])) AS t(u, m)
-        ON CONFLICT (uuid) DO NOTHING
-        """),
-        {"node": node_id, "u": list(models), "m": list(models.values())},
-    )
-
-
-def touch_gpus(
-    session: Session, latest: dict[str, tuple[str, str, int]]
-) -> list[tuple[str, str | None, str, int]]:
-    """Record each GPU's latest state and time (model fills one registered from events only).
-    Returns (gpu, state before, state now, seen) for each GPU whose state changed."""
-    gpus = list(latest)
-    rows = session.execute(
-        text("""
-        UPDATE gpus g SET last_state = t.state, last_seen_at = to_timestamp(t.seen),
-            model = CASE WHEN g.model = 'unknown' THEN t.model ELSE g.model END
-        FROM unnest(CAST(:u AS text[]), CAST(:m AS text[]), CAST(:s AS text[]),
-                    CAST(:t AS bigint[])) AS t(uuid, model, state, seen),
-             gpus before
-        WHERE g.uuid = t.uuid AND before.uuid = g.uuid
-          AND (g.last_seen_at IS NULL OR g.last_seen_at <= to_timestamp(t.seen))
-        RETURNING g.uuid, before.last_state, g.last_state, t.seen
-        """),
-        {
-            "u": gpus,
-            "m": [latest[g][0] for g in gpus],
-            "s": [latest[g][1] for g in gpus],
-            "t": [latest[g][2] for g in gpus],
-        },
-    )
-    return [(gpu, before, now, seen) for gpu, before, now, seen in rows if before != now]
-
-
 def segments_near(session: Session, windows: dict[str, tuple[int, int]]) -> dict[str, list[Span]]:
     gpus = list(windows)
     rows = session.execute(
@@ -376,20 +328,12 @@ def events_between(session: Session, gpu_uuid: str, start: int, end: int) -> lis
     return [dict(row._mapping) for row in rows]
 
 
-def gpu_counts(session: Session) -> list[tuple[str | None, str, int]]:
-    """(last state, pool, GPUs) for the whole fleet."""
-    rows = session.execute(
-        text("SELECT last_state, pool::text, count(*) FROM gpus GROUP BY 1, 2 ORDER BY 1, 2")
-    )
-    return [(state, pool, n) for state, pool, n in rows]
-
-
 def failed_since(session: Session, since: int) -> list[dict[str, Any]]:
-    """Failed segments that began at or after ``since``, newest first, with their GPU's node."""
+    """Failed segments that began at or after ``since``, newest first (at most 1000)."""
     rows = session.execute(
         text("""
-        SELECT s.gpu_uuid, g.node_id, g.model, s.start, s."end", s.evidence
-        FROM gpu_state_segments s JOIN gpus g ON g.uuid = s.gpu_uuid
+        SELECT s.gpu_uuid, s.start, s."end", s.evidence
+        FROM gpu_state_segments s
         WHERE s.state = 'failed' AND s.start >= :since
         ORDER BY s.start DESC, s.gpu_uuid LIMIT 1000
         """),

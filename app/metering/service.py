@@ -27,6 +27,7 @@ from app.core.epoch import from_epoch
 from app.core.errors import Conflict, Forbidden, PayloadTooLarge, Unprocessable
 from app.events.service import publish
 from app.metering import packing, repository
+from app.metering.ports import GpuRegistry
 from app.metering.segments import Judgement, Span, changes, judge, merge
 from app.metering.validation import batch_errors
 from app.settings import Settings
@@ -43,11 +44,15 @@ UNKNOWN_MODEL = "unknown"  # a GPU first seen in an event; its first record name
 
 
 def ingest(
-    session: Session, node_id: uuid.UUID, batch: IngestBatch, settings: Settings
+    session: Session,
+    node_id: uuid.UUID,
+    batch: IngestBatch,
+    settings: Settings,
+    gpus: GpuRegistry,
 ) -> IngestResult:
     check_batch(batch, settings, int(time.time()))
     repository.lock_node(session, node_id)
-    _check_owners(session, node_id, batch)
+    _check_owners(session, node_id, batch, gpus)
     judgement, created = _store_segments(session, batch.records)
     if judgement.conflicts:
         raise Conflict.many(
@@ -62,7 +67,7 @@ def ingest(
     events_new = _store_events(session, batch) if batch.events else 0
     _attach_evidence(session, batch, created)
     if batch.records:
-        changed = repository.touch_gpus(session, _latest(batch.records))
+        changed = gpus.record_latest(session, _latest(batch.records))
         _publish_state_changes(session, changed, batch.events)
     return IngestResult(
         batch_id=batch.batch_id,
@@ -91,15 +96,17 @@ def _items(errors: Iterable[FieldError]) -> list[dict[str, object]]:
     return [{"loc": ["body", *e.loc], "msg": e.msg} for e in errors]
 
 
-def _check_owners(session: Session, node_id: uuid.UUID, batch: IngestBatch) -> None:
+def _check_owners(
+    session: Session, node_id: uuid.UUID, batch: IngestBatch, gpus: GpuRegistry
+) -> None:
     """Register GPUs new to the service to this node; refuse GPUs of other nodes (403)."""
     models = {r.gpu_uuid: r.model for r in batch.records}
     models.update({e.gpu_uuid: UNKNOWN_MODEL for e in batch.events if e.gpu_uuid not in models})
-    owners = repository.gpu_owners(session, models)
+    owners = gpus.owners(session, models)
     new = {gpu: model for gpu, model in models.items() if gpu not in owners}
     if new:
-        repository.register_gpus(session, node_id, new)
-        owners.update(repository.gpu_owners(session, new))  # another node may have won a race
+        gpus.register(session, node_id, new)
+        owners.update(gpus.owners(session, new))  # another node may have won a race
     foreign = {gpu for gpu, owner in owners.items() if owner != node_id}
     if foreign:
         raise Forbidden.many(_items(_foreign_items(batch, foreign)))

@@ -9,8 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from app.core.schemas import storable_text
-from app.fleet.models import Gpu
-from app.metering.models import HealthEventRow
+from app.metering.models import GPU_MODEL_LENGTH, GPU_UUID_LENGTH, HealthEventRow
 from app.settings import Settings
 from metering_agent.protocol import (
     PROTOCOL_VERSION,
@@ -32,8 +31,8 @@ def _width(column: Any) -> int:
 
 # Column widths, read from the models: longer strings are refused here, not by the database.
 MAX_LENGTHS = {
-    "gpu_uuid": _width(Gpu.uuid),
-    "model": _width(Gpu.model),
+    "gpu_uuid": GPU_UUID_LENGTH,
+    "model": GPU_MODEL_LENGTH,
     "event_id": _width(HealthEventRow.event_id),
     "rule": _width(HealthEventRow.rule),
 }

@@ -54,5 +54,5 @@ def read_invoice_mirror(
 
 @router.post("/invoices/{invoice_id}/retry")
 def retry_invoice_sync(invoice_id: uuid.UUID, session: DbSession, _: Admin) -> SyncRead:
-    """Queue a failed sync again (after fixing its cause); it runs at the next poll."""
+    """Queue a failed sync again (after fixing its cause); a worker runs it right away."""
     return SyncRead.model_validate(service.retry_sync(session, invoice_id))

@@ -9,7 +9,7 @@ from sqlalchemy import Select, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from app.billing.models import Invoice
+from app.billing.models import CreditNote, Invoice
 from app.payments.models import PaymentFailure, StripeOutbox, StripeWebhookEvent, SyncState
 
 
@@ -85,3 +85,30 @@ def payment_failures_query(
     if invoice_id is not None:
         query = query.where(PaymentFailure.invoice_id == invoice_id)
     return query
+
+
+def credit_notes_to_mirror(session: Session) -> list[CreditNote]:
+    """Credit notes not yet in Stripe (and not failed there) whose corrected invoice is open
+    or paid in Stripe, oldest first."""
+    query = (
+        select(CreditNote)
+        .join(Invoice, Invoice.id == CreditNote.invoice_id)
+        .where(
+            CreditNote.stripe_id.is_(None),
+            CreditNote.stripe_error.is_(None),
+            Invoice.stripe_invoice_id.is_not(None),
+            Invoice.stripe_status.in_(("open", "paid")),
+        )
+        .order_by(CreditNote.issued_at, CreditNote.number)
+    )
+    return list(session.scalars(query))
+
+
+def lock_credit_note(session: Session, credit_note_id: uuid.UUID) -> CreditNote | None:
+    """The credit note, locked, if it is still to be mirrored and no other worker holds it."""
+    query = (
+        select(CreditNote)
+        .where(CreditNote.id == credit_note_id, CreditNote.stripe_id.is_(None))
+        .with_for_update(skip_locked=True)
+    )
+    return session.scalars(query).first()

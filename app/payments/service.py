@@ -25,6 +25,7 @@ from app.core.epoch import from_epoch
 from app.core.errors import ApiError, Conflict, not_found
 from app.events.models import DomainEvent
 from app.payments import repository
+from app.payments.jobs import wake_sync
 from app.payments.models import (
     PaymentFailure,
     StripeOutbox,
@@ -63,6 +64,7 @@ def queue_stripe_sync(session: Session, invoice: Invoice) -> None:
         item.target = target
         _requeue(item)
     session.flush()
+    wake_sync(session)
 
 
 def _requeue(item: StripeOutbox) -> None:
@@ -103,6 +105,7 @@ def retry_sync(session: Session, invoice_id: uuid.UUID) -> StripeOutbox:
     _requeue(item)
     session.flush()
     session.refresh(item)
+    wake_sync(session)
     return item
 
 

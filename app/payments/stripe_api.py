@@ -18,10 +18,14 @@ from app.settings import Settings
 
 # Stripe keeps ISK as a two-decimal currency in its API (amounts are multiples of 100).
 _STRIPE_EXPONENT = {"ISK": 2}
+# Stripe's three-decimal currencies: amounts in thousandths, whose last digit must be 0.
+# Billing rounds them to 0.010 already (``app.core.money``), so the check only guards.
+_STRIPE_STEP = {"BHD": 10, "JOD": 10, "KWD": 10, "OMR": 10, "TND": 10}
 
 META_CUSTOMER = "gpumeter_customer_id"
 META_INVOICE = "gpumeter_invoice_id"
 META_LINE = "gpumeter_line_id"
+META_CREDIT_NOTE = "gpumeter_credit_note_id"
 
 
 class MirrorError(Exception):
@@ -50,12 +54,19 @@ def line_key(invoice_id: uuid.UUID, line_id: int) -> str:
     return f"gpumeter-invoice-{invoice_id}-line-{line_id}"
 
 
+def credit_note_key(credit_note_id: uuid.UUID) -> str:
+    return f"gpumeter-credit-note-{credit_note_id}"
+
+
 def to_stripe_amount(amount: Decimal, currency: str) -> int:
-    """``amount`` as an integer count of Stripe's smallest unit; exact or an error."""
+    """``amount`` as an integer count of Stripe's smallest unit; exact or an error (KWD
+    1.230 -> 1230; KWD 1.235 is refused: Stripe takes only multiples of ten fils)."""
     exponent = _STRIPE_EXPONENT.get(currency, minor_units(currency))
     scaled = amount.scaleb(exponent)
     if scaled != scaled.to_integral_value():
         raise MirrorError(f"{amount} {currency} is not a whole number of minor units")
+    if int(scaled) % _STRIPE_STEP.get(currency, 1):
+        raise MirrorError(f"{amount} {currency}: Stripe takes only amounts ending in 0")
     return int(scaled)
 
 

@@ -1,4 +1,5 @@
-"""The Stripe sync worker: drains the outbox, mirroring each invoice into Stripe.
+"""The Stripe sync: drains the outbox, mirroring each invoice into Stripe (a queue job runs it,
+``app.payments.jobs``).
 
 Per outbox row (one per invoice), under a lease taken with ``FOR UPDATE SKIP LOCKED`` so
 several workers never work on one invoice at once:
@@ -16,45 +17,49 @@ is voided. Each step commits its own transaction and records its progress, so a 
 after the last completed step; every create carries an idempotency key derived from our ids.
 Transient Stripe errors (network, 5xx, 429, 409) reschedule the row with exponential backoff;
 anything else stops the row as ``failed`` with the reason on the row and on the invoice.
+
+Credit notes (``sync_credit_notes``, a step of its own each pass): every credit note not yet
+in Stripe whose corrected invoice is open or paid in Stripe becomes a Stripe credit note on
+that invoice, one custom line for its total (tax included), found again by its metadata
+before it is created (idempotency key from our id, too). A transient error leaves it for the
+next pass; any other is stored on the credit note and it is not tried again.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
-import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import stripe
-from fastapi import FastAPI
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from app.billing.models import Invoice, InvoiceLineRow
+from app.billing.models import CreditNote, Invoice, InvoiceLineRow
 from app.core.db import transaction
 from app.customers.models import Customer
 from app.payments import repository
 from app.payments.models import StripeOutbox, SyncState, SyncStep, SyncTarget
 from app.payments.stripe_api import (
+    META_CREDIT_NOTE,
     META_CUSTOMER,
     META_INVOICE,
     META_LINE,
     MirrorError,
+    credit_note_key,
     customer_key,
     invoice_key,
     is_transient,
     line_key,
-    make_client,
     to_stripe_amount,
 )
-from app.settings import Settings, get_settings
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -357,36 +362,63 @@ def sync_due(
     while (outbox_id := claim(engine, settings, owner)) is not None:
         SyncJob(engine, client, settings, outbox_id, owner, after_item).run()
         worked += 1
-    return worked
+    return worked + sync_credit_notes(engine, client)
 
 
-def run_forever(
-    engine: Engine, client: stripe.StripeClient, settings: Settings, stop: threading.Event
-) -> None:
-    """Poll the outbox until ``stop`` is set; a failing pass is logged and retried."""
-    owner = worker_id()
-    while not stop.is_set():
-        try:
-            sync_due(engine, client, settings, owner=owner)
-        except Exception:
-            # A crash mid-row leaves its lease to expire; the row is resumed after that.
-            log.exception("stripe sync pass failed")
-        stop.wait(settings.stripe_poll_interval_s)
+# -- credit notes --------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def stripe_sync_lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Run the sync worker in a thread of this process while the app serves, if enabled."""
-    settings = get_settings()
-    if not (settings.stripe_api_key and settings.stripe_sync_in_process):
-        yield
-        return
-    stop = threading.Event()
-    args = (app.state.engine, make_client(settings), settings, stop)
-    thread = threading.Thread(target=run_forever, args=args, name="stripe-sync", daemon=True)
-    thread.start()
+def sync_credit_notes(engine: Engine, client: stripe.StripeClient) -> int:
+    """Mirror every credit note that is due (see the module's doc); how many were worked."""
+    with transaction(engine) as session:
+        due = [note.id for note in repository.credit_notes_to_mirror(session)]
+    for credit_note_id in due:
+        with transaction(engine) as session:
+            note = repository.lock_credit_note(session, credit_note_id)
+            if note is not None:
+                _mirror_credit_note(session, client, note)
+    return len(due)
+
+
+def _mirror_credit_note(session: Session, client: stripe.StripeClient, note: CreditNote) -> None:
+    invoice = session.get_one(Invoice, note.invoice_id)
     try:
-        yield
-    finally:
-        stop.set()
-        await asyncio.to_thread(thread.join)
+        found = _find_credit_note(client, invoice, note) or client.v1.credit_notes.create(
+            _credit_note_params(invoice, note), _options(credit_note_key(note.id))
+        )
+    except MirrorError as error:
+        note.stripe_error = str(error)[:2000]
+        return
+    except stripe.StripeError as error:
+        if not is_transient(error):
+            note.stripe_error = f"{type(error).__name__}: {error.user_message or error}"[:2000]
+        log.warning("stripe credit note", extra={"credit_note": str(note.id), "error": str(error)})
+        return
+    note.stripe_id, note.stripe_status, note.stripe_error = found.id, found.status, None
+
+
+def _find_credit_note(
+    client: stripe.StripeClient, invoice: Invoice, note: CreditNote
+) -> stripe.CreditNote | None:
+    assert invoice.stripe_invoice_id is not None  # only such credit notes are due
+    listed = client.v1.credit_notes.list({"invoice": invoice.stripe_invoice_id, "limit": 100})
+    for found in listed.auto_paging_iter():
+        if found.metadata and found.metadata.to_dict().get(META_CREDIT_NOTE) == str(note.id):
+            return found
+    return None
+
+
+def _credit_note_params(invoice: Invoice, note: CreditNote) -> stripe.params.CreditNoteCreateParams:
+    return {
+        "invoice": invoice.stripe_invoice_id or "",
+        "lines": [
+            {
+                "type": "custom_line_item",
+                "description": f"gpumeter credit note {note.number}: {note.reason}"[:500],
+                "quantity": 1,
+                "unit_amount": to_stripe_amount(note.total, note.currency),
+            }
+        ],
+        "memo": f"{note.number}: {note.reason}"[:500],
+        "metadata": {META_CREDIT_NOTE: str(note.id), "gpumeter_number": note.number},
+    }

@@ -30,7 +30,7 @@ def create_plan(body: PlanCreate, session: DbSession, admin: Admin) -> PlanRead:
 @router.get("")
 def list_plans(session: DbSession, caller: ConsoleUser, page: Paging) -> Page[PlanRead]:
     """Admins see every plan; a customer sees the plans it rents on, with its own prices."""
-    query = repository.plans_query(customer_id=caller.customer_scope)
+    query = repository.readable_plans(caller)
     return paginate(session, query, page, PlanRead, lambda plan: plan_read(session, plan, caller))
 
 

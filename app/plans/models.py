@@ -17,9 +17,6 @@ class PricePlan(Timestamped, Base):
     __table_args__ = (
         CheckConstraint("increment_s >= 1", name="increment_positive"),
         CheckConstraint("minimum_s >= 0", name="minimum_not_negative"),
-        CheckConstraint(
-            "monthly_cap_per_gpu IS NULL OR monthly_cap_per_gpu > 0", name="cap_positive"
-        ),
         CheckConstraint("voucher_validity_days >= 1", name="validity_positive"),
     )
 
@@ -30,8 +27,6 @@ class PricePlan(Timestamped, Base):
     minimum_s: Mapped[int] = mapped_column(default=1)
     bill_degraded: Mapped[bool] = mapped_column(default=True)
     bill_unmetered: Mapped[bool] = mapped_column(default=False)
-    # Ceiling on one rental's monthly charge, per GPU of the rental (e.g. the reserved price).
-    monthly_cap_per_gpu: Mapped[Decimal | None]
     # [{"min_days": 7, "percent": "5"}, ...]: share of a long rental's charges returned as voucher.
     voucher_tiers: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)
     voucher_validity_days: Mapped[int] = mapped_column(default=90)
@@ -42,11 +37,16 @@ class PricePlan(Timestamped, Base):
 
 
 class PlanPrice(Timestamped, Base):
-    """An effective-dated hourly price of one GPU model; with customer_id, a contract override."""
+    """An effective-dated hourly price of one GPU model and its monthly cap per GPU (the
+    ceiling on a rental's monthly charge per GPU, e.g. the reserved price; effective with the
+    price); with customer_id, a contract override."""
 
     __tablename__ = "plan_prices"
     __table_args__ = (
         CheckConstraint("price_per_hour >= 0", name="price_not_negative"),
+        CheckConstraint(
+            "monthly_cap_per_gpu IS NULL OR monthly_cap_per_gpu > 0", name="cap_positive"
+        ),
         Index(
             "uq_plan_prices_plan_model_customer_from",
             "plan_id",
@@ -62,6 +62,7 @@ class PlanPrice(Timestamped, Base):
     plan_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("price_plans.id", ondelete="CASCADE"))
     gpu_model: Mapped[str] = mapped_column(String(100))
     price_per_hour: Mapped[Decimal]
+    monthly_cap_per_gpu: Mapped[Decimal | None]
     effective_from: Mapped[datetime]
     customer_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("customers.id", ondelete="CASCADE"), index=True

@@ -1,11 +1,25 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from sqlalchemy import Select, exists, or_, select
+from sqlalchemy.orm import Session
 
+from app.auth.service import Principal
 from app.plans.models import PlanPrice, PricePlan
 from app.rentals.models import Rental
+
+
+def readable_plans(principal: Principal) -> Select[PricePlan]:
+    """Every plan the principal may read: all for an admin, the plans it rents on for a
+    customer key; every list and get of plans starts here."""
+    return plans_query(customer_id=principal.customer_scope)
+
+
+def readable_prices(principal: Principal, plan_id: uuid.UUID) -> Select[PlanPrice]:
+    """The plan's prices the principal may read: base prices and its own overrides."""
+    return prices_query(plan_id, customer_id=principal.customer_scope)
 
 
 def plans_query(*, customer_id: uuid.UUID | None = None) -> Select[PricePlan]:
@@ -30,3 +44,17 @@ def prices_query(
     if model is not None:
         query = query.where(PlanPrice.gpu_model == model)
     return query.order_by(PlanPrice.gpu_model, PlanPrice.effective_from, PlanPrice.id)
+
+
+def prices_added_since(
+    session: Session, customer_id: uuid.UUID, before: datetime, since: datetime
+) -> bool:
+    query = select(
+        exists().where(
+            PlanPrice.created_at > since,
+            PlanPrice.effective_from < before,
+            or_(PlanPrice.customer_id.is_(None), PlanPrice.customer_id == customer_id),
+            exists().where(Rental.plan_id == PlanPrice.plan_id, Rental.customer_id == customer_id),
+        )
+    )
+    return bool(session.scalar(query))

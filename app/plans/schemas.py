@@ -18,6 +18,11 @@ class VoucherTier(Schema):
 class PriceCreate(Schema):
     gpu_model: str = Field(min_length=1, max_length=100)
     price_per_hour: HourlyPrice
+    monthly_cap_per_gpu: Amount | None = Field(
+        default=None,
+        description="The most a rental pays per GPU for a whole month at this price (e.g. the "
+        "reserved price), prorated by its billed GPU-seconds; effective with the price.",
+    )
     effective_from: AwareDatetime
     customer_id: uuid.UUID | None = Field(
         default=None, description="Set for a customer's contract price (an override)."
@@ -28,6 +33,7 @@ class PriceRead(Schema):
     id: int
     gpu_model: str
     price_per_hour: Decimal
+    monthly_cap_per_gpu: Decimal | None
     effective_from: datetime
     customer_id: uuid.UUID | None
 
@@ -44,7 +50,6 @@ class PlanSettings(Schema):
     minimum_s: int = Field(default=1, ge=0, le=31 * 86_400, description="Minimum per session.")
     bill_degraded: bool = True
     bill_unmetered: bool = False
-    monthly_cap_per_gpu: Amount | None = None
     voucher_tiers: list[VoucherTier] = Field(default_factory=list, max_length=20)
     voucher_validity_days: int = Field(default=90, ge=1, le=3660)
 
@@ -65,7 +70,6 @@ class PlanUpdate(Schema):
     minimum_s: int | None = Field(default=None, ge=0, le=31 * 86_400)
     bill_degraded: bool | None = None
     bill_unmetered: bool | None = None
-    monthly_cap_per_gpu: Amount | None = None
     voucher_tiers: list[VoucherTier] | None = Field(default=None, max_length=20)
     voucher_validity_days: int | None = Field(default=None, ge=1, le=3660)
 
@@ -91,7 +95,6 @@ class PlanRead(Schema):
     minimum_s: int
     bill_degraded: bool
     bill_unmetered: bool
-    monthly_cap_per_gpu: Decimal | None
     voucher_tiers: list[VoucherTier]
     voucher_validity_days: int
     prices: list[PriceRead]

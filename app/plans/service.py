@@ -17,8 +17,7 @@ from app.plans.schemas import PlanCreate, PlanUpdate, PriceCreate, PriceRead
 
 
 def get_plan(session: Session, plan_id: uuid.UUID, principal: Principal) -> PricePlan:
-    query = repository.plans_query(customer_id=principal.customer_scope)
-    plan = session.scalar(query.where(PricePlan.id == plan_id))
+    plan = session.scalar(repository.readable_plans(principal).where(PricePlan.id == plan_id))
     if plan is None:
         raise not_found("price plan", plan_id)
     return plan
@@ -26,7 +25,7 @@ def get_plan(session: Session, plan_id: uuid.UUID, principal: Principal) -> Pric
 
 def visible_prices_query(plan: PricePlan, principal: Principal) -> Select[PlanPrice]:
     """The plan's prices this caller may see: never another customer's contract."""
-    return repository.prices_query(plan.id, customer_id=principal.customer_scope)
+    return repository.readable_prices(principal, plan.id)
 
 
 def visible_prices(session: Session, plan: PricePlan, principal: Principal) -> list[PriceRead]:
@@ -86,8 +85,9 @@ def add_price(
 
 def price_schedule(
     session: Session, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID
-) -> list[tuple[datetime, Decimal]]:
-    """Effective-dated prices of one model for one customer, ascending.
+) -> list[tuple[datetime, Decimal, Decimal | None]]:
+    """Effective-dated (from, price, monthly cap per GPU) of one model for one customer,
+    ascending.
 
     A contract override applies from its effective time on and wins over base prices from
     then on; before the first override, base prices apply.
@@ -99,10 +99,18 @@ def price_schedule(
         (p.effective_from for p in rows if p.customer_id is not None), default=None
     )
     schedule = [
-        (p.effective_from, p.price_per_hour)
+        (p.effective_from, p.price_per_hour, p.monthly_cap_per_gpu)
         for p in rows
         if (p.customer_id is not None)
         or first_override is None
         or p.effective_from < first_override
     ]
-    return sorted(schedule)
+    return sorted(schedule, key=lambda point: point[0])
+
+
+def prices_added_since(
+    session: Session, customer_id: uuid.UUID, before: datetime, since: datetime
+) -> bool:
+    """Whether a price effective before ``before`` was added after ``since`` to a plan the
+    customer rents on (base or its own contract price): billing re-rates finalized periods."""
+    return repository.prices_added_since(session, customer_id, before, since)

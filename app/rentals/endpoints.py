@@ -38,9 +38,8 @@ def list_rentals(
     active_to: AwareDatetime | None = None,
 ) -> Page[RentalRead]:
     """Rentals overlapping [active_from, active_to); customers see only their own."""
-    scope = caller.customer_scope
     query = repository.rentals_query(
-        customer_id=scope or customer_id, active_from=active_from, active_to=active_to
+        caller, customer_id=customer_id, active_from=active_from, active_to=active_to
     )
     return paginate(session, query, page, RentalRead)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, String
+from sqlalchemy import CheckConstraint, ForeignKey, Index, String, func
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.core.base import Base, Timestamped
@@ -23,6 +23,8 @@ class Rental(Timestamped, Base):
     gpu_count: Mapped[int]
     start_at: Mapped[datetime]
     end_at: Mapped[datetime | None]
+    # When the row last changed (created, ended): billing compares it to finalized_at.
+    changed_at: Mapped[datetime] = mapped_column(server_default=func.now(), onupdate=func.now())
 
     assignments: Mapped[list[GpuAssignment]] = relationship(
         order_by="GpuAssignment.start_at", lazy="selectin", viewonly=True
@@ -52,6 +54,8 @@ class GpuAssignment(Base):
     gpu_uuid: Mapped[str] = mapped_column(ForeignKey("gpus.uuid"))
     start_at: Mapped[datetime]
     end_at: Mapped[datetime | None]
+    # When the row last changed (created, ended): billing compares it to finalized_at.
+    changed_at: Mapped[datetime] = mapped_column(server_default=func.now(), onupdate=func.now())
 
 
 class Migration(Timestamped, Base):

@@ -4,20 +4,31 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import Select, func, or_, select
+from sqlalchemy import ColumnElement, Select, exists, func, or_, select
 from sqlalchemy.orm import Session
 
+from app.auth.service import Principal
 from app.rentals.models import GpuAssignment, Migration, Rental
 
 
+def readable_rentals(principal: Principal) -> Select[Rental]:
+    """Every rental the principal may read (all for an admin, its own for a customer key);
+    every list and get of rentals starts here."""
+    query = select(Rental)
+    scope = principal.customer_scope
+    return query if scope is None else query.where(Rental.customer_id == scope)
+
+
 def rentals_query(
+    principal: Principal,
     *,
     customer_id: uuid.UUID | None = None,
     active_from: datetime | None = None,
     active_to: datetime | None = None,
 ) -> Select[Rental]:
-    """Rentals, optionally of one customer and overlapping [active_from, active_to)."""
-    query = select(Rental).order_by(Rental.start_at, Rental.id)
+    """The principal's rentals, optionally of one customer and overlapping
+    [active_from, active_to)."""
+    query = readable_rentals(principal).order_by(Rental.start_at, Rental.id)
     if customer_id is not None:
         query = query.where(Rental.customer_id == customer_id)
     if active_to is not None:
@@ -94,3 +105,24 @@ def assignment_covering(
             or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > at),
         )
     )
+
+
+def changed_since(
+    session: Session, customer_id: uuid.UUID, start: datetime, end: datetime, since: datetime
+) -> bool:
+    def overlapping(model: type[Rental] | type[GpuAssignment]) -> ColumnElement[bool]:
+        return exists().where(
+            model.customer_id == customer_id,
+            model.start_at < end,
+            or_(model.end_at.is_(None), model.end_at > start),
+            model.changed_at > since,
+        )
+
+    migrated = exists().where(
+        Migration.customer_id == customer_id,
+        Migration.failed_at < end,
+        Migration.resumed_at > start,
+        Migration.created_at > since,
+    )
+    query = select(or_(overlapping(Rental), overlapping(GpuAssignment), migrated))
+    return bool(session.scalar(query))

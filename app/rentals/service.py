@@ -22,8 +22,8 @@ from app.rentals.schemas import AssignmentCreate, MigrationCreate, RentalCreate
 
 
 def get_rental(session: Session, rental_id: uuid.UUID, principal: Principal) -> Rental:
-    rental = session.get(Rental, rental_id)
-    if rental is None or not principal.may_read_customer(rental.customer_id):
+    rental = session.scalar(repository.readable_rentals(principal).where(Rental.id == rental_id))
+    if rental is None:
         raise not_found("rental", rental_id)
     return rental
 
@@ -255,3 +255,11 @@ def _flush_assignment(session: Session, assignment: GpuAssignment) -> None:
 
 def _iso_or(moment: datetime | None, otherwise: str) -> str:
     return moment.isoformat() if moment is not None else otherwise
+
+
+def changed_since(
+    session: Session, customer_id: uuid.UUID, start: datetime, end: datetime, since: datetime
+) -> bool:
+    """Whether a rental, assignment or migration of the customer overlapping [start, end) was
+    created or changed after ``since`` (billing: a correction to a finalized period)."""
+    return repository.changed_since(session, customer_id, start, end, since)

@@ -28,18 +28,18 @@ from app.simulate.history import DAY, SimGpu
 from metering_agent.nvml.simulated import sim_uuid
 
 GPUS_PER_NODE = 8
-# NVML model -> (share of the fleet's nodes, on-demand price per GPU-hour in USD)
+# NVML model -> (share of the fleet's nodes, on-demand price per GPU-hour in USD, monthly cap
+# per GPU in USD: "tier + cap", the cap about 84 % of a 30-day month at the hourly price)
 MODELS = {
-    "NVIDIA H100 80GB HBM3": (0.6, "2.49"),
-    "NVIDIA H200": (0.15, "3.29"),
-    "NVIDIA A100-SXM4-80GB": (0.15, "1.59"),
-    "NVIDIA L40S": (0.1, "0.99"),
+    "NVIDIA H100 80GB HBM3": (0.6, "2.49", "1500.00"),
+    "NVIDIA H200": (0.15, "3.29", "1980.00"),
+    "NVIDIA A100-SXM4-80GB": (0.15, "1.59", "960.00"),
+    "NVIDIA L40S": (0.1, "0.99", "600.00"),
 }
-# Long-rental vouchers and a monthly cap per GPU ("tier + cap"), shared with the demo.
+# Long-rental vouchers, shared with the demo.
 PLAN_TERMS: dict[str, Any] = {
     "voucher_tiers": [{"min_days": 7, "percent": "5"}, {"min_days": 30, "percent": "15"}],
     "voucher_validity_days": 90,
-    "monthly_cap_per_gpu": "1500.00",
 }
 SPARE_EVERY = 20  # one node in 20 of each model is a spare
 RENTED_SHARE = 0.88
@@ -56,8 +56,13 @@ class Fleet:
 def plan_prices(effective_from: int) -> list[dict[str, str]]:
     since = from_epoch(effective_from).isoformat()
     return [
-        {"gpu_model": m, "price_per_hour": price, "effective_from": since}
-        for m, (_, price) in MODELS.items()
+        {
+            "gpu_model": m,
+            "price_per_hour": price,
+            "monthly_cap_per_gpu": cap,
+            "effective_from": since,
+        }
+        for m, (_, price, cap) in MODELS.items()
     ]
 
 
@@ -89,7 +94,7 @@ def create_fleet(
 
 def _nodes(count: int, rng: random.Random, tag: str) -> list[dict[str, Any]]:
     models = list(MODELS)
-    weights = [share for share, _ in MODELS.values()]
+    weights = [share for share, *_ in MODELS.values()]
     return [
         {
             "id": uuid.uuid4(),

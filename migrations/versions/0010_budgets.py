@@ -1,7 +1,7 @@
 """budgets: monthly budgets with thresholds, and the thresholds crossed per period
 
 Revision ID: 0010
-Revises: 0007
+Revises: 0009a
 Create Date: 2026-12-01 21:00:00
 """
 
@@ -12,7 +12,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0010"
-down_revision: str | None = "0007"
+down_revision: str | None = "0009a"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

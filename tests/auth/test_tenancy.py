@@ -16,13 +16,18 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
 from enum import Enum
 from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from sqlalchemy import Engine
 
+from app.billing.models import CreditNote
+from app.core.db import transaction
 from tests.harness import Console, bearer
 
 
@@ -45,6 +50,7 @@ class Case:
 ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/healthz"): Case(Expect.PUBLIC),
     ("GET", "/readyz"): Case(Expect.PUBLIC),
+    ("GET", "/metrics"): Case(Expect.PUBLIC),
     ("POST", "/v1/keys"): Case(Expect.ADMIN_ONLY, body={"name": "x"}),
     ("GET", "/v1/keys"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/keys/{key_id}/revoke"): Case(Expect.ADMIN_ONLY),
@@ -63,6 +69,10 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/gpus"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/gpus/{gpu_uuid}"): Case(Expect.HIDDEN),
     ("PATCH", "/v1/gpus/{gpu_uuid}"): Case(Expect.ADMIN_ONLY, body={"pool": "spare"}),
+    ("POST", "/v1/gpus/{gpu_uuid}/maintenance"): Case(
+        Expect.ADMIN_ONLY,
+        body={"start_at": "2026-10-01T00:00:00Z", "end_at": "2026-10-01T01:00:00Z"},
+    ),
     ("POST", "/v1/plans"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/plans"): Case(Expect.SCOPED),
     # Both customers rent on the shared plan: B sees it, but never A's contract price.
@@ -93,6 +103,8 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/invoices"): Case(Expect.SCOPED, query="?customer_id={customer_id}"),
     ("GET", "/v1/invoices/{invoice_id}"): Case(Expect.HIDDEN),
     ("GET", "/v1/invoices/{invoice_id}/html"): Case(Expect.HIDDEN),
+    ("GET", "/v1/invoices/{invoice_id}/credit-notes"): Case(Expect.HIDDEN),
+    ("GET", "/v1/customers/{customer_id}/credit-notes"): Case(Expect.HIDDEN),
     ("POST", "/v1/invoices/{invoice_id}/finalize"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/invoices/{invoice_id}/void"): Case(Expect.ADMIN_ONLY, body={"reason": "x"}),
     ("POST", "/v1/invoices/{invoice_id}/paid"): Case(Expect.ADMIN_ONLY),
@@ -121,6 +133,14 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/stripe/sync"): Case(Expect.ADMIN_ONLY, query="?customer_id={customer_id}"),
     ("GET", "/v1/stripe/invoices/{invoice_id}"): Case(Expect.HIDDEN),
     ("POST", "/v1/stripe/invoices/{invoice_id}/retry"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/webhooks/endpoints"): Case(Expect.ADMIN_ONLY, body={"url": "https://x.io"}),
+    ("GET", "/v1/webhooks/endpoints"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/webhooks/endpoints/{endpoint_id}"): Case(Expect.ADMIN_ONLY),
+    ("PATCH", "/v1/webhooks/endpoints/{endpoint_id}"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/webhooks/endpoints/{endpoint_id}/secret"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/webhooks/endpoints/{endpoint_id}/deliveries"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/webhooks/deliveries/{delivery_id}/resend"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/scheduled-invoice-runs"): Case(Expect.ADMIN_ONLY),
 }
 
 A_CONTRACT_PRICE = "1.2345678901"
@@ -181,6 +201,8 @@ def build_world(console: Console) -> World:
         "key_id": a_key["id"],
         "invoice_id": invoice_id,
         "budget_id": budget["id"],
+        "endpoint_id": str(uuid.uuid4()),  # admin-only routes: refused before any lookup
+        "delivery_id": "1",
     }
     markers = [
         a["id"],
@@ -207,8 +229,31 @@ def test_every_route_has_a_tenancy_case(app: FastAPI) -> None:
 
 
 @pytest.fixture
-def world(console: Console) -> World:
-    return build_world(console)
+def world(console: Console, db: Engine) -> World:
+    world = build_world(console)
+    _credit_note(db, world.ids)
+    return world
+
+
+def _credit_note(db: Engine, ids: dict[str, str]) -> None:
+    """A credit note of A's, on A's invoice, for the credit-note routes to hide from B."""
+    invoice = uuid.UUID(ids["invoice_id"])
+    with transaction(db) as session:
+        session.add(
+            CreditNote(
+                customer_id=uuid.UUID(ids["customer_id"]),
+                number="CN-2026-000001",
+                invoice_id=invoice,
+                issued_with_invoice_id=invoice,
+                currency="USD",
+                amount=Decimal("1.00"),
+                tax_rate=Decimal("0"),
+                tax=Decimal("0.00"),
+                total=Decimal("1.00"),
+                reason="tenancy",
+                issued_at=datetime(2026, 12, 1, tzinfo=UTC),
+            )
+        )
 
 
 def call(client: TestClient, method: str, path: str, case: Case, key: str | None) -> Any:

@@ -8,8 +8,10 @@ DAY = 86400
 MONTH = (0, 30 * DAY)  # a 30-day billing period starting at epoch 0
 
 
-def usd_plan(price: str = "2.49", **terms: object) -> PlanTerms:
-    return PlanTerms(prices=(PricePoint("H100", 0, Decimal(price)),), **terms)  # type: ignore[arg-type]
+def usd_plan(price: str = "2.49", cap: str | None = None, **terms: object) -> PlanTerms:
+    """A plan with one H100 price from epoch 0 and, with ``cap``, its monthly cap per GPU."""
+    point = PricePoint("H100", 0, Decimal(price), None if cap is None else Decimal(cap))
+    return PlanTerms(prices=(point,), **terms)  # type: ignore[arg-type]
 
 
 def rental(plan: PlanTerms, rental_id: str = "r1", gpus: int = 1, **kw: object) -> RentalInput:

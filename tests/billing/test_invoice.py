@@ -1,6 +1,7 @@
 from decimal import Decimal
 
 from app.billing.domain import Assignment, PlanTerms, PricePoint
+from app.billing.evidence import evidence_text, xid_of
 from app.billing.invoice import build_invoice
 from app.billing.lines import InvoiceLine, LineKind
 from app.billing.rating import rate_rental
@@ -33,8 +34,10 @@ def test_tax_on_lines_after_vouchers_total_is_sum_of_lines() -> None:
     ]
 
 
-def test_each_line_rounds_once_and_totals_sum_rounded_lines() -> None:
-    # 18 s at 1.00/h is 0.005 per failure: each credit line rounds to 0.01 on its own.
+def test_credit_rounding_keeps_the_net_at_billable_seconds_times_price() -> None:
+    # 18 s at 1.00/h is 0.005 per failure: rounded on its own each would be 0.01 and the net
+    # 0.26. The net must be 964 billable s x 1.00/h = 0.2677 -> 0.27, so the credits share
+    # 0.01 by largest remainder (a tie: the earlier incident takes it).
     segments = {"A": [healthy("A", 0, 1000), failed("A", 100, 118), failed("A", 200, 218)]}
     plan = usd_plan("1.00")
     rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, 1000)], segments, {}, [], MONTH)
@@ -42,10 +45,10 @@ def test_each_line_rounds_once_and_totals_sum_rounded_lines() -> None:
     assert [line.amount for line in invoice.lines] == [
         Decimal("0.28"),  # 1000 s: 0.2777...
         Decimal("-0.01"),
-        Decimal("-0.01"),
+        Decimal("0.00"),
         Decimal("0.00"),
     ]
-    assert invoice.total == Decimal("0.26")
+    assert invoice.total == Decimal("0.27")
 
 
 def test_jpy_invoice_has_no_decimals() -> None:
@@ -72,3 +75,17 @@ def test_adjustments_follow_rental_lines_and_count_towards_vouchers_and_tax() ->
         (LineKind.VOUCHER, Decimal("-1791.54")),  # never below zero, adjustment included
         (LineKind.TAX, Decimal("0.00")),
     ]
+
+
+def test_the_xid_of_a_credit_comes_from_the_event_its_evidence_or_its_rule() -> None:
+    assert xid_of({"event_id": "e1", "rule": "xid", "code": 79}) == 79
+    classifier = {
+        "rule": "xid_79_fallen_off_bus",
+        "code": None,
+        "detail": {"from": "healthy", "evidence": [{"rule": "x", "xid": 48}]},
+    }
+    assert xid_of(classifier) == 48  # the classifier's own evidence first
+    assert xid_of({"rule": "xid_94_contained_ecc", "code": None}) == 94
+    assert xid_of({"rule": "gpu_lost"}) is None
+    assert evidence_text(classifier) == "XID 48 (xid_79_fallen_off_bus)"
+    assert evidence_text({"from_gpu": "A", "to_gpu": "B", "reason": None}) == "migrated from A to B"

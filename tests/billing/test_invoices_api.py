@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -9,6 +10,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
+from app.settings import get_settings
 from tests.billing.world import get, october_with_failure, run_invoice
 from tests.harness import Console, bearer
 
@@ -31,8 +33,12 @@ def test_october_invoice_with_a_47_minute_failure_and_a_30_s_migration(
         ("tax", None, "351.61", None),  # 19 % of 1850.59 = 351.6121
     ]
     assert invoice["lines"][0]["rate"] == "2.49"
-    assert invoice["lines"][1]["evidence"]["code"] == 79
-    assert invoice["lines"][2]["evidence"]["reason"] == "XID 79"
+    assert invoice["lines"][1]["evidence"]["code"] == invoice["lines"][1]["code"] == 79
+    assert invoice["lines"][2]["evidence"] == {
+        "from_gpu": "GPU-A",
+        "to_gpu": "GPU-B",
+        "reason": "XID 79",
+    }
     totals = (invoice["subtotal"], invoice["tax"], invoice["total"])
     assert totals == ("1850.59", "351.61", "2202.20")
     assert (invoice["status"], invoice["number"]) == ("draft", None)
@@ -130,7 +136,8 @@ def test_void_keeps_the_number_and_a_new_draft_replaces_it(
     second = console.post(f"/v1/invoices/{rerun['invoice_ids'][0]}/finalize", {}, 200)
     assert second["number"] == "GM-2026-000002"  # gapless: the voided one keeps 000001
     ledger = get(console, f"/v1/customers/{draft['customer_id']}/vouchers")
-    assert [e["kind"] for e in ledger["entries"]] == ["issued"]  # the tier voucher, once
+    # The tier voucher, issued once; valid when the replacement is finalized, it applies.
+    assert [e["kind"] for e in ledger["entries"]] == ["issued", "applied"]
 
 
 def test_html_invoice_is_standalone_and_escaped(
@@ -152,6 +159,39 @@ def test_html_invoice_is_standalone_and_escaped(
     assert "GPU-A" in page and "Failure credit" in page and "http" not in page
 
 
+@pytest.fixture
+def seller(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("GPUMETER_SELLER_NAME", "Example GPU Cloud GmbH")
+    monkeypatch.setenv("GPUMETER_SELLER_ADDRESS", "Hauptstr. 1\n10115 Berlin")
+    monkeypatch.setenv("GPUMETER_SELLER_TAX_ID", "DE123456789")
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()  # later tests read the environment without these again
+
+
+def test_the_invoice_document_is_an_invoice(
+    console: Console, db: Engine, now: datetime, seller: None
+) -> None:
+    """Seller, due date from the payment terms (30 days), tax once as a percentage, the
+    credits summary (2,820 + 30 s = 0.79 GPU-hours, one incident: the failure and its
+    migration window), evidence in words, no internal ids."""
+    draft = _october(console, db)
+    final = console.post(f"/v1/invoices/{draft['id']}/finalize", {}, 200)
+    assert (final["finalized_at"], final["due_at"]) == (
+        "2026-11-05T12:00:00Z",
+        "2026-12-05T12:00:00Z",
+    )
+    page = console.client.get(f"/v1/invoices/{draft['id']}/html", headers=console.headers).text
+    assert "Example GPU Cloud GmbH" in page and "10115 Berlin" in page
+    assert "Tax id: DE123456789" in page
+    assert "Due 2026-12-05 12:00:00 UTC" in page
+    assert page.count("19 %") == 1 and "0.19" not in page and page.count("351.61") == 1
+    assert "0.79 GPU-hours credited for 1 incident" in page
+    assert "evidence: XID 79 (" in page
+    assert "evidence: migrated from GPU-A to GPU-B: XID 79" in page
+    assert "migration_id" not in page and "ev-79" not in page
+
+
 def test_customers_see_only_their_own_invoices(console: Console, db: Engine, now: datetime) -> None:
     draft = _october(console, db)
     other = console.customer("Other")
@@ -163,3 +203,19 @@ def test_customers_see_only_their_own_invoices(console: Console, db: Engine, now
     assert client.get("/v1/invoices", headers=bearer(other_key)).json()["items"] == []
     run = client.post("/v1/invoices/runs", json={"period": "2026-10"}, headers=bearer(own_key))
     assert run.status_code == 403
+
+
+def test_a_run_as_of_a_time_is_judged_then(console: Console, db: Engine, now: datetime) -> None:
+    october_with_failure(console, db)
+    runs = "/v1/invoices/runs"
+    future = console.post(runs, {"period": "2026-10", "as_of": "2026-11-06T00:00:00Z"}, 422)
+    assert future["detail"][0]["loc"] == ["body", "as_of"]
+    # 1 Nov 03:00 is before October's grace end (00:00 + 6 h): finalizing then is refused.
+    early = {"period": "2026-10", "finalize": True, "as_of": "2026-11-01T03:00:00Z"}
+    console.post(runs, early, 409)
+    run = console.post(runs, {**early, "as_of": "2026-11-01T06:00:00Z"}, 200)
+    invoice = get(console, f"/v1/invoices/{run['invoice_ids'][0]}")
+    assert (invoice["generated_at"], invoice["finalized_at"]) == (
+        "2026-11-01T06:00:00Z",
+        "2026-11-01T06:00:00Z",
+    )

@@ -43,3 +43,18 @@ def test_invoices_run_refuses_bad_periods(console: Console, database_url: str) -
     for period, message in (("2026-13", "YYYY-MM"), ("2099-01", "has not started")):
         result = _run(database_url, "--period", period)
         assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_invoices_run_as_of_a_past_time(console: Console, db: Engine, database_url: str) -> None:
+    """A backfill finalized as of 2 Nov 06:00: generated, finalized and due (30 days) then."""
+    october_with_failure(console, db)
+    no_zone = _run(database_url, "--period", "2026-10", "--as-of", "2026-11-02T06:00:00")
+    assert no_zone.returncode == 2 and "give the zone too" in no_zone.stderr
+    done = _run(database_url, "--period", "2026-10", "--finalize", "--as-of", "2026-11-02T06:00Z")
+    assert done.returncode == 0 and "1 finalized" in done.stdout, done.stderr
+    [invoice] = console.client.get("/v1/invoices", headers=console.headers).json()["items"]
+    assert (invoice["generated_at"], invoice["finalized_at"], invoice["due_at"]) == (
+        "2026-11-02T06:00:00Z",
+        "2026-11-02T06:00:00Z",
+        "2026-12-02T06:00:00Z",
+    )

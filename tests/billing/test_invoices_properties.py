@@ -1,5 +1,6 @@
-"""Property (DB level): re-running an invoice run over random usage changes nothing, and every
-stored invoice's total is the sum of its lines."""
+"""Property (DB level): re-running an invoice run over random usage changes nothing, every
+stored invoice's total is the sum of its lines, every rental's net per price period is its
+billed seconds x price, and a capped rental pays at most its prorated cap."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sqlalchemy import Engine, select, text
 from app.billing.models import Invoice, InvoiceLineRow, VoucherEntryRow
 from app.billing.run import run_invoices
 from app.core.db import transaction
+from app.core.money import round_money, time_amount
 from app.customers.models import Customer
 from app.fleet.models import Gpu, Node
 from app.metering.repository import write_segments
@@ -26,6 +28,7 @@ START = int(datetime(2026, 10, 1, tzinfo=UTC).timestamp())
 END = int(datetime(2026, 11, 1, tzinfo=UTC).timestamp())
 NOW = datetime(2026, 11, 10, tzinfo=UTC)
 STATES = ("healthy", "degraded", "failed")
+CAP = "700"  # per GPU-month, from 16 Oct: 16 days at 1.99/h are 764.16
 
 cuts = st.lists(st.integers(START, END), min_size=2, max_size=8, unique=True).map(sorted)
 gpu_usage = st.tuples(cuts, st.lists(st.sampled_from((*STATES, None)), min_size=7, max_size=7))
@@ -62,6 +65,7 @@ def _world(db: Engine, gpus: list[tuple[list[int], list[str | None]]], increment
                 plan_id=plan.id,
                 gpu_model="H100",
                 price_per_hour=Decimal("1.99"),
+                monthly_cap_per_gpu=Decimal(CAP),  # binds for a GPU healthy from day 15 on
                 effective_from=_at(START + 15 * 86400),
             )
         )
@@ -111,11 +115,35 @@ def _world(db: Engine, gpus: list[tuple[list[int], list[str | None]]], increment
         write_segments(session, spans, [])
 
 
+def _check_rental_lines(lines: list[InvoiceLineRow]) -> None:
+    """Per price period (a charge line): charge + its credits = round(billed s x price); the
+    capped period pays at most cap x (its uncredited seconds ÷ the month's seconds)."""
+    credits = {"failure_credit", "migration_credit", "degraded_credit"}
+    for charge in (x for x in lines if x.kind == "charge"):
+        assert charge.start_at and charge.end_at and charge.rate is not None
+        mine = [
+            x
+            for x in lines
+            if x.kind in credits
+            and x.rental_id == charge.rental_id
+            and x.start_at is not None
+            and charge.start_at <= x.start_at < charge.end_at
+        ]
+        billed_s = (charge.seconds or 0) - sum(x.seconds or 0 for x in mine)
+        net = charge.amount + sum((x.amount for x in mine), Decimal(0))
+        assert net == time_amount(billed_s, charge.rate, "USD")
+        if charge.rate == Decimal("1.99"):  # the capped price period
+            cap = [x.amount for x in lines if x.kind == "cap" and x.rental_id == charge.rental_id]
+            bound = round_money(Decimal(CAP) * billed_s / (END - START), "USD")
+            assert net + sum(cap, Decimal(0)) <= bound
+
+
 def _snapshot(db: Engine) -> list[Any]:
     with transaction(db) as session:
         invoices = session.scalars(select(Invoice).order_by(Invoice.id)).all()
         for invoice in invoices:
             assert invoice.total == sum((line.amount for line in invoice.lines), Decimal(0))
+            _check_rental_lines(list(invoice.lines))
         lines = session.execute(
             select(InvoiceLineRow.__table__).order_by(
                 InvoiceLineRow.invoice_id, InvoiceLineRow.position

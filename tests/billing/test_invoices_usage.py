@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 
 from sqlalchemy import Engine
 
-from tests.billing.world import get, october_with_failure
+from tests.billing.world import get, october_with_failure, run_invoice
 from tests.harness import Console
 
 
@@ -62,3 +63,42 @@ def test_what_if_at_1_60_and_3600_s_with_and_without_credits(
         (60, "1850.61", 2_675_580, "1852.58", 2_678_430),
         (3600, "1852.56", 2_678_400, "1854.53", 2_681_250),
     ]
+
+
+CAPPED = {
+    "prices": [
+        {
+            "gpu_model": "H100",
+            "price_per_hour": "2.49",
+            "monthly_cap_per_gpu": "1500.00",
+            "effective_from": "2026-01-01T00:00:00Z",
+        }
+    ]
+}
+
+
+def test_usage_what_if_and_forecast_show_the_cap(
+    console: Console, db: Engine, now: datetime
+) -> None:
+    """Cap 1500/GPU-month. October (2,678,400 s): the 2,850 credited seconds earn no
+    allowance, 1500 x 2,675,550 / 2,678,400 = 1498.40; without automatic credits the
+    downtime is billed and earns the full 1500.00. November to date (388,800 s of
+    2,592,000): 225.00, forecast 1500.00."""
+    customer = october_with_failure(console, db, plan_fields=CAPPED).customer["id"]
+    october = get(console, f"/v1/customers/{customer}/usage?period=2026-10")
+    assert (october["cost_to_date"], october["forecast"]) == ("1498.40", "1498.40")
+    assert october["rentals"][0]["cap_allowance"] == "1498.40"
+    table = get(console, f"/v1/customers/{customer}/what-if?period=2026-10")
+    one_s = table["rows"][0]
+    assert (one_s["with_credits"]["amount"], one_s["without_credits"]["amount"]) == (
+        "1498.40",
+        "1500.00",
+    )
+    assert one_s["difference"] == "1.60"
+    invoice = run_invoice(console, "2026-10")
+    assert sum(Decimal(x["amount"]) for x in invoice["lines"] if x["kind"] != "tax") == Decimal(
+        "1498.40"
+    )
+
+    november = get(console, f"/v1/customers/{customer}/usage")
+    assert (november["cost_to_date"], november["forecast"]) == ("225.00", "1500.00")

@@ -24,7 +24,10 @@ def test_jpy_has_no_decimals() -> None:
     assert time_amount(3600, Decimal("332.5"), "JPY") == Decimal("333")
     assert str(zero("JPY")) == "0"
     assert str(zero("USD")) == "0.00"
-    assert str(round_money(Decimal("1.2345"), "KWD")) == "1.235"
+    # Three decimals, in steps of ten fils: Stripe takes only amounts ending in 0 for them.
+    assert str(round_money(Decimal("1.2345"), "KWD")) == "1.230"
+    assert str(round_money(Decimal("1.2350"), "BHD")) == "1.240"
+    assert str(round_money(Decimal("-1.2350"), "KWD")) == "-1.240"
 
 
 def test_unknown_currency_is_an_error() -> None:

@@ -22,7 +22,7 @@ from app.billing.domain import (
     RentalInput,
     Segment,
 )
-from app.billing.lines import InvoiceLine, LineKind
+from app.billing.lines import InvoiceLine, LineKind, sum_amounts
 from app.billing.rating import RatedRental, is_billed, rate_rentals
 from app.billing.vouchers import (
     EntryKind,
@@ -31,6 +31,7 @@ from app.billing.vouchers import (
     issue_voucher,
     open_vouchers,
 )
+from app.core.money import round_money, time_amount
 
 GPUS = ("g0", "g1", "g2")
 RENTALS = ("r0", "r1", "r2")
@@ -62,8 +63,13 @@ def worlds(draw: st.DrawFn) -> dict:
         if a != b
     ]
     maintenance = {g: draw(st.lists(spans, max_size=2)) for g in GPUS}
+    # A whole 100-s period at 3.60/h costs 0.10 per GPU: these caps bind, or do not.
+    cap = draw(st.sampled_from((None, Decimal("0.01"), Decimal("0.05"), Decimal("1"))))
     plan = PlanTerms(
-        prices=(PricePoint("H100", 0, Decimal("3.60")), PricePoint("H100", 60, Decimal("7.20"))),
+        prices=(
+            PricePoint("H100", 0, Decimal("3.60"), cap),
+            PricePoint("H100", 60, Decimal("7.20"), cap),
+        ),
         increment_s=draw(st.sampled_from((1, 7, 60))),
         minimum_s=draw(st.sampled_from((0, 1, 10))),
         bill_degraded=draw(st.booleans()),
@@ -80,6 +86,9 @@ def worlds(draw: st.DrawFn) -> dict:
         "migrations": migrations,
         "period": PERIOD,
     }
+
+
+_CREDITS = frozenset({LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT, LineKind.DEGRADED_CREDIT})
 
 
 def _rate(world: dict) -> list[RatedRental]:
@@ -159,7 +168,7 @@ def _seconds(lines: list[InvoiceLine]) -> int:
 def test_credits_and_charges_are_consistent(world: dict) -> None:
     for rated in _rate(world):
         assert 0 <= rated.credited_s <= rated.rented_s
-        credit_lines = [x for x in rated.lines if x.kind is not LineKind.CHARGE]
+        credit_lines = [x for x in rated.lines if x.kind in _CREDITS]
         charge_lines = [x for x in rated.lines if x.kind is LineKind.CHARGE]
         assert _seconds(credit_lines) == rated.credited_s
         assert _seconds(charge_lines) == rated.billed_s + rated.credited_s
@@ -195,6 +204,69 @@ def test_coarser_increments_never_bill_less(world: dict) -> None:
             assert c.net >= f.net
 
 
+@settings(max_examples=300, deadline=None)
+@given(worlds())
+def test_net_is_billed_seconds_times_price_per_price_period(world: dict) -> None:
+    """charge - credits = round((charged s - credited s) x price) in every price period, and
+    each credit line is within one cent of its own seconds x price."""
+    for rated in _rate(world):
+        charges = [x for x in rated.lines if x.kind is LineKind.CHARGE]
+        expected = Decimal("0.00")
+        for charge in charges:
+            assert charge.start is not None and charge.end is not None and charge.rate
+            credits = [
+                x
+                for x in rated.lines
+                if x.kind in _CREDITS and charge.start <= (x.start or 0) < charge.end
+            ]
+            billed_s = (charge.seconds or 0) - sum(x.seconds or 0 for x in credits)
+            net = time_amount(billed_s, charge.rate, "USD")
+            assert charge.amount + sum_amounts(credits, "USD") == net
+            expected += net
+            for x in credits:
+                exact = Decimal(x.seconds or 0) * charge.rate / 3600
+                assert abs(-x.amount - exact) < Decimal("0.01")
+        assert rated.uncapped_net == expected
+
+
+def _uncredited_s(rated: RatedRental) -> int:
+    return rated.rented_s - rated.credited_s
+
+
+@settings(max_examples=300, deadline=None)
+@given(worlds())
+def test_a_capped_rental_pays_at_most_its_prorated_cap(world: dict) -> None:
+    """Net <= cap x (rented s not credited ÷ period s), rounded once."""
+    period_s = PERIOD[1] - PERIOD[0]
+    for rated in _rate(world):
+        cap = rated.rental.plan.prices[0].monthly_cap_per_gpu
+        if cap is None:
+            assert rated.cap_allowance is None
+            continue
+        bound = round_money(cap * _uncredited_s(rated) / period_s, "USD")
+        assert rated.net <= bound
+        if rated.cap_allowance is None:  # nothing charged in a capped price period
+            assert not rated.lines
+            continue
+        assert rated.net == min(rated.uncapped_net, rated.cap_allowance)
+
+
+def _without_failures(world: dict) -> dict:
+    segments = {
+        gpu: [replace(s, state=GpuState.HEALTHY) if s.state is GpuState.FAILED else s for s in ss]
+        for gpu, ss in world["segments_by_gpu"].items()
+    }
+    return {**world, "segments_by_gpu": segments}
+
+
+@settings(max_examples=300, deadline=None)
+@given(worlds())
+def test_a_failure_credit_never_raises_what_a_rental_pays(world: dict) -> None:
+    """Capped or not: the same world without its failures never costs less."""
+    for with_credit, without in zip(_rate(world), _rate(_without_failures(world)), strict=True):
+        assert with_credit.net <= without.net
+
+
 @st.composite
 def ledgers(draw: st.DrawFn) -> tuple[list, list[tuple[Decimal, int]]]:
     cents = st.integers(1, 10_000).map(lambda c: Decimal(c) / 100)
@@ -211,13 +283,24 @@ def ledgers(draw: st.DrawFn) -> tuple[list, list[tuple[Decimal, int]]]:
 @settings(max_examples=300, deadline=None)
 @given(ledgers())
 def test_voucher_money_is_conserved(data: tuple[list, list[tuple[Decimal, int]]]) -> None:
-    ledger, invoices = data
-    issued = sum((e.amount for e in ledger), Decimal(0))
+    """Invoices finalized at their times: vouchers issued by then and valid then apply;
+    expired ones are written off dated at their expiry, never in the future."""
+    vouchers, invoices = data
+    ledger: list = []
+    issued = sum((e.amount for e in vouchers), Decimal(0))
     for n, (due, day) in enumerate(invoices):
-        applied, expired = apply_vouchers(open_vouchers(ledger), due, day * 86400, f"inv{n}")
+        finalized_at = day * 86400
+        ledger += [v for v in vouchers if v.at <= finalized_at and v not in ledger]
+        valid = {v.voucher_id: v for v in vouchers if v.at <= finalized_at}
+        applied, expired = apply_vouchers(open_vouchers(ledger), due, finalized_at, f"inv{n}")
         assert sum((a.amount for a in applied), Decimal(0)) <= due  # never a negative due
+        for a in applied:
+            assert valid[a.voucher_id].expires_at > finalized_at
+        for x in expired:
+            assert x.at == valid[x.voucher_id].expires_at <= finalized_at
         ledger += applied + expired
         assert all(v.remaining > 0 for v in open_vouchers(ledger))
+    ledger += [v for v in vouchers if v not in ledger]
     used = sum((e.amount for e in ledger if e.kind is not EntryKind.ISSUED), Decimal(0))
     assert issued == used + balance(ledger)
     assert balance(ledger) == sum((v.remaining for v in open_vouchers(ledger)), Decimal(0))

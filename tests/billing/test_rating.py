@@ -9,10 +9,11 @@ from app.billing.domain import (
     Migration,
     PlanTerms,
     PricePoint,
+    RentalInput,
     Segment,
 )
 from app.billing.lines import LineKind
-from app.billing.rating import rate_rental
+from app.billing.rating import RatedRental, rate_rental
 
 from .factories import DAY, MONTH, failed, healthy, rental, usd_plan
 
@@ -73,7 +74,7 @@ def test_price_change_splits_charge_and_credit_lines() -> None:
 
 
 def test_cap_binds_per_gpu_count() -> None:
-    plan = usd_plan(monthly_cap_per_gpu=Decimal("1000"))
+    plan = usd_plan(cap="1000")
     assignments = [Assignment("r1", "A", 0, END), Assignment("r1", "B", 0, END)]
     segments = {"A": [healthy("A", 0, END)], "B": [healthy("B", 0, END)]}
     rated = rate_rental(rental(plan, gpus=2), assignments, segments, {}, [], MONTH)
@@ -83,7 +84,7 @@ def test_cap_binds_per_gpu_count() -> None:
 
 
 def test_cap_that_does_not_bind_adds_no_line() -> None:
-    plan = usd_plan(monthly_cap_per_gpu=Decimal("1792.80"))
+    plan = usd_plan(cap="1792.80")
     segments = {"A": [healthy("A", 0, END)]}
     rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
     assert _amounts(rated, LineKind.CAP) == []
@@ -175,3 +176,82 @@ def test_missing_price_is_an_error() -> None:
     with pytest.raises(ValueError, match="no price"):
         segments = {"A": [healthy("A", 0, 200)]}
         rate_rental(rental(plan), [Assignment("r1", "A", 0, 200)], segments, {}, [], MONTH)
+
+
+def test_net_is_billable_seconds_times_price_not_the_sum_of_rounded_credits() -> None:
+    """2 h at 2.80/h, a 47-min failure and a 30-s migration: 4,350 billable s -> 3.38.
+
+    Rounded on their own the credits were 2.19 + 0.02 and the net 3.39. Exact, they are
+    2.19333 and 0.02333: the 2.22 the net needs goes 2.20 + 0.02 (equal remainders: the
+    earlier incident takes the cent)."""
+    start, fail = 0, 1000
+    plan = usd_plan("2.80")
+    assignments = [Assignment("r1", "A", 0, fail + 2820), Assignment("r1", "B", fail + 2850, 7200)]
+    segments = {
+        "A": [healthy("A", 0, fail), failed("A", fail, fail + 2820)],
+        "B": [healthy("B", 0, 7200)],
+    }
+    migration = Migration("r1", "A", "B", fail + 2820, fail + 2850)
+    two_hours = rental(plan, rental_start=start, rental_end=7200)
+    rated = rate_rental(two_hours, assignments, segments, {}, [migration], MONTH)
+    assert rated.buckets[Bucket.BILLABLE] == 4350
+    assert [(x.kind, x.seconds, x.amount) for x in rated.lines] == [
+        (LineKind.CHARGE, 7200, Decimal("5.60")),
+        (LineKind.FAILURE_CREDIT, 2820, Decimal("-2.20")),
+        (LineKind.MIGRATION_CREDIT, 30, Decimal("-0.02")),
+    ]
+    assert rated.net == Decimal("3.38")
+
+
+def _capped_month(plan: PlanTerms) -> RatedRental:
+    segments = {"A": [healthy("A", 0, F), failed("A", F, F + 2820)], "B": [healthy("B", 0, END)]}
+    assignments = [Assignment("r1", "A", 0, F + 2820), Assignment("r1", "B", F + 2850, END)]
+    migration = Migration("r1", "A", "B", F + 2820, F + 2850)
+    return rate_rental(rental(plan), assignments, segments, {}, [migration], MONTH)
+
+
+def test_a_credit_lowers_what_a_capped_rental_pays() -> None:
+    """Cap 1500/GPU-month, 1792.80 of GPU time: the failure's 2,850 credited seconds earn no
+    allowance: 1500 x 2,589,150 / 2,592,000 = 1498.3507 -> 1498.35 (not 1500.00)."""
+    rated = _capped_month(usd_plan(cap="1500"))
+    assert [(x.kind, x.amount) for x in rated.lines] == [
+        (LineKind.CHARGE, Decimal("1792.80")),
+        (LineKind.FAILURE_CREDIT, Decimal("-1.95")),
+        (LineKind.MIGRATION_CREDIT, Decimal("-0.02")),
+        (LineKind.CAP, Decimal("-292.48")),
+    ]
+    assert rated.net == rated.cap_allowance == Decimal("1498.35")
+    cap = rated.lines[-1]
+    assert cap.evidence == {
+        "allowance": "1498.35",
+        "capped_net": "1790.83",
+        "period_s": 30 * DAY,
+        "caps_per_gpu": ["1500"],
+    }
+
+
+def test_the_cap_is_prorated_by_the_part_of_the_period_rented() -> None:
+    """Half the month: the allowance is half the cap (750.00); 15 d x 24 h x 2.49 = 896.40."""
+    segments = {"A": [healthy("A", 0, END)]}
+    half = rental(usd_plan(cap="1500"), rental_end=15 * DAY)
+    rated = rate_rental(half, [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
+    assert _amounts(rated, LineKind.CHARGE) == [Decimal("896.40")]
+    assert rated.net == Decimal("750.00")
+
+
+def test_caps_belong_to_each_model_and_are_effective_dated_with_its_price() -> None:
+    """H100 cap 1500 until day 15, 1200 after; an A100 has its own cap, 900."""
+    plan = PlanTerms(
+        prices=(
+            PricePoint("H100", 0, Decimal("2.49"), Decimal("1500")),
+            PricePoint("H100", 15 * DAY, Decimal("2.49"), Decimal("1200")),
+            PricePoint("A100", 0, Decimal("1.59"), Decimal("900")),
+        )
+    )
+    segments = {"A": [healthy("A", 0, END)]}
+    h100 = rate_rental(rental(plan), [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
+    assert h100.net == Decimal("1350.00")  # 1500 / 2 + 1200 / 2
+    a100 = RentalInput("r2", "c1", "A100", 1, 0, None, plan)
+    rated = rate_rental(a100, [Assignment("r2", "A", 0, END)], segments, {}, [], MONTH)
+    assert _amounts(rated, LineKind.CHARGE) == [Decimal("1144.80")]  # 720 h x 1.59
+    assert rated.net == Decimal("900.00")

@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core.db import transaction
-from app.core.local_service import free_port, wait_until_ready
+from app.core.local_service import NotReady, free_port, wait_until_ready
 from app.core.processes import stop_child
 
 BIN = Path(sys.executable).parent
@@ -49,7 +49,11 @@ class Service:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        wait_until_ready(self.url, self.process, timeout_s=30)
+        try:
+            wait_until_ready(self.url, self.process, timeout_s=120)
+        except NotReady:
+            self.stop()  # a service that never got ready is stopped too, not left behind
+            raise
 
     def stop(self) -> None:
         if self.process is not None:

@@ -50,8 +50,14 @@ def test_invoice_lifecycle_and_migration_are_events_with_their_facts(
     console.post(f"/v1/invoices/{invoice_id}/void", {"reason": "wrong address"}, 200)
 
     page = events(console)
-    assert types(page) == ["rental.migrated", "invoice.finalized", "invoice.voided"]
-    migrated, finalized, voided = page["items"]
+    assert types(page) == [
+        "rental.migrated",
+        "invoice.finalized",
+        "voucher.issued",
+        "invoice.voided",
+    ]
+    migrated, finalized, voucher, voided = page["items"]
+    assert (voucher["data"]["source"], voucher["data"]["amount"]) == ("tier", "277.59")
     assert migrated["subject"] == f"rental/{october['rental']['id']}"
     assert migrated["customer_id"] == october["customer"]["id"]
     assert isinstance(migrated["data"].pop("migration_id"), int)
@@ -80,7 +86,7 @@ def test_invoice_lifecycle_and_migration_are_events_with_their_facts(
     assert isinstance(finalized["data"]["total"], str)  # money is never a float
     assert voided["data"]["status"] == "void"
     assert voided["data"]["reason"] == "wrong address"
-    assert len({item["id"] for item in page["items"]}) == 3
+    assert len({item["id"] for item in page["items"]}) == 4
 
 
 def test_paid_is_an_event(console: Console, october: dict[str, Any]) -> None:

@@ -8,7 +8,13 @@ replayed for a repeated key; a reused key with other parameters is a 400
 
 Amounts follow Stripe: an invoice's ``total`` is the sum of its items and ``amount_due`` is
 ``max(total, 0)`` (a negative total becomes customer credit balance, not a negative amount
-due); finalizing an invoice with nothing due marks it paid at once.
+due); finalizing an invoice with nothing due marks it paid at once. Three-decimal currencies
+(BHD, JOD, KWD, OMR, TND) take only amounts whose last digit is 0, as Stripe requires.
+
+Credit notes: created on an open or paid invoice from custom lines (``unit_amount`` x
+``quantity``), never for more than the invoice's total less earlier credit notes; an open
+invoice's amount due goes down by the credit note, a paid one's credit goes to the
+customer's balance. Listed per invoice.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ Obj = dict[str, Any]
 Reply = tuple[int, Obj]
 
 _SEARCH_CLAUSE = re.compile(r"metadata\['([^']+)'\]:'([^']*)'")
+THREE_DECIMAL = frozenset({"bhd", "jod", "kwd", "omr", "tnd"})
 
 
 class StripeError(Exception):
@@ -78,6 +85,7 @@ class FakeStripe:
     customers: dict[str, Obj] = field(default_factory=dict)
     invoices: dict[str, Obj] = field(default_factory=dict)
     items: dict[str, Obj] = field(default_factory=dict)
+    credit_notes: dict[str, Obj] = field(default_factory=dict)
     log: list[Logged] = field(default_factory=list)
     # None; "503"; "drop" (connections closed unanswered); "lose" (POSTs done, answers lost)
     outage: str | None = None
@@ -164,6 +172,8 @@ class FakeStripe:
             ("POST", r"/v1/invoices/(in_\w+)/void", self._void),
             ("POST", r"/v1/invoiceitems", self._create_item),
             ("GET", r"/v1/invoiceitems", self._list_items),
+            ("POST", r"/v1/credit_notes", self._create_credit_note),
+            ("GET", r"/v1/credit_notes", self._list_credit_notes),
         ]
 
     def _new_id(self, prefix: str) -> str:
@@ -278,10 +288,7 @@ class FakeStripe:
             raise invalid("The invoice belongs to another customer.")
         if params.get("currency") != invoice["currency"]:
             raise invalid("The currency of the item does not match the invoice's currency.")
-        try:
-            amount = int(params["amount"])
-        except (KeyError, ValueError):
-            raise invalid("Invalid integer: amount", "parameter_invalid_integer") from None
+        amount = _amount(params, "amount", invoice["currency"])
         item = {
             "id": self._new_id("ii"),
             "object": "invoiceitem",
@@ -300,6 +307,48 @@ class FakeStripe:
     def _list_items(self, params: Obj) -> Obj:
         return self._page(self.items_of(params.get("invoice", "")), params, "/v1/invoiceitems")
 
+    def _create_credit_note(self, params: Obj) -> Obj:
+        invoice = self._get(self.invoices, "invoice")({}, params.get("invoice", ""))
+        if invoice["status"] not in ("open", "paid"):
+            raise invalid(f"You can't create a credit note for a {invoice['status']} invoice.")
+        lines = list(params.get("lines", {}).values())
+        if not lines or any(line.get("type") != "custom_line_item" for line in lines):
+            raise invalid("lines of type custom_line_item are required", "parameter_missing")
+        total = sum(
+            _amount(line, "unit_amount", invoice["currency"]) * int(line.get("quantity", 1))
+            for line in lines
+        )
+        credited = sum(
+            n["total"] for n in self.credit_notes.values() if n["invoice"] == invoice["id"]
+        )
+        if total <= 0 or total + credited > invoice["total"]:
+            raise invalid(
+                f"The credit note's total ({total}) must be positive and at most the invoice's "
+                f"remaining total ({invoice['total'] - credited}).",
+                "credit_note_amount_too_large",
+            )
+        if invoice["status"] == "open":
+            invoice["amount_due"] = max(invoice["amount_due"] - total, 0)
+        else:
+            self.customers[invoice["customer"]]["balance"] -= total
+        note = {
+            "id": self._new_id("cn"),
+            "object": "credit_note",
+            "invoice": invoice["id"],
+            "customer": invoice["customer"],
+            "currency": invoice["currency"],
+            "total": total,
+            "status": "issued",
+            "memo": params.get("memo"),
+            "metadata": params.get("metadata", {}),
+        }
+        self.credit_notes[note["id"]] = note
+        return note
+
+    def _list_credit_notes(self, params: Obj) -> Obj:
+        found = [n for n in self.credit_notes.values() if n["invoice"] == params.get("invoice")]
+        return self._page(found, params, "/v1/credit_notes")
+
     @staticmethod
     def _page(objects: list[Obj], params: Obj, url: str) -> Obj:
         newest_first = objects[::-1]
@@ -314,6 +363,20 @@ class FakeStripe:
             "has_more": len(newest_first) > limit,
             "url": url,
         }
+
+
+def _amount(params: Obj, name: str, currency: str) -> int:
+    try:
+        amount = int(params[name])
+    except (KeyError, ValueError):
+        raise invalid(f"Invalid integer: {name}", "parameter_invalid_integer") from None
+    if currency in THREE_DECIMAL and amount % 10:
+        raise invalid(
+            f"Invalid {name}: {currency.upper()} amounts must be rounded to the nearest ten "
+            "(their last digit must be 0).",
+            "invalid_amount",
+        )
+    return amount
 
 
 def _handler_for(fake: FakeStripe) -> type[BaseHTTPRequestHandler]:

@@ -1,4 +1,4 @@
-"""The two ways the sync runs: `gpumeter stripe sync` and the service's in-process worker."""
+"""The two ways the sync runs: `gpumeter stripe sync` and a job of the service's queue worker."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from sqlalchemy import Engine
 
 from app.main import create_app
 from app.settings import Settings
-from tests.payments.conftest import TOTAL_MINOR, Mirror, configure
+from tests.payments.conftest import TOTAL_MINOR, Mirror
 from tests.payments.fake_stripe import FakeStripe
 
 GPUMETER = Path(sys.executable).parent / "gpumeter"
@@ -34,11 +34,9 @@ def run_cli(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_sync_once_mirrors_what_is_due(
-    mirror: Mirror, fake: FakeStripe, database_url: str
-) -> None:
+def test_cli_sync_mirrors_what_is_due(mirror: Mirror, fake: FakeStripe, database_url: str) -> None:
     invoice_id = mirror.finalized()
-    result = run_cli(database_url, "--once")
+    result = run_cli(database_url)
     assert result.returncode == 0, result.stderr
     assert "1 invoice(s) worked" in result.stdout
     assert mirror.row(invoice_id)["state"] == "synced"
@@ -49,17 +47,17 @@ def test_cli_refuses_to_run_without_a_key(
     settings: Settings, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("GPUMETER_STRIPE_API_KEY")
-    result = run_cli(database_url, "--once")
+    result = run_cli(database_url)
     assert result.returncode == 2
     assert "GPUMETER_STRIPE_API_KEY is not set" in result.stderr
 
 
-def test_service_runs_the_worker_in_process(
-    db: Engine, mirror: Mirror, fake: FakeStripe, monkeypatch: pytest.MonkeyPatch
+def test_finalizing_has_the_in_process_worker_mirror_it(
+    db: Engine, mirror: Mirror, fake: FakeStripe
 ) -> None:
-    configure(monkeypatch, stripe_sync_in_process="true", stripe_poll_interval_s=0.1)
-    invoice_id = mirror.finalized()
-    with TestClient(create_app(db)):
+    """The finalization defers the sync job in its transaction; the worker runs it."""
+    with TestClient(create_app(db, worker=True)):
+        invoice_id = mirror.finalized()
         deadline = time.monotonic() + 10
         while mirror.row(invoice_id)["state"] != "synced" and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -157,9 +157,9 @@ def test_customer_contract_price_overrides_base_from_its_effective_time(
     )
     with transaction(db) as session:
         schedule = price_schedule(session, plan["id"], "H100", customer["id"])
-    assert schedule == [
-        (datetime(2026, 1, 1, tzinfo=UTC), Decimal("2.4900000000")),
-        (datetime(2026, 6, 1, tzinfo=UTC), Decimal("1.9900000000")),
+    assert schedule == [  # (from, price, monthly cap per GPU: none here)
+        (datetime(2026, 1, 1, tzinfo=UTC), Decimal("2.4900000000"), None),
+        (datetime(2026, 6, 1, tzinfo=UTC), Decimal("1.9900000000"), None),
     ]
 
 

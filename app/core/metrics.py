@@ -1,0 +1,44 @@
+"""``GET /metrics``: Prometheus metrics of this process, and the job queue's depth.
+
+Job durations, start delays and webhook deliveries are counted by the process that runs the
+jobs: the service's in-process worker shows them here, a separate ``gpumeter worker`` on its
+``--metrics-port``. The queue depth is read from the database at each scrape, so every
+process shows the same, whole-queue figure.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+
+router = APIRouter(tags=["operations"])
+
+QUEUE_JOBS = Gauge(
+    "gpumeter_queue_jobs",
+    "Jobs in the queue by task and status (todo includes those scheduled for later).",
+    ["task", "status"],
+)
+_DEPTH = text(
+    "SELECT task_name, status::text, count(*) FROM procrastinate_jobs "
+    "WHERE status IN ('todo', 'doing') GROUP BY task_name, status"
+)
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={503: {"description": "database unreachable or not migrated"}},
+)
+def metrics(request: Request) -> Response:
+    try:
+        with request.app.state.engine.connect() as connection:
+            rows = connection.execute(_DEPTH).all()
+    except SQLAlchemyError as error:
+        reason = f"queue depth unavailable: {type(error).__name__}"
+        return Response(reason, status_code=503, media_type="text/plain")
+    QUEUE_JOBS.clear()
+    for task, status, count in rows:
+        QUEUE_JOBS.labels(task, status).set(count)
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

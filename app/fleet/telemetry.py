@@ -1,0 +1,75 @@
+"""A GPU's telemetry as the console API serves it: timeline, metrics and fleet health.
+
+Customers see only GPUs that served their rentals, and only the seconds of those rentals:
+everything is clipped to the customer's assignment intervals of that GPU (the visibility rule
+of ``app.rentals.visibility``). The telemetry itself comes from metering's read interface.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session
+
+from app.auth.service import Principal
+from app.core.epoch import epoch, from_epoch
+from app.core.errors import not_found
+from app.fleet import repository
+from app.fleet.models import Gpu
+from app.metering import reads, schemas
+from app.rentals.visibility import served
+
+FAILED_LOOKBACK_S = 86_400
+_OPEN_END = 2**62  # an assignment still running: visible to the end of any window
+
+
+def visible(
+    session: Session, gpu_uuid: str, caller: Principal, start: int, end: int
+) -> list[tuple[int, int]]:
+    """The parts of [start, end) the caller may see of this GPU; 404 when none ever."""
+    if session.get(Gpu, gpu_uuid) is None:
+        raise not_found("GPU", gpu_uuid, ("path", "gpu_uuid"))
+    if caller.customer_scope is None:
+        return [(start, end)]
+    query = served(customer_id=caller.customer_scope, gpu_uuids=[gpu_uuid])
+    rented = [
+        (epoch(a.start_at), _OPEN_END if a.end_at is None else epoch(a.end_at))
+        for a in session.execute(query.order_by("start_at"))
+    ]
+    if not rented:
+        raise not_found("GPU", gpu_uuid, ("path", "gpu_uuid"))
+    clipped = [(max(a, start), min(b, end)) for a, b in rented]
+    return [(a, b) for a, b in clipped if a < b]
+
+
+def timeline(
+    session: Session, gpu_uuid: str, caller: Principal, start: int, end: int
+) -> schemas.Timeline:
+    parts = visible(session, gpu_uuid, caller, start, end)
+    return reads.timeline(session, gpu_uuid, parts, start, end)
+
+
+def metrics(
+    session: Session, gpu_uuid: str, caller: Principal, start: int, end: int, step: int
+) -> schemas.Metrics:
+    parts = visible(session, gpu_uuid, caller, start, end)
+    return reads.metrics(session, gpu_uuid, parts, step)
+
+
+def fleet_health(session: Session, now: int) -> schemas.FleetHealth:
+    counts = [
+        schemas.StateCount(state=state or "unknown", pool=pool, gpus=n)
+        for state, pool, n in repository.gpu_counts(session)
+    ]
+    failures = reads.failed_since(session, now - FAILED_LOOKBACK_S)
+    gpus = {g.uuid: g for g in repository.gpus_by_uuid(session, {f["gpu_uuid"] for f in failures})}
+    failed = [
+        schemas.FailedGpu(
+            gpu_uuid=row["gpu_uuid"],
+            node_id=gpus[row["gpu_uuid"]].node_id,
+            model=gpus[row["gpu_uuid"]].model,
+            since=from_epoch(row["start"]),
+            until=from_epoch(row["end"]),
+            evidence=row["evidence"],
+        )
+        for row in failures
+    ]
+    return schemas.FleetHealth(at=from_epoch(now), by_state_and_pool=counts, recently_failed=failed)

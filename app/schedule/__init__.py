@@ -1,0 +1,1 @@
+"""The scheduled monthly invoice run, on the job queue."""

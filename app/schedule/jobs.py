@@ -1,0 +1,21 @@
+"""The scheduled invoice run's periodic job (``GPUMETER_INVOICE_SCHEDULE_CRON``)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import procrastinate
+from procrastinate import job_context
+
+from app.schedule.service import tick
+from app.settings import get_settings
+
+tasks = procrastinate.Blueprint()
+
+
+@tasks.periodic(cron=get_settings().invoice_schedule_cron)
+@tasks.task(name="tick", queueing_lock="invoice_schedule", pass_context=True)
+def invoice_schedule_tick(context: job_context.JobContext, timestamp: int) -> int:
+    """Run what became due; how many zone-months were worked."""
+    engine = context.additional_context["engine"]
+    return len(tick(engine, context.additional_context["settings"], datetime.now(UTC)))

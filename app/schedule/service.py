@@ -1,0 +1,85 @@
+"""The scheduled monthly invoice run: once a zone's month and its grace time are over, draft
+(and, per ``invoice_schedule_finalize``, finalize) every invoice of that zone's customers.
+
+Each tick notes every (month, billing time zone) that became due, then works the due ones one
+at a time, each in one transaction with its row locked: a zone's month runs once, however many
+workers tick, and a failed try rolls back whole and is tried again at the next tick. The run
+itself is billing's (``app.billing.run.run_invoices``), idempotent per customer.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+from app.billing.loader import billing_period
+from app.billing.run import run_invoices
+from app.core.db import transaction
+from app.schedule import repository
+from app.schedule.models import RunStatus, ScheduledRun
+from app.settings import Settings
+
+log = logging.getLogger(__name__)
+MAX_ATTEMPTS = 5
+
+
+def closed_period(timezone: str, now: datetime, grace_hours: int) -> str | None:
+    """The zone's previous month, once its grace time has passed by ``now``."""
+    first_of_month = now.astimezone(ZoneInfo(timezone)).replace(day=1)
+    previous = (first_of_month - timedelta(days=1)).strftime("%Y-%m")
+    ends = billing_period(previous, timezone).end
+    return previous if now >= ends + timedelta(hours=grace_hours) else None
+
+
+def tick(engine: Engine, settings: Settings, now: datetime) -> list[int]:
+    """Note what became due, then work every due run once; the ids of the runs worked."""
+    with transaction(engine) as session:
+        for zone in repository.billing_zones(session):
+            period = closed_period(zone, now, settings.invoice_grace_hours)
+            if period is not None:
+                repository.add_due(session, period, zone, settings.invoice_schedule_finalize)
+    worked: list[int] = []
+    while (run_id := _work_next(engine, now, exclude=worked)) is not None:
+        worked.append(run_id)
+    return worked
+
+
+def _work_next(engine: Engine, now: datetime, exclude: list[int]) -> int | None:
+    run_id = None
+    try:
+        with transaction(engine) as session:
+            run = repository.claim_next(session, MAX_ATTEMPTS, exclude)
+            if run is None:
+                return None
+            run_id = run.id
+            _run(session, run, now)
+    except Exception as error:
+        if run_id is None:
+            raise
+        log.exception("scheduled invoice run failed", extra={"run_id": run_id})
+        with transaction(engine) as session:
+            failed = session.get_one(ScheduledRun, run_id, with_for_update=True)
+            failed.status, failed.attempts = RunStatus.FAILED, failed.attempts + 1
+            failed.error = f"{type(error).__name__}: {error}"[:2000]
+    return run_id
+
+
+def _run(session: Session, run: ScheduledRun, now: datetime) -> None:
+    customers = repository.customers_in(session, run.timezone)
+    counts: Counter[str] = Counter()
+    failures: dict[str, str] = {}
+    for customer in customers:
+        summary = run_invoices(
+            session, run.period, now, customer_id=customer.id, finalize=run.finalize
+        )
+        counts.update({outcome.value: n for outcome, n in summary.counts.items()})
+        failures.update({str(c): message for c, message in summary.failures.items()})
+    run.status, run.attempts, run.error = RunStatus.SUCCEEDED, run.attempts + 1, None
+    run.customers, run.counts, run.failures = len(customers), dict(counts), failures
+    run.finished_at = now
+    log.info("scheduled invoice run", extra={"period": run.period, "timezone": run.timezone})

@@ -1,0 +1,1 @@
+"""Outgoing webhooks: domain events delivered to endpoints, signed per Standard Webhooks."""

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 
 import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
@@ -13,6 +14,7 @@ from app.auth.endpoints import router as keys_router
 from app.auth.middleware import AuthenticateFirst
 from app.billing.endpoints import customer_router as billing_customer_router
 from app.billing.endpoints import router as invoices_router
+from app.budgets.endpoints import router as budgets_router
 from app.core.db import get_engine
 from app.core.errors import document_errors, install_error_handlers
 from app.core.health import router as health_router
@@ -44,6 +46,7 @@ ROUTERS = [
     fleet_router,
     invoices_router,
     billing_customer_router,
+    budgets_router,
     metering_router,
     plans_router,
     rentals_router,
@@ -66,11 +69,13 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
         async with worker_in_background(app.state.engine, get_settings()):
             yield
 
-    app = FastAPI(
+    # Swagger UI and ReDoc from packaged assets: /docs works offline (no CDN).
+    app = FastAPIOffline(
         title="gpumeter",
         version="0.1.0",
         description="Per-second GPU metering and billing: console API, ingest, invoices.",
         lifespan=lifespan,
+        favicon_url="/favicon.ico",
     )
     app.state.engine = engine or get_engine()
     app.state.gpu_registry = GPU_REGISTRY  # metering's port to the fleet's GPUs (ingest)

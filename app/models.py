@@ -2,6 +2,7 @@
 
 from app.auth.models import ApiKey, KeyKind
 from app.billing.models import Invoice, InvoiceLineRow, InvoiceNumberCounter, VoucherEntryRow
+from app.budgets.models import Budget, BudgetCrossing
 from app.core.base import Base
 from app.customers.models import Customer
 from app.events.models import DomainEvent
@@ -16,6 +17,8 @@ from app.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 __all__ = [
     "ApiKey",
     "Base",
+    "Budget",
+    "BudgetCrossing",
     "Customer",
     "DomainEvent",
     "Gpu",

@@ -72,6 +72,11 @@ class Settings(BaseSettings):
     manual_recovery_s: int = Field(
         default=47 * 60, ge=0, description="What-if: downtime a manual failure process costs."
     )
+    provider_name: str = Field(
+        default="gpumeter",
+        max_length=200,
+        description="The GPU cloud's name in cost exports (FOCUS ProviderName, InvoiceIssuerName).",
+    )
     stripe_api_key: str | None = Field(default=None, description="Enables the Stripe mirror.")
     stripe_webhook_secret: str | None = Field(default=None, description="Verifies Stripe webhooks.")
     stripe_api_base: str | None = Field(

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import procrastinate
 
+from app.budgets.service import refuse_rental_over_hard_limit
 from app.core import queue as job_queue
 from app.events import stream
 from app.events.service import ALL_TYPES, subscribe
 from app.payments import jobs as payments_jobs
 from app.payments.service import on_invoice_event
+from app.rentals.service import add_create_check
 from app.schedule import jobs as schedule_jobs
 from app.settings import get_settings
 from app.webhooks import jobs as webhook_jobs
@@ -34,6 +36,7 @@ def install() -> None:
     subscribe("invoice.finalized", on_invoice_event)
     subscribe("invoice.voided", on_invoice_event)
     subscribe(ALL_TYPES, deliver_to_webhooks)
+    add_create_check(refuse_rental_over_hard_limit)
     if get_settings().nats_url:
         subscribe(ALL_TYPES, stream.queue_publication)
     for namespace, blueprint in BLUEPRINTS.items():

@@ -170,6 +170,9 @@ def time_pages(client: TestClient, ids: dict[str, str], runs: int) -> dict[str, 
         "invoice": f"/dashboard/invoices/{ids['invoice']}",
         "invoice_pdf": f"/dashboard/invoices/{ids['invoice']}/pdf",
         "what_if": f"/dashboard/what-if?period={PERIOD}",
+        "costs": f"/dashboard/costs?period={PERIOD}",
+        "usage_csv": f"/dashboard/exports/usage.csv?period={PERIOD}",
+        "focus_csv": f"/dashboard/exports/focus.csv?period={PERIOD}",
         # The JSON the overview shows, for comparison: the overview's floor.
         "usage_api": f"/v1/customers/{ids['customer']}/usage?period={PERIOD}",
     }

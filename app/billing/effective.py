@@ -1,4 +1,4 @@
-"""Effective GPU-hours: rented - credited - idle, per rental.
+"""Effective GPU-hours: rented - credited - unmeasured - idle, per rental.
 
 API:
     minute_spans(minute_starts) -> list[Span]
@@ -7,6 +7,8 @@ API:
 Idle minutes come from metering (``app.metering.repository.idle_minutes``: mean utilisation
 strictly below the threshold; minutes without a sample are not idle). Only seconds in the
 ``billable`` bucket count as idle (credited or unbilled seconds are already excluded).
+Unmeasured seconds (no telemetry arrived, or the GPU was in maintenance) are not effective:
+nothing shows the GPU did work then.
 """
 
 from bisect import bisect_right
@@ -18,6 +20,7 @@ from app.billing.domain import Bucket
 from app.billing.intervals import Span
 from app.billing.rating import RatedRental
 
+_UNMEASURED = (Bucket.UNMETERED, Bucket.MAINTENANCE)
 _HOUR = Decimal(3600)
 _HOURS_QUANTUM = Decimal("0.000001")
 
@@ -27,10 +30,11 @@ class EffectiveUsage:
     rented_s: int
     credited_s: int
     idle_s: int
+    unmeasured_s: int = 0
 
     @property
     def effective_s(self) -> int:
-        return self.rented_s - self.credited_s - self.idle_s
+        return self.rented_s - self.credited_s - self.unmeasured_s - self.idle_s
 
     @property
     def effective_gpu_hours(self) -> Decimal:
@@ -41,6 +45,7 @@ class EffectiveUsage:
             self.rented_s + other.rented_s,
             self.credited_s + other.credited_s,
             self.idle_s + other.idle_s,
+            self.unmeasured_s + other.unmeasured_s,
         )
 
 
@@ -75,4 +80,5 @@ def effective_usage(
     for piece in rated.pieces:
         if piece.bucket is Bucket.BILLABLE:
             idle += _overlap((piece.start, piece.end), idle_by_gpu.get(piece.gpu_uuid, ()))
-    return EffectiveUsage(rated.rented_s, rated.credited_s, idle)
+    unmeasured = sum(rated.buckets.get(b, 0) for b in _UNMEASURED)
+    return EffectiveUsage(rated.rented_s, rated.credited_s, idle, unmeasured)

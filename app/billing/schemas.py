@@ -205,6 +205,7 @@ class EffectiveRead(Schema):
     rented_s: int
     credited_s: int
     idle_s: int
+    unmeasured_s: int = Field(description="Rented seconds without telemetry or in maintenance.")
     effective_s: int
     effective_gpu_hours: str
 

@@ -55,7 +55,7 @@ def usage(session: Session, customer: Customer, period_name: str, now: datetime)
     inputs = load_inputs(session, [customer.id], span)
     with core_errors(customer):
         rated = rate(inputs, customer.id, period.span)
-    idle = _idle_by_gpu(session, inputs.gpus, span)
+    idle = idle_by_gpu(session, inputs.gpus, span)
     currency, zero = customer.currency, Decimal(0)
     forecasts = [_forecast(r, span[1], period.span[1], currency) for r in rated]
     total = sum((effective_usage(r, idle) for r in rated), EffectiveUsage(0, 0, 0))
@@ -145,7 +145,7 @@ def _to_date(
     return period, (period.span[0], min(period.span[1], epoch(now)))
 
 
-def _idle_by_gpu(
+def idle_by_gpu(
     session: Session, gpus: Sequence[str], span: tuple[int, int]
 ) -> dict[str, list[tuple[int, int]]]:
     # Utilisation is a measurement (not money): tenths of a percent are precise enough.
@@ -194,6 +194,7 @@ def _effective(usage: EffectiveUsage) -> EffectiveRead:
         rented_s=usage.rented_s,
         credited_s=usage.credited_s,
         idle_s=usage.idle_s,
+        unmeasured_s=usage.unmeasured_s,
         effective_s=usage.effective_s,
         effective_gpu_hours=str(usage.effective_gpu_hours),
     )

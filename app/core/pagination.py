@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -59,4 +59,16 @@ def paginate(
         limit=page.limit,
         offset=page.offset,
         next_offset=next_offset,
+    )
+
+
+def page_of(items: Sequence[T], page: PageParams) -> Page[T]:
+    """One page of a list computed in memory (not a query), in the same shape."""
+    chunk = list(items[page.offset : page.offset + page.limit])
+    more = page.offset + page.limit < len(items)
+    return Page[T](
+        items=chunk,
+        limit=page.limit,
+        offset=page.offset,
+        next_offset=page.offset + page.limit if more else None,
     )

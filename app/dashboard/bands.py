@@ -6,13 +6,13 @@ Geometry is computed here (x in a 0..1000 viewBox), so the template only draws r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.core.epoch import epoch
-from app.dashboard.formatting import Formatter, duration, facts
+from app.dashboard import wording
+from app.dashboard.formatting import Formatter
 from app.fleet import telemetry
 from app.metering.schemas import Timeline
 from app.rentals.models import Migration, Rental
@@ -39,12 +39,26 @@ class Mark:
     x: float
 
 
+@dataclass(frozen=True)
+class Incident:
+    """A failure or migration marked above its row at a fixed size, so that even a
+    30-second event is visible and clickable on a month's chart."""
+
+    start: int
+    end: int
+    kind: str  # failed | migration
+    tip: str
+    pct: float  # left edge, percent of the width
+
+
 @dataclass
 class Band:
     gpu_uuid: str
     row: int
     pieces: list[Piece] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
+    last_start: int = 0  # the latest assignment start on this GPU
 
     @property
     def y(self) -> int:
@@ -74,6 +88,11 @@ class BandChart:
     def height(self) -> int:
         return max(1, len(self.bands)) * ROW_H
 
+    @property
+    def current_gpu(self) -> str | None:
+        """The GPU the rental holds last in the window: what the metric charts open on."""
+        return max(self.bands, key=lambda b: b.last_start).gpu_uuid if self.bands else None
+
 
 def build(
     session: Session, rental: Rental, caller: Principal, fmt: Formatter, window: tuple[int, int]
@@ -85,6 +104,7 @@ def build(
         end = min(hi, hi if a.end_at is None else epoch(a.end_at))
         band = rows.setdefault(a.gpu_uuid, Band(a.gpu_uuid, len(rows)))
         if start < end:
+            band.last_start = max(band.last_start, start)
             timeline = telemetry.timeline(session, a.gpu_uuid, caller, start, end)
             _add_timeline(band, timeline, fmt, window)
     links = [link for m in rental.migrations if (link := _migration(m, rows, fmt, window))]
@@ -93,15 +113,16 @@ def build(
 
 def _add_timeline(band: Band, timeline: Timeline, fmt: Formatter, window: tuple[int, int]) -> None:
     for s in timeline.segments:
-        tip = _tip(s.state, s.start_s, s.end_s, fmt, s.evidence)
+        tip = _tip(s.state, s.start_s, s.end_s, fmt, wording.evidence(s.evidence))
         band.pieces.append(_piece(s.start_s, s.end_s, s.state, tip, window))
+        if s.state == "failed":
+            band.incidents.append(_incident(s.start_s, s.end_s, "failed", tip, window))
     for g in timeline.unmetered:
-        tip = _tip("unmetered", g.start_s, g.end_s, fmt, {"note": "no telemetry arrived"})
+        tip = _tip("unmetered", g.start_s, g.end_s, fmt, "no telemetry arrived from the node")
         band.pieces.append(_piece(g.start_s, g.end_s, "unmetered", tip, window))
     for e in timeline.events:
-        label = f"{e.kind} {e.code}" if e.code is not None else e.kind
-        evidence = facts({"rule": e.rule, "state": e.state, **e.detail})
-        tip = f"{label} at {fmt.datetime_s(e.at_s)}; {evidence}"
+        what = wording.event(e.kind, e.code, e.state, {"rule": e.rule, "detail": e.detail})
+        tip = f"{what}, {fmt.datetime_s(e.at_s)}"
         band.marks.append(Mark(e.at_s, e.kind, tip, _x(e.at_s, window)))
     band.pieces.sort(key=lambda p: p.start)
 
@@ -115,16 +136,21 @@ def _migration(
     source, target = rows.get(m.from_gpu_uuid), rows.get(m.to_gpu_uuid)
     if start >= end or source is None or target is None:
         return None
-    evidence = {"from": m.from_gpu_uuid, "to": m.to_gpu_uuid, "reason": m.reason}
-    tip = _tip("migration", failed, resumed, fmt, evidence)
+    moved = f"from {m.from_gpu_uuid} to {m.to_gpu_uuid}" + (f": {m.reason}" if m.reason else "")
+    tip = _tip("migration", failed, resumed, fmt, moved)
     source.pieces.append(_piece(start, end, "migration", tip, window))
+    source.incidents.append(_incident(start, end, "migration", tip, window))
     mid = ROW_H / 2
     return Link(_x(start, window), source.y + mid, _x(end, window), target.y + mid, tip)
 
 
-def _tip(state: str, start: int, end: int, fmt: Formatter, evidence: dict[str, Any] | None) -> str:
-    head = f"{state}: {fmt.datetime_s(start)} to {fmt.datetime_s(end)} ({duration(end - start)})"
-    return f"{head}; {facts(evidence)}" if evidence else head
+def _tip(state: str, start: int, end: int, fmt: Formatter, cause: str = "") -> str:
+    head = f"{wording.state(state)} {wording.span(start, end, fmt)}"
+    return f"{head} · {cause}" if cause else head
+
+
+def _incident(start: int, end: int, kind: str, tip: str, window: tuple[int, int]) -> Incident:
+    return Incident(start, end, kind, tip, round(_x(start, window) / WIDTH * 100, 2))
 
 
 def _x(t: int, window: tuple[int, int]) -> float:
@@ -137,8 +163,16 @@ def _piece(start: int, end: int, state: str, tip: str, window: tuple[int, int]) 
     return Piece(start, end, state, tip, x, max(_x(end, window) - x, 0.5))
 
 
-def _ticks(lo: int, hi: int, fmt: Formatter, count: int = 5) -> list[tuple[float, str]]:
-    """Evenly spaced labels, as percentages of the width; with hours when days would repeat."""
-    step = (hi - lo) / count
-    label = fmt.date if step >= 86_400 else fmt.datetime
-    return [(i * 100 / count, label(int(lo + i * step))) for i in range(count + 1)]
+# Tick steps, shortest first; the first that gives at most MAX_TICKS labels is used.
+_STEPS = [3600 * h for h in (1, 2, 3, 6, 12)] + [86_400 * d for d in (1, 2, 7, 14)]
+MAX_TICKS = 5
+
+
+def _ticks(lo: int, hi: int, fmt: Formatter) -> list[tuple[float, str]]:
+    """Labels at whole local hours or days (percent of the width), few enough not to overlap:
+    ISO dates (``2026-10-10``), or ``10-10 14:00`` when the steps are hours."""
+    step = next((s for s in _STEPS if (hi - lo) / s <= MAX_TICKS), _STEPS[-1])
+    offset = int(fmt.local(lo).utcoffset().total_seconds())  # type: ignore[union-attr]
+    first = lo - (lo + offset) % step + (step if (lo + offset) % step else 0)
+    label = fmt.date if step >= 86_400 else (lambda t: fmt.local(t).strftime("%m-%d %H:%M"))
+    return [(round((t - lo) / (hi - lo) * 100, 2), label(t)) for t in range(first, hi, step)]

@@ -6,32 +6,53 @@ portal link or the sign-in form sets); a page that names another customer's obje
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import RedirectResponse, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import Field
 from sqlalchemy.orm import Session
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.auth.deps import Admin, BearerCredentials, current_principal
+from app.auth.deps import Admin, BearerCredentials, ConsoleUser, current_principal
 from app.auth.models import KeyKind
 from app.auth.service import Principal, authenticate
 from app.billing.endpoints import Now
 from app.billing.loader import PERIOD_PATTERN, BillingPeriod
+from app.core.db import transaction
 from app.core.deps import DbSession
 from app.core.epoch import from_epoch
-from app.core.errors import Unauthorized, error_responses
+from app.core.errors import ApiError, Unauthorized, error_responses
+from app.core.pagination import Page as PageOf
+from app.core.pagination import Paging, page_of
 from app.core.schemas import Schema
+from app.customers.models import Customer
 from app.customers.service import get_customer, revoke_portal_sessions
-from app.dashboard import formatting, invoices, pdf, service, sessions
+from app.dashboard import (
+    costs,
+    exports,
+    formatting,
+    incidents,
+    invoices,
+    operators,
+    pdf,
+    service,
+    sessions,
+    wording,
+)
 from app.dashboard.bands import ROW_H, WIDTH
+from app.settings import get_settings
 
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
@@ -42,12 +63,18 @@ TEMPLATES.env.globals.update(
     shift_period=service.shift_period,
     line_label=invoices.label,
     line_detail=invoices.detail,
+    event_text=wording.event,
     ROW_H=ROW_H,
     WIDTH=WIDTH,
 )
 
 router = APIRouter(tags=["dashboard"])
 pages = APIRouter(prefix="/dashboard", include_in_schema=False)
+PeriodParam = Annotated[
+    str | None, Query(pattern=PERIOD_PATTERN, description="YYYY-MM; default: the current month.")
+]
+# Pages show one customer's money: never let a shared cache keep them.
+_PRIVATE = {"Cache-Control": "private, no-store"}
 
 
 # --- portal links (JSON API) --------------------------------------------------------------
@@ -91,6 +118,121 @@ def revoke_portal_access(
     keys stay valid; revoke those on their own). Links issued afterwards work."""
     customer = get_customer(session, customer_id, admin)
     return PortalRevocation(revoked_at=revoke_portal_sessions(session, customer))
+
+
+@router.get("/v1/customers/{customer_id}/incidents")
+def list_incidents(
+    customer_id: uuid.UUID,
+    session: DbSession,
+    caller: ConsoleUser,
+    now: Now,
+    paging: Paging,
+    period: PeriodParam = None,
+) -> PageOf[incidents.IncidentRead]:
+    """The period's GPU failures and migrations on this customer's rentals, oldest first:
+    cause, when the service heard of it, where the rental moved and how fast, the credit."""
+    customer = get_customer(session, customer_id, caller)
+    fmt = formatting.Formatter(customer.currency, customer.billing_timezone)
+    found = incidents.incidents(
+        session, customer, service.period_of(customer, period, now), now, fmt
+    )
+    return page_of(found, paging)
+
+
+@router.get("/v1/customers/{customer_id}/costs")
+def read_costs(
+    customer_id: uuid.UUID,
+    session: DbSession,
+    caller: ConsoleUser,
+    now: Now,
+    period: PeriodParam = None,
+) -> costs.CostsRead:
+    """The period to date day by day (billed, credited and idle GPU-seconds; billed and
+    credited money) and each rental's cost by invoice line kind."""
+    customer = get_customer(session, customer_id, caller)
+    return costs.costs(session, customer, service.period_of(customer, period, now), now)
+
+
+@router.get("/v1/fleet/summary")
+def fleet_summary(session: DbSession, _: Admin, now: Now) -> operators.FleetRead:
+    """GPUs by model and datacenter (pool, last state, rented, spare level against its
+    target), failures in the last 24 h, and the latencies that are measured."""
+    return operators.fleet(session, now)
+
+
+MonthParam = Annotated[str | None, Query(pattern=PERIOD_PATTERN, description="YYYY-MM")]
+
+
+@router.get("/v1/revenue")
+def revenue(
+    session: DbSession, _: Admin, now: Now, first: MonthParam = None, last: MonthParam = None
+) -> operators.RevenueRead:
+    """Per month and currency: billed, credited, cap reductions, adjustments, vouchers, tax
+    and total of the non-void invoices (default: the last 12 months)."""
+    last = last or now.strftime("%Y-%m")
+    return operators.revenue(session, first or service.shift_period(last, -11), last)
+
+
+# --- exports (JSON API side: CSV bodies) ----------------------------------------------------
+
+
+class ExportKind(StrEnum):
+    USAGE = "usage.csv"
+    FOCUS = "focus.csv"
+
+
+_CSV: dict[int | str, dict[str, Any]] = {200: {"content": {"text/csv": {}}}}
+
+
+def _export_route(kind: ExportKind, summary: str) -> None:
+    """``GET /v1/customers/{id}/exports/<kind>``: one fixed route per format."""
+
+    def export(
+        customer_id: uuid.UUID,
+        request: Request,
+        session: DbSession,
+        caller: ConsoleUser,
+        now: Now,
+        period: PeriodParam = None,
+    ) -> StreamingResponse:
+        customer = get_customer(session, customer_id, caller)
+        billing_period = service.period_of(customer, period, now)
+        return _export(request, session, customer, billing_period, kind)
+
+    router.add_api_route(
+        f"/v1/customers/{{customer_id}}/exports/{kind.value}",
+        export,
+        methods=["GET"],
+        responses=_CSV,
+        name=f"export_{kind.name.lower()}",
+        description=summary + " Streamed; the amounts sum to the invoice's total.",
+    )
+
+
+_export_route(
+    ExportKind.USAGE, "The period's invoice as cost and usage rows per rental, GPU and local day."
+)
+_export_route(ExportKind.FOCUS, "The same rows in the FinOps FOCUS 1.2 cost and usage format.")
+
+
+def _export(
+    request: Request, session: Session, customer: Customer, period: BillingPeriod, kind: ExportKind
+) -> StreamingResponse:
+    invoice = exports.period_invoice(session, customer, period)  # 404 before streaming starts
+    engine, provider = request.app.state.engine, get_settings().provider_name
+
+    def body() -> Iterator[str]:
+        # Its own read-only transaction: the request's has committed when streaming begins.
+        with transaction(engine) as stream:
+            parts = exports.day_parts(stream, invoice, period)
+            if kind is ExportKind.FOCUS:
+                yield from exports.focus_csv(parts, invoice, customer, provider)
+            else:
+                yield from exports.usage_csv(parts, invoice, customer.billing_timezone)
+
+    name = f"gpumeter-{period.name}-{kind.value}"
+    headers = {"Content-Disposition": f'attachment; filename="{name}"', **_PRIVATE}
+    return StreamingResponse(body(), media_type="text/csv; charset=utf-8", headers=headers)
 
 
 # --- sign-in ------------------------------------------------------------------------------
@@ -185,7 +327,11 @@ class Page:
 
     def render(self, template: str, **context: Any) -> Response:
         current = service.current_period_of(self.v.customer, self.now)
-        return _render(self.request, template, v=self.v, current_period=current, **context)
+        period = context.get("period")
+        closed = period is not None and service.is_closed(period, self.now)
+        return _render(
+            self.request, template, v=self.v, current_period=current, closed=closed, **context
+        )
 
 
 def page(
@@ -201,14 +347,34 @@ def page(
 
 
 CustomerPage = Annotated[Page, Depends(page)]
-PeriodParam = Annotated[str | None, Query(pattern=PERIOD_PATTERN)]
 
 
 @pages.get("/customers", name="customers")
 def customers_page(request: Request, session: DbSession, admin: PagePrincipal) -> Response:
     if not admin.is_admin:
         return RedirectResponse("/dashboard", status_code=303)
-    return _render(request, "customers.html", customers=service.all_customers(session))
+    customers = service.all_customers(session)
+    return _render(
+        request, "customers.html", customers=customers, signed_in=True, admin_nav="customers"
+    )
+
+
+@pages.get("/fleet", name="fleet")
+def fleet_page(request: Request, session: DbSession, admin: PagePrincipal, now: Now) -> Response:
+    if not admin.is_admin:
+        return RedirectResponse("/dashboard", status_code=303)
+    data = operators.fleet(session, now)
+    fmt = formatting.Formatter("USD", "UTC")
+    return _render(request, "fleet.html", f=data, fmt=fmt, signed_in=True, admin_nav="fleet")
+
+
+@pages.get("/revenue", name="revenue")
+def revenue_page(request: Request, session: DbSession, admin: PagePrincipal, now: Now) -> Response:
+    if not admin.is_admin:
+        return RedirectResponse("/dashboard", status_code=303)
+    last = now.strftime("%Y-%m")
+    data = operators.revenue(session, service.shift_period(last, -11), last)
+    return _render(request, "revenue.html", r=data, signed_in=True, admin_nav="revenue")
 
 
 @pages.get("", name="overview")
@@ -246,6 +412,22 @@ def invoice_pdf(p: CustomerPage, invoice_id: uuid.UUID) -> Response:
     )
 
 
+@pages.get("/costs", name="costs")
+def costs_page(p: CustomerPage, period: PeriodParam = None) -> Response:
+    billing_period = p.period(period)
+    data = costs.costs(p.session, p.v.customer, billing_period, p.now)
+    bars, top_h = costs.bars(data.days)
+    kinds = sorted({k for r in data.rentals for k in r.by_kind}, key=costs.KIND_ORDER.index)
+    return p.render(
+        "costs.html", period=billing_period, c=data, bars=bars, top_h=top_h, kinds=kinds
+    )
+
+
+@pages.get("/exports/{kind}", name="export")
+def export_page(p: CustomerPage, kind: ExportKind, period: PeriodParam = None) -> Response:
+    return _export(p.request, p.session, p.v.customer, p.period(period), kind)
+
+
 @pages.get("/what-if", name="what_if")
 def what_if_page(p: CustomerPage, period: PeriodParam = None) -> Response:
     billing_period = p.period(period)
@@ -253,18 +435,75 @@ def what_if_page(p: CustomerPage, period: PeriodParam = None) -> Response:
     return p.render("what_if.html", period=billing_period, table=table)
 
 
-# Pages show one customer's money: never let a shared cache keep them.
-_PRIVATE = {"Cache-Control": "private, no-store"}
-
-
-def _render(request: Request, template: str, **context: Any) -> Response:
-    values = {"v": None, "fmt": None, **context}
+def _render(request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
+    values = {"v": None, "fmt": None, "signed_in": False, "admin_nav": None, **context}
     if values["v"] is not None:
         values["fmt"] = values["v"].fmt
-    return TEMPLATES.TemplateResponse(request, template, values, headers=_PRIVATE)
+        values["signed_in"] = True
+    return TEMPLATES.TemplateResponse(
+        request, template, values, status_code=status_code, headers=_PRIVATE
+    )
+
+
+# --- errors as pages ----------------------------------------------------------------------
+
+_TITLES = {
+    401: "Sign in again",
+    403: "Not allowed",
+    404: "Not found",
+    422: "That address is not valid",
+}
+
+
+def _wants_page(request: Request) -> bool:
+    path = request.url.path
+    return path.startswith("/dashboard") and not path.startswith("/dashboard/static")
+
+
+def _html_errors(app: FastAPI) -> None:
+    """Dashboard routes answer errors with a page; the API's JSON handler says what failed."""
+    for kind in (ApiError, RequestValidationError, StarletteHTTPException):
+        as_json = app.exception_handlers[kind]
+
+        async def handler(request: Request, exc: Exception, as_json: Any = as_json) -> Response:
+            response: Response = await as_json(request, exc)
+            if response.status_code < 400 or not _wants_page(request):
+                return response
+            return _error_page(request, response)
+
+        app.add_exception_handler(kind, handler)
+
+
+def _error_page(request: Request, response: Response) -> Response:
+    status = response.status_code
+    problems = [_problem(item) for item in json.loads(bytes(response.body))["detail"]]
+    return _render(
+        request,
+        "error.html",
+        status_code=status,
+        status=status,
+        title=_TITLES.get(status, "Something went wrong"),
+        problems=problems,
+    )
+
+
+def _problem(item: dict[str, Any]) -> str:
+    if item.get("loc") == ["query", "period"] and item.get("type") == "string_pattern_mismatch":
+        return "period must be a month written YYYY-MM, for example 2026-10 (period)"
+    where = [str(part) for part in item.get("loc", []) if part not in ("path", "query", "body")]
+    return f"{item['msg']} ({'.'.join(where)})" if where else str(item["msg"])
+
+
+def favicon() -> FileResponse:
+    return FileResponse(STATIC / "favicon.ico", media_type="image/x-icon")
 
 
 def install(app: FastAPI) -> None:
-    """What the dashboard needs besides its routers: its assets and the cookie session."""
+    """What the dashboard needs besides its routers: assets, the cookie session, error pages.
+
+    Call after ``install_error_handlers``: the page handlers wrap the API's JSON ones.
+    """
     app.mount("/dashboard/static", StaticFiles(directory=STATIC), name="dashboard_static")
+    app.add_api_route("/favicon.ico", favicon, include_in_schema=False)
     app.add_middleware(sessions.SessionCookieMiddleware)
+    _html_errors(app)

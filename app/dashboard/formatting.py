@@ -7,10 +7,8 @@ Money stays ``Decimal`` to the last character: amounts are shown at the currency
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 from zoneinfo import ZoneInfo
 
 from app.core.epoch import from_epoch
@@ -55,17 +53,8 @@ def hours(seconds: int | float) -> str:
 def duration(seconds: int) -> str:
     minutes, s = divmod(int(seconds), 60)
     h, m = divmod(minutes, 60)
+    if h >= 48:
+        return f"{h // 24} d {h % 24} h"
     if h:
         return f"{h} h {m:02d} min"
     return f"{m} min {s:02d} s" if m else f"{s} s"
-
-
-def facts(evidence: Mapping[str, Any] | None) -> str:
-    """Evidence as ``key=value`` pairs, nested mappings flattened, empty values left out."""
-    parts = []
-    for key, value in (evidence or {}).items():
-        if isinstance(value, Mapping):
-            parts += [f"{key}.{k}={v}" for k, v in value.items() if v not in (None, "", {})]
-        elif value not in (None, "", {}):
-            parts.append(f"{key}={value}")
-    return ", ".join(parts)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from app.billing.schemas import InvoiceLineRead
 from app.billing.wording import label, line_facts
-from app.dashboard.formatting import Formatter, facts
+from app.dashboard.formatting import Formatter
+from app.dashboard.wording import line_evidence
 
 __all__ = ["detail", "label"]
 
@@ -14,5 +15,5 @@ def detail(line: InvoiceLineRead, fmt: Formatter) -> list[str]:
     main = line_facts(line, fmt.datetime_s, rental=lambda rental_id: str(rental_id)[:8])
     out = ["; ".join(main)] if main else []
     if line.evidence:
-        out.append(f"evidence: {facts(line.evidence)}")
+        out.append(f"evidence: {line_evidence(line.evidence)}")
     return out

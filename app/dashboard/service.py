@@ -22,12 +22,14 @@ from app.billing import schemas as billing_schemas
 from app.billing import service as billing
 from app.billing import usage as billing_usage
 from app.billing.loader import BillingPeriod, current_period, started_period
+from app.budgets import service as budgets
+from app.budgets.schemas import BudgetStatus
 from app.core.epoch import epoch
 from app.core.errors import NotFound, Unprocessable, not_found
 from app.customers.models import Customer
 from app.customers.repository import customers_query
 from app.customers.service import get_customer
-from app.dashboard import bands, repository
+from app.dashboard import bands, incidents, repository
 from app.dashboard.formatting import Formatter
 from app.rentals.models import Rental
 from app.rentals.service import get_rental
@@ -79,6 +81,11 @@ def period_of(customer: Customer, name: str | None, now: datetime) -> BillingPer
         raise Unprocessable(str(error), ("query", "period")) from None
 
 
+def is_closed(period: BillingPeriod, now: datetime) -> bool:
+    """The month is over: its figures are final (before late data), not "to date"."""
+    return epoch(now) >= period.span[1]
+
+
 # --- overview ---------------------------------------------------------------------------
 
 
@@ -86,6 +93,8 @@ def period_of(customer: Customer, name: str | None, now: datetime) -> BillingPer
 class Overview:
     usage: billing_schemas.UsageRead
     events: list[dict[str, Any]]
+    incidents: list[incidents.IncidentRead]
+    budgets: list[BudgetStatus]
 
     @property
     def idle_share(self) -> Decimal | None:
@@ -101,7 +110,9 @@ def overview(session: Session, v: Viewer, period: BillingPeriod, now: datetime) 
     usage = billing_usage.usage(session, v.customer, period.name, now)
     hi = min(period.span[1], epoch(now))
     events = repository.latest_events(session, v.customer.id, period.span[0], hi, LATEST_EVENTS)
-    return Overview(usage, events)
+    found = incidents.incidents(session, v.customer, period, now, v.fmt)
+    spend = budgets.status(budgets.budgets_of(session, v.customer), usage)
+    return Overview(usage, events, found, spend)
 
 
 # --- rental -------------------------------------------------------------------------------
@@ -112,6 +123,7 @@ class RentalPage:
     rental: Rental
     chart: bands.BandChart | None  # None: nothing of the rental falls in the period yet
     window: tuple[int, int]
+    incidents: list[incidents.IncidentRead]
 
 
 def rental_page(
@@ -121,9 +133,15 @@ def rental_page(
     if rental.customer_id != v.customer.id:  # an admin's link naming two customers
         raise not_found("rental", rental_id)
     window = _rented_window(rental, period, now)
+    mine = [
+        i
+        for i in incidents.incidents(session, v.customer, period, now, v.fmt)
+        if i.rental_id == rental.id
+    ]
     if window[0] >= window[1]:
-        return RentalPage(rental, None, window)
-    return RentalPage(rental, bands.build(session, rental, v.principal, v.fmt, window), window)
+        return RentalPage(rental, None, window, mine)
+    chart = bands.build(session, rental, v.principal, v.fmt, window)
+    return RentalPage(rental, chart, window, mine)
 
 
 def _rented_window(rental: Rental, period: BillingPeriod, now: datetime) -> tuple[int, int]:

@@ -53,5 +53,9 @@ def add_price(plan_id: uuid.UUID, body: PriceCreate, session: DbSession, admin: 
 
 
 @router.get("/{plan_id}/prices")
-def list_prices(plan_id: uuid.UUID, session: DbSession, caller: ConsoleUser) -> list[PriceRead]:
-    return service.visible_prices(session, service.get_plan(session, plan_id, caller), caller)
+def list_prices(
+    plan_id: uuid.UUID, session: DbSession, caller: ConsoleUser, page: Paging
+) -> Page[PriceRead]:
+    """The plan's prices this caller may see, oldest first, a page at a time."""
+    plan = service.get_plan(session, plan_id, caller)
+    return paginate(session, service.visible_prices_query(plan, caller), page, PriceRead)

@@ -4,7 +4,7 @@ import uuid
 from datetime import datetime
 from decimal import Decimal
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -23,8 +23,13 @@ def get_plan(session: Session, plan_id: uuid.UUID, principal: Principal) -> Pric
     return plan
 
 
+def visible_prices_query(plan: PricePlan, principal: Principal) -> Select[PlanPrice]:
+    """The plan's prices this caller may see: never another customer's contract."""
+    return repository.readable_prices(principal, plan.id)
+
+
 def visible_prices(session: Session, plan: PricePlan, principal: Principal) -> list[PriceRead]:
-    query = repository.readable_prices(principal, plan.id)
+    query = visible_prices_query(plan, principal)
     return [PriceRead.model_validate(price) for price in session.scalars(query)]
 
 

@@ -87,7 +87,8 @@ def migrate(
 
 @router.get("/{rental_id}/migrations")
 def list_migrations(
-    rental_id: uuid.UUID, session: DbSession, caller: ConsoleUser
-) -> list[MigrationRead]:
+    rental_id: uuid.UUID, session: DbSession, caller: ConsoleUser, page: Paging
+) -> Page[MigrationRead]:
+    """The rental's migrations, oldest first, a page at a time."""
     rental = service.get_rental(session, rental_id, caller)
-    return [MigrationRead.model_validate(m) for m in rental.migrations]
+    return paginate(session, repository.migrations_query(rental.id), page, MigrationRead)

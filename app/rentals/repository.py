@@ -38,6 +38,30 @@ def rentals_query(
     return query
 
 
+def migrations_query(rental_id: uuid.UUID) -> Select[Migration]:
+    """A rental's migrations, oldest first (as the rental's own list orders them)."""
+    return (
+        select(Migration)
+        .where(Migration.rental_id == rental_id)
+        .order_by(Migration.failed_at, Migration.id)
+    )
+
+
+def customer_migrations_query(
+    customer_id: uuid.UUID, start: datetime, end: datetime
+) -> Select[Migration]:
+    """The customer's migrations that failed over in [start, end), oldest first."""
+    return (
+        select(Migration)
+        .where(
+            Migration.customer_id == customer_id,
+            Migration.failed_at >= start,
+            Migration.failed_at < end,
+        )
+        .order_by(Migration.failed_at, Migration.id)
+    )
+
+
 def overlapping_assignments(
     session: Session,
     gpu_uuid: str,

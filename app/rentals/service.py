@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 
 from sqlalchemy.exc import IntegrityError
@@ -27,10 +28,31 @@ def get_rental(session: Session, rental_id: uuid.UUID, principal: Principal) -> 
     return rental
 
 
+def customer_migrations(
+    session: Session, customer_id: uuid.UUID, start: datetime, end: datetime
+) -> list[Migration]:
+    """Read interface: the customer's migrations that failed over in [start, end)."""
+    return list(session.scalars(repository.customer_migrations_query(customer_id, start, end)))
+
+
+# Checks that may refuse a new rental (raising an ApiError), registered by the composition root
+# (app.wiring): e.g. budgets' hard limit, which sits above rentals and so cannot be called here.
+CreateCheck = Callable[[Session, Customer], None]
+_create_checks: list[CreateCheck] = []
+
+
+def add_create_check(check: CreateCheck) -> None:
+    """Run ``check`` before every rental is created; idempotent."""
+    if check not in _create_checks:
+        _create_checks.append(check)
+
+
 def create_rental(session: Session, data: RentalCreate) -> Rental:
     customer = session.get(Customer, data.customer_id)
     if customer is None:
         raise not_found("customer", data.customer_id, ("body", "customer_id"))
+    for check in _create_checks:
+        check(session, customer)
     plan = session.get(PricePlan, data.plan_id)
     if plan is None:
         raise not_found("price plan", data.plan_id, ("body", "plan_id"))

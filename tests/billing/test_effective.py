@@ -24,3 +24,18 @@ def test_effective_hours_subtract_credits_and_idle_billable_seconds() -> None:
     assert (usage.rented_s, usage.credited_s, usage.idle_s) == (10800, 600, 600 + 1800)
     assert usage.effective_s == 7800
     assert usage.effective_gpu_hours == Decimal("2.166667")
+
+
+def test_unmetered_and_maintenance_seconds_are_not_effective() -> None:
+    plan = usd_plan()
+    # One hour rented; telemetry covers only the first 40 minutes.
+    rated = rate_rentals(
+        [rental(plan, "r1")],
+        [Assignment("r1", "A", 0, 3600)],
+        {"A": [healthy("A", 0, 2400)]},
+        {},
+        [],
+        MONTH,
+    )
+    usage = effective_usage(rated[0], {})
+    assert (usage.rented_s, usage.unmeasured_s, usage.effective_s) == (3600, 1200, 2400)

@@ -25,6 +25,7 @@ def test_usage_of_a_closed_and_of_the_current_month(
         "rented_s": 2_678_400,
         "credited_s": 2850,
         "idle_s": 0,  # no minute metrics: unknown is not idle
+        "unmeasured_s": 0,
         "effective_s": 2_675_550,
         "effective_gpu_hours": "743.208333",
     }

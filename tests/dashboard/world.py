@@ -152,3 +152,30 @@ def build(console: Console) -> World:
         f"/v1/invoices/{run['invoice_ids'][0]}", headers=console.headers
     ).json()
     return World(acme, other, invoice)
+
+
+def failover_at_the_event(console: Console) -> Tenant:
+    """Customer "Zed": GPU-Z-1 fails (XID 79) at FAILED_AT and the orchestrator migrates the
+    rental to GPU-Z-2 that same second, as the demo's does: the old assignment ends exactly
+    at the failure event."""
+    plan = console.plan("zed-plan", price="2.00", currency="EUR")
+    registered = console.node("node-zed")
+    node, token = registered["node"], registered["token"]["key"]
+    for gpu in ("GPU-Z-1", "GPU-Z-2"):
+        console.gpu(node["id"], gpu)
+    zed = _tenant(console, "Zed", plan["id"], ["GPU-Z-1", "GPU-Z-2"], currency="EUR")
+    console.post(
+        f"/v1/rentals/{zed.rental['id']}/migrations",
+        {
+            "from_gpu_uuid": "GPU-Z-1",
+            "to_gpu_uuid": "GPU-Z-2",
+            "failed_at": FAILED_AT,
+            "resumed_at": RESUMED_AT,
+        },
+    )
+    records = [
+        *_minutes("GPU-Z-1", ts(START), ts(FAILED_AT)),
+        *_minutes("GPU-Z-2", ts(RESUMED_AT), ts(END)),
+    ]
+    _ingest(console.client, token, records, _failure_events("GPU-Z-1"))
+    return zed

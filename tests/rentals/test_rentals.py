@@ -161,3 +161,32 @@ def test_customer_contract_price_overrides_base_from_its_effective_time(
         (datetime(2026, 1, 1, tzinfo=UTC), Decimal("2.4900000000"), None),
         (datetime(2026, 6, 1, tzinfo=UTC), Decimal("1.9900000000"), None),
     ]
+
+
+def test_migrations_and_prices_are_pages_with_limit(
+    console: Console, rental: dict[str, Any]
+) -> None:
+    console.assign(rental["id"], "GPU-A", "2026-11-01T00:00:00Z")
+    console.post(f"/v1/rentals/{rental['id']}/migrations", migration_body())
+    console.post(
+        f"/v1/rentals/{rental['id']}/migrations",
+        migration_body(
+            from_gpu_uuid="GPU-B",
+            to_gpu_uuid="GPU-A",
+            failed_at="2026-11-04T10:00:00Z",
+            resumed_at="2026-11-04T10:00:30Z",
+        ),
+    )
+    plan_id = rental["plan_id"]
+    price = {
+        "gpu_model": "A100",
+        "price_per_hour": "1.10",
+        "effective_from": "2026-10-01T00:00:00Z",
+    }
+    console.post(f"/v1/plans/{plan_id}/prices", price)
+    for path in (f"/v1/rentals/{rental['id']}/migrations", f"/v1/plans/{plan_id}/prices"):
+        first = console.client.get(f"{path}?limit=1", headers=console.headers).json()
+        assert (len(first["items"]), first["limit"], first["next_offset"]) == (1, 1, 1), path
+        rest = console.client.get(f"{path}?limit=1&offset=1", headers=console.headers).json()
+        assert len(rest["items"]) == 1 and rest["next_offset"] is None, path
+        assert rest["items"][0] != first["items"][0]

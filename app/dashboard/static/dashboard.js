@@ -39,10 +39,19 @@
   const pick = document.getElementById("gpu-pick");
   const rangeText = section.querySelector(".range");
   const charts = [...section.querySelectorAll(".chart")];
-  const when = new Intl.DateTimeFormat(undefined, {
+  // ISO-style local times (2026-10-10 14:00 CEST), as on the rest of the page, whatever the
+  // browser's locale: the parts are put together here, not by the locale's pattern.
+  const parts = new Intl.DateTimeFormat("en-GB", {
     timeZone: tz, year: "numeric", month: "2-digit", day: "2-digit",
-    hour: "2-digit", minute: "2-digit", hour12: false, timeZoneName: "short",
+    hour: "2-digit", minute: "2-digit", hourCycle: "h23", timeZoneName: "short",
   });
+  const when = {
+    format(ms, short) {
+      const p = Object.fromEntries(parts.formatToParts(ms).map((x) => [x.type, x.value]));
+      const day = `${p.year}-${p.month}-${p.day}`;
+      return short ? `${p.month}-${p.day} ${p.hour}:${p.minute}` : `${day} ${p.hour}:${p.minute} ${p.timeZoneName}`;
+    },
+  };
   const MAX_POINTS = 600;
   const MAX_WINDOW = 31 * 86400;
   let range = full.slice();
@@ -113,10 +122,22 @@
     svg.append(el("path", { class: "line", d }));
     const plot = chart.querySelector(".plot");
     plot.replaceChildren(svg);
-    const label = document.createElement("span");
-    label.className = "ylab";
-    label.textContent = `${Math.round(top)} ${unit}`;
-    plot.append(label);
+    // Value axis: 0, half and the top, in the chart's unit.
+    [0, 0.5, 1].forEach((f) => {
+      const label = document.createElement("span");
+      label.className = "ylab";
+      label.style.top = `${(1 - f) * 100}%`;
+      label.textContent = `${Math.round(top * f)} ${unit}`;
+      plot.append(label);
+    });
+    // Time axis: four labels inside the range (fewer on a phone, by CSS).
+    [0.125, 0.375, 0.625, 0.875].forEach((f) => {
+      const label = document.createElement("span");
+      label.className = f === 0.375 || f === 0.625 ? "xlab alt" : "xlab";
+      label.style.left = `${f * 100}%`;
+      label.textContent = when.format((lo + f * (hi - lo)) * 1000, true);
+      plot.append(label);
+    });
     plot.dataset.tip = "";
     plot.onmousemove = (e) => {
       const r = plot.getBoundingClientRect();
@@ -168,7 +189,7 @@
   pick.addEventListener("change", load);
   // A band piece (click or Enter) zooms the charts to it, on its GPU.
   function focusPiece(piece) {
-    pick.value = piece.closest("[data-gpu]").dataset.gpu;
+    pick.value = (piece.dataset.gpu ? piece : piece.closest("[data-gpu]")).dataset.gpu;
     const s = Number(piece.dataset.start), e = Number(piece.dataset.end), pad = Math.max(300, (e - s) / 4);
     zoom(s - pad, e + pad);
   }
@@ -176,6 +197,16 @@
     piece.addEventListener("click", () => focusPiece(piece));
     piece.addEventListener("keydown", (e) => { if (e.key === "Enter") focusPiece(piece); });
   });
-  range = clamp(full[0], full[1]);
+  // An incident marker (a button: click, Enter or Space) does the same for its incident.
+  document.querySelectorAll(".incident").forEach((marker) => marker.addEventListener("click", () => focusPiece(marker)));
+  // ?focus=GPU@second (an incident's "Evidence" link): open the charts on that GPU there.
+  const focus = new URLSearchParams(location.search).get("focus");
+  const [focusGpu, focusAt] = focus ? focus.split("@") : [];
+  if (focusGpu && [...pick.options].some((o) => o.value === focusGpu) && Number(focusAt)) {
+    pick.value = focusGpu;
+    range = clamp(Number(focusAt) - 1800, Number(focusAt) + 3600);
+  } else {
+    range = clamp(full[0], full[1]);
+  }
   load();
 })();

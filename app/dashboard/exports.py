@@ -1,0 +1,343 @@
+"""Cost and usage exports of a period's invoice: a plain CSV and a FOCUS 1.2 CSV, streamed.
+
+Source: the lines of the customer's invoice for the period (draft or finalized, never void),
+so every export sums exactly to that invoice. Each line is split by the customer's local days
+(written in UTC, as FOCUS requires): a line with a time span is spread over the days it covers
+in proportion to its seconds in each, the rounding remainder given by largest remainder, so
+the day parts of a line add up to the line; a line without a span (tax, voucher) is one row
+over the whole period. Credit lines name their GPU; charge lines are per rental and price
+period, so their rows name the rental, not a GPU.
+
+Streaming: lines are read through a server-side cursor (``yield_per``) in their own read-only
+transaction and written out row by row; a month of a 3,000-GPU fleet never sits in memory.
+
+FOCUS 1.2 (FinOps Open Cost and Usage Specification, https://focus.finops.org/): the columns
+written are ``FOCUS_COLUMNS``, with the feature level, nullability and data type the spec gives
+each; all of its Mandatory columns are there. Null is an empty field; custom columns carry
+the ``x_`` prefix the spec reserves for them.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from enum import StrEnum
+from itertools import pairwise
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.billing import repository as billing_repository
+from app.billing.lines import LineKind
+from app.billing.loader import BillingPeriod
+from app.billing.models import Invoice, InvoiceLineRow, InvoiceStatus
+from app.core.epoch import epoch, from_epoch
+from app.core.errors import NotFound
+from app.core.money import minor_units
+from app.customers.models import Customer
+
+FOCUS_VERSION = "1.2"
+_BATCH = 500  # lines fetched per round trip of the server-side cursor
+
+
+class Level(StrEnum):
+    MANDATORY = "Mandatory"
+    CONDITIONAL = "Conditional"
+    RECOMMENDED = "Recommended"
+    CUSTOM = "Custom"
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    level: Level
+    nullable: bool
+    type: str  # String | Decimal | Date/Time | JSON, as the spec writes them
+
+
+def _c(name: str, level: Level, nullable: bool, type_: str = "String") -> Column:
+    return Column(name, level, nullable, type_)
+
+
+M, C, R, X = Level.MANDATORY, Level.CONDITIONAL, Level.RECOMMENDED, Level.CUSTOM
+# The FOCUS 1.2 columns this export writes (every Mandatory one), in the spec's order.
+FOCUS_COLUMNS = (
+    _c("BilledCost", M, False, "Decimal"),
+    _c("BillingAccountId", M, False),
+    _c("BillingAccountName", M, True),
+    _c("BillingCurrency", M, False),
+    _c("BillingPeriodEnd", M, False, "Date/Time"),
+    _c("BillingPeriodStart", M, False, "Date/Time"),
+    _c("ChargeCategory", M, False),
+    _c("ChargeClass", M, True),
+    _c("ChargeDescription", M, True),
+    _c("ChargeFrequency", R, False),
+    _c("ChargePeriodEnd", M, False, "Date/Time"),
+    _c("ChargePeriodStart", M, False, "Date/Time"),
+    _c("ConsumedQuantity", C, True, "Decimal"),
+    _c("ConsumedUnit", C, True),
+    _c("ContractedCost", M, False, "Decimal"),
+    _c("ContractedUnitPrice", C, True, "Decimal"),
+    _c("EffectiveCost", M, False, "Decimal"),
+    _c("InvoiceId", R, True),
+    _c("InvoiceIssuerName", M, False),
+    _c("ListCost", M, False, "Decimal"),
+    _c("ListUnitPrice", C, True, "Decimal"),
+    _c("PricingCategory", C, True),
+    _c("PricingQuantity", M, True, "Decimal"),
+    _c("PricingUnit", M, True),
+    _c("ProviderName", M, False),
+    _c("PublisherName", M, False),
+    _c("ResourceId", C, True),
+    _c("ResourceName", C, True),
+    _c("ResourceType", C, True),
+    _c("ServiceCategory", M, False),
+    _c("ServiceName", M, False),
+    _c("SkuId", C, True),
+    _c("SubAccountId", C, True),
+    _c("SubAccountName", C, True),
+    _c("x_LineKind", X, False),
+    _c("x_GpuSeconds", X, True, "Decimal"),
+)
+
+USAGE_COLUMNS = (
+    "period",
+    "day",
+    "rental_id",
+    "gpu_model",
+    "gpu_uuid",
+    "kind",
+    "seconds",
+    "gpu_hours",
+    "rate_per_gpu_hour",
+    "amount",
+    "currency",
+    "invoice",
+)
+
+_CATEGORY = {
+    LineKind.CHARGE: "Usage",
+    LineKind.FAILURE_CREDIT: "Credit",
+    LineKind.MIGRATION_CREDIT: "Credit",
+    LineKind.DEGRADED_CREDIT: "Credit",
+    LineKind.CAP: "Adjustment",
+    LineKind.ADJUSTMENT: "Usage",
+    LineKind.VOUCHER: "Credit",
+    LineKind.TAX: "Tax",
+}
+_DESCRIPTION = {
+    LineKind.CHARGE: "GPU time",
+    LineKind.FAILURE_CREDIT: "Credit for time the GPU had failed",
+    LineKind.MIGRATION_CREDIT: "Credit for time moving to another GPU",
+    LineKind.DEGRADED_CREDIT: "Credit for time the GPU was degraded",
+    LineKind.CAP: "Monthly cap",
+    LineKind.ADJUSTMENT: "Correction of an earlier period",
+    LineKind.VOUCHER: "Long-rental voucher applied",
+    LineKind.TAX: "Tax",
+}
+_USAGE_KINDS = {LineKind.CHARGE, LineKind.ADJUSTMENT}
+_TIMED_KINDS = _USAGE_KINDS | {
+    LineKind.FAILURE_CREDIT,
+    LineKind.MIGRATION_CREDIT,
+    LineKind.DEGRADED_CREDIT,
+}
+
+
+@dataclass(frozen=True)
+class DayPart:
+    """One invoice line's share of one local day (or of the period, for lines without time)."""
+
+    line: InvoiceLineRow
+    start: int
+    end: int
+    amount: Decimal
+    seconds: Decimal | None  # the line's GPU-seconds in this part (exact; may be fractional)
+
+
+def find_invoice(session: Session, customer: Customer, period: BillingPeriod) -> Invoice | None:
+    """The customer's invoice for the period (draft or finalized), if the run made one."""
+    query = billing_repository.invoices_query(customer_id=customer.id, period=period.name)
+    return session.scalar(query.where(Invoice.status != InvoiceStatus.VOID))
+
+
+def period_invoice(session: Session, customer: Customer, period: BillingPeriod) -> Invoice:
+    invoice = find_invoice(session, customer, period)
+    if invoice is None:
+        raise NotFound(
+            f"no invoice for {period.name} yet: exports are of the period's invoice, which the "
+            "invoice run drafts (POST /v1/invoices/runs)",
+            ("query", "period"),
+        )
+    return invoice
+
+
+def day_parts(session: Session, invoice: Invoice, period: BillingPeriod) -> Iterator[DayPart]:
+    """The invoice's lines split by local day, in line order, read a batch at a time."""
+    query = (
+        select(InvoiceLineRow)
+        .where(InvoiceLineRow.invoice_id == invoice.id)
+        .order_by(InvoiceLineRow.position)
+        .execution_options(yield_per=_BATCH)
+    )
+    days = day_bounds(period)
+    for line in session.scalars(query):
+        yield from _split(line, days, period, invoice.currency)
+        session.expunge(line)  # keep the identity map (and memory) flat
+
+
+def day_bounds(period: BillingPeriod) -> list[int]:
+    zone = ZoneInfo(period.timezone)
+    day = from_epoch(period.span[0]).astimezone(zone).replace(hour=0, minute=0, second=0)
+    bounds = []
+    while (t := epoch(day)) < period.span[1]:
+        bounds.append(t)
+        day += timedelta(days=1)  # wall-clock arithmetic: the next local midnight, DST or not
+    return [*bounds, period.span[1]]
+
+
+def _split(
+    line: InvoiceLineRow, days: list[int], period: BillingPeriod, currency: str
+) -> Iterator[DayPart]:
+    if line.start_at is None or line.end_at is None or line.kind not in _TIMED_KINDS:
+        seconds = None if line.seconds is None else Decimal(line.seconds)
+        yield DayPart(line, *period.span, line.amount, seconds)
+        return
+    lo, hi = epoch(line.start_at), epoch(line.end_at)
+    pieces = [(max(a, lo), min(b, hi)) for a, b in pairwise(days) if a < hi and lo < b] or [
+        (lo, max(hi, lo + 1))
+    ]
+    weights = [b - a for a, b in pieces]
+    amounts = allocate(line.amount, weights, currency)
+    total = sum(weights)
+    for (a, b), weight, amount in zip(pieces, weights, amounts, strict=True):
+        seconds = None if line.seconds is None else Decimal(line.seconds) * weight / total
+        yield DayPart(line, a, b, amount, seconds)
+
+
+def allocate(amount: Decimal, weights: list[int], currency: str) -> list[Decimal]:
+    """``amount`` split by ``weights`` at the currency's minor unit; the parts sum to it.
+
+    Largest remainder: each part is rounded toward zero, and the units left over go, one
+    each, to the parts with the largest remainders (ties to the earliest).
+    """
+    exponent = minor_units(currency)
+    units = int(amount.scaleb(exponent))
+    total = sum(weights)
+    sign = -1 if units < 0 else 1
+    exact = [abs(units) * w for w in weights]
+    parts = [e // total for e in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] % total), i))
+    for i in order[: abs(units) - sum(parts)]:
+        parts[i] += 1
+    return [Decimal(sign * p).scaleb(-exponent) for p in parts]
+
+
+# --- CSV writing --------------------------------------------------------------------------
+
+
+def _csv_lines(header: Iterable[str], rows: Iterable[Iterable[object]]) -> Iterator[str]:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    yield buffer.getvalue()
+    for row in rows:
+        buffer.seek(0)
+        buffer.truncate()
+        writer.writerow(row)
+        yield buffer.getvalue()
+
+
+def _utc(t: int | datetime) -> str:
+    moment = from_epoch(t) if isinstance(t, int) else t
+    return moment.astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _num(value: Decimal | None, places: int | None = None) -> str:
+    if value is None:
+        return ""
+    if places is not None:
+        value = value.quantize(Decimal(1).scaleb(-places))
+    return f"{value:f}"
+
+
+def usage_csv(parts: Iterable[DayPart], invoice: Invoice, timezone: str) -> Iterator[str]:
+    zone = ZoneInfo(timezone)
+    number = invoice.number or f"draft {invoice.id}"
+
+    def row(p: DayPart) -> list[object]:
+        line = p.line
+        hours = None if p.seconds is None else p.seconds / 3600
+        return [
+            invoice.period,
+            from_epoch(p.start).astimezone(zone).date().isoformat(),
+            line.rental_id or "",
+            line.gpu_model or "",
+            line.gpu_uuid or "",
+            line.kind,
+            _num(p.seconds, 0),
+            _num(hours, 6),
+            _num(line.rate) if line.kind != LineKind.TAX else "",
+            _num(p.amount),
+            invoice.currency,
+            number,
+        ]
+
+    return _csv_lines(USAGE_COLUMNS, (row(p) for p in parts))
+
+
+def focus_csv(
+    parts: Iterable[DayPart], invoice: Invoice, customer: Customer, provider: str
+) -> Iterator[str]:
+    def row(p: DayPart) -> dict[str, str]:
+        line, kind = p.line, LineKind(p.line.kind)
+        usage = kind in _USAGE_KINDS
+        hours = None if p.seconds is None or kind not in _TIMED_KINDS else p.seconds / 3600
+        priced = kind in _TIMED_KINDS and line.rate is not None
+        cost = _num(p.amount)
+        values = {
+            "BilledCost": cost,
+            "BillingAccountId": str(customer.id),
+            "BillingAccountName": customer.name,
+            "BillingCurrency": invoice.currency,
+            "BillingPeriodEnd": _utc(invoice.period_end),
+            "BillingPeriodStart": _utc(invoice.period_start),
+            "ChargeCategory": _CATEGORY[kind],
+            "ChargeClass": "Correction" if kind == LineKind.ADJUSTMENT else "",
+            "ChargeDescription": _DESCRIPTION[kind],
+            "ChargeFrequency": "Usage-Based" if kind in _TIMED_KINDS else "One-Time",
+            "ChargePeriodEnd": _utc(p.end),
+            "ChargePeriodStart": _utc(p.start),
+            "ConsumedQuantity": _num(hours, 6) if usage else "",
+            "ConsumedUnit": "Hours" if usage and hours is not None else "",
+            "ContractedCost": cost,
+            "ContractedUnitPrice": _num(line.rate) if priced else "",
+            "EffectiveCost": cost,
+            "InvoiceId": invoice.number or str(invoice.id),
+            "InvoiceIssuerName": provider,
+            "ListCost": cost,
+            "ListUnitPrice": _num(line.rate) if priced else "",
+            "PricingCategory": "Standard" if priced else "",
+            "PricingQuantity": _num(hours, 6) if priced else "",
+            "PricingUnit": "Hours" if priced else "",
+            "ProviderName": provider,
+            "PublisherName": provider,
+            "ResourceId": line.gpu_uuid or (str(line.rental_id) if line.rental_id else ""),
+            "ResourceName": line.gpu_uuid or "",
+            "ResourceType": "GPU" if line.gpu_uuid else ("Rental" if line.rental_id else ""),
+            "ServiceCategory": "Compute",
+            "ServiceName": "GPU rental",
+            "SkuId": line.gpu_model or "",
+            "SubAccountId": str(line.rental_id) if line.rental_id else "",
+            "SubAccountName": f"rental {str(line.rental_id)[:8]}" if line.rental_id else "",
+            "x_LineKind": kind.value,
+            "x_GpuSeconds": _num(p.seconds, 0),
+        }
+        return values
+
+    names = [c.name for c in FOCUS_COLUMNS]
+    return _csv_lines(names, ([row(p)[n] for n in names] for p in parts))

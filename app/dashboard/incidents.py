@@ -1,0 +1,184 @@
+"""Incidents: each failure of a GPU while the customer rented it, as one readable record.
+
+A failure is a state change to ``failed`` on a GPU during (or ending) one of the customer's
+assignments. It is paired with the first migration off that GPU at or after it (the
+orchestrator's "moved to GPU Y, resumed at t"), and with the credit lines of the period's
+invoice for that GPU over the incident (when the invoice run has drafted one). A migration
+with no failure event on record is an incident of its own.
+
+What is measured, and what is not: the failure second comes from the node; "reported after"
+is when the service received that event (``received_at``), so it includes the agent's upload
+delay and, for back-filled history, the whole backfill delay. How long the node took to notice
+the failure is not recorded, so it is never shown as a number.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.billing.lines import LineKind
+from app.billing.loader import BillingPeriod
+from app.billing.models import Invoice
+from app.billing.schemas import money
+from app.core.epoch import epoch, from_epoch
+from app.core.schemas import Schema
+from app.customers.models import Customer
+from app.dashboard import exports, repository, wording
+from app.dashboard.formatting import Formatter, duration
+from app.rentals.models import Migration
+from app.rentals.service import customer_migrations
+
+MAX_INCIDENTS = 1000  # per period: a page lists them all; a fleet-wide storm is cut here
+_CREDIT_KINDS = {LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT}
+
+
+class IncidentRead(Schema):
+    gpu_uuid: str
+    rental_id: uuid.UUID
+    failed_at: datetime
+    cause: str  # "XID 79: GPU has fallen off the bus"
+    event_id: str | None
+    reported_after_s: int | None  # None: no failure event on record
+    moved_to_gpu: str | None
+    migration_id: int | None
+    resumed_at: datetime | None
+    downtime_s: int | None  # failure to resumption on the new GPU
+    credited: str | None  # None: no invoice drafted for the period yet
+    summary: str
+
+
+@dataclass(frozen=True)
+class _Failure:
+    gpu_uuid: str
+    rental_id: uuid.UUID
+    at: int
+    cause: str
+    event_id: str | None
+    received_s: int | None
+
+
+def incidents(
+    session: Session, customer: Customer, period: BillingPeriod, now: datetime, fmt: Formatter
+) -> list[IncidentRead]:
+    lo, hi = period.span[0], min(period.span[1], epoch(now))
+    events = repository.latest_events(
+        session, customer.id, lo, hi, MAX_INCIDENTS, failures_only=True
+    )
+    failures = [_failure(e) for e in reversed(events)]  # oldest first
+    migrations = customer_migrations(session, customer.id, from_epoch(lo), from_epoch(hi))
+    invoice = exports.find_invoice(session, customer, period)
+    return [_read(f, m, invoice, customer.currency, fmt) for f, m in _pair(failures, migrations)]
+
+
+def _failure(event: dict[str, Any]) -> _Failure:
+    cause = wording.evidence(
+        {"code": event["code"], "rule": event["rule"], "detail": event["detail"]}
+    )
+    return _Failure(
+        event["gpu_uuid"],
+        event["rental_id"],
+        event["at"],
+        cause,
+        event["event_id"],
+        event["received_s"],
+    )
+
+
+def _pair(
+    failures: list[_Failure], migrations: Iterable[Migration]
+) -> list[tuple[_Failure, Migration | None]]:
+    """Each failure with the first unpaired migration off its GPU at or after it; migrations
+    left over become incidents of their own (their reason is the cause)."""
+    left = list(migrations)
+    pairs: list[tuple[_Failure, Migration | None]] = []
+    for failure in failures:
+        match = next(
+            (
+                m
+                for m in left
+                if m.from_gpu_uuid == failure.gpu_uuid
+                and m.rental_id == failure.rental_id
+                and epoch(m.failed_at) >= failure.at
+            ),
+            None,
+        )
+        if match is not None:
+            left.remove(match)
+        pairs.append((failure, match))
+    for m in left:
+        moved = _Failure(
+            m.from_gpu_uuid, m.rental_id, epoch(m.failed_at), m.reason or "", None, None
+        )
+        pairs.append((moved, m))
+    return sorted(pairs, key=lambda p: p[0].at)
+
+
+def _read(
+    f: _Failure, m: Migration | None, invoice: Invoice | None, currency: str, fmt: Formatter
+) -> IncidentRead:
+    resumed = None if m is None else epoch(m.resumed_at)
+    credited = None if invoice is None else _credited(invoice, f, resumed)
+    reported = None if f.received_s is None else max(0, f.received_s - f.at)
+    return IncidentRead(
+        gpu_uuid=f.gpu_uuid,
+        rental_id=f.rental_id,
+        failed_at=from_epoch(f.at),
+        cause=f.cause,
+        event_id=f.event_id,
+        reported_after_s=reported,
+        moved_to_gpu=None if m is None else m.to_gpu_uuid,
+        migration_id=None if m is None else m.id,
+        resumed_at=None if resumed is None else from_epoch(resumed),
+        downtime_s=None if resumed is None else resumed - f.at,
+        credited=None if credited is None else money(credited, currency),
+        summary=_summary(f, m, reported, credited, fmt),
+    )
+
+
+def _credited(invoice: Invoice, f: _Failure, resumed: int | None) -> Decimal:
+    """The credit lines for this GPU that start within the incident (failure to resumption)."""
+    until = f.at + 1 if resumed is None else max(resumed, f.at + 1)
+    return -sum(
+        (
+            line.amount
+            for line in invoice.lines
+            if line.kind in _CREDIT_KINDS
+            and line.gpu_uuid == f.gpu_uuid
+            and line.start_at is not None
+            and f.at <= epoch(line.start_at) < until
+        ),
+        Decimal(0),
+    )
+
+
+def _summary(
+    f: _Failure,
+    m: Migration | None,
+    reported: int | None,
+    credited: Decimal | None,
+    fmt: Formatter,
+) -> str:
+    head = f"{f.gpu_uuid} failed {fmt.datetime_s(f.at)}"
+    parts = [f"{head} ({f.cause})" if f.cause else head]
+    if f.event_id is None:
+        parts[0] = f"{f.gpu_uuid} was replaced {fmt.datetime_s(f.at)}" + (
+            f" ({f.cause})" if f.cause else ""
+        )
+    else:
+        parts.append(f"reported after {duration(reported)}" if reported is not None else "")
+    parts.append("detection time unknown")
+    if m is not None:
+        parts.append(f"moved to {m.to_gpu_uuid} in {duration(epoch(m.resumed_at) - f.at)}")
+    else:
+        parts.append("not moved to another GPU")
+    parts.append(
+        "credit not drafted yet" if credited is None else f"credited {fmt.money(credited)}"
+    )
+    return ", ".join(p for p in parts if p)

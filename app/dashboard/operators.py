@@ -1,0 +1,207 @@
+"""Operator views: the fleet now (by model and datacenter) and revenue by month.
+
+Fleet: every GPU's pool and last reported state (``gpus.last_state``, kept by ingest), and
+whether a rental holds it now; failures in the last 24 h with what is measured about each:
+``reported after`` (the event's ``received_at`` minus its second: upload delay, not the node's
+own detection time, which is not recorded) and ``resumed after`` (failure to the rental's
+resumption on its new GPU, when a migration followed within a day). The spare target is
+``SPARE_TARGET`` of each model and datacenter's GPUs, rounded up (DESIGN: about 5 %).
+
+Revenue: per month and currency, the sums of the non-void invoices' lines by kind.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from datetime import datetime
+from decimal import Decimal
+
+from pydantic import Field
+from sqlalchemy.orm import Session
+
+from app.billing.lines import LineKind
+from app.billing.schemas import money
+from app.core.epoch import epoch, from_epoch
+from app.core.schemas import Schema
+from app.dashboard import repository, wording
+
+SPARE_TARGET = Decimal("0.05")
+FAILURE_WINDOW_S = 86_400
+MAX_FAILURES = 500
+
+
+class FleetGroup(Schema):
+    model: str
+    datacenter: str
+    gpus: int
+    by_pool: dict[str, int]
+    by_state: dict[str, int]
+    rented: int
+    spare_ready: int = Field(description="Spare-pool GPUs, healthy and not rented.")
+    spare_target: int
+    failures_24h: int
+
+
+class FailureRead(Schema):
+    gpu_uuid: str
+    model: str
+    datacenter: str
+    at: datetime
+    cause: str
+    reported_after_s: int | None
+    moved_to_gpu: str | None
+    resumed_after_s: int | None
+
+
+class LatencyRead(Schema):
+    count: int
+    median_s: float | None
+    max_s: int | None
+
+
+class FleetRead(Schema):
+    at: datetime
+    groups: list[FleetGroup]
+    failures_24h: list[FailureRead]
+    reported_after: LatencyRead
+    resumed_after: LatencyRead
+    detection: str = "unknown: the node's time to notice a failure is not recorded"
+
+
+def fleet(session: Session, now: datetime) -> FleetRead:
+    until = epoch(now)
+    failures = [
+        _failure(row)
+        for row in repository.failures_between(
+            session, until - FAILURE_WINDOW_S, until + 1, MAX_FAILURES
+        )
+    ]
+    per_group: defaultdict[tuple[str, str], int] = defaultdict(int)
+    for f in failures:
+        per_group[(f.model, f.datacenter)] += 1
+    return FleetRead(
+        at=now,
+        groups=_groups(repository.fleet_counts(session), per_group),
+        failures_24h=failures,
+        reported_after=_latency([f.reported_after_s for f in failures]),
+        resumed_after=_latency([f.resumed_after_s for f in failures]),
+    )
+
+
+def _groups(
+    rows: list[dict[str, object]], failures: dict[tuple[str, str], int]
+) -> list[FleetGroup]:
+    grouped: dict[tuple[str, str], list[dict[str, object]]] = defaultdict(list)
+    for row in rows:
+        grouped[(str(row["model"]), str(row["datacenter"]))].append(row)
+    out = []
+    for (model, dc), items in sorted(grouped.items()):
+        by_pool: defaultdict[str, int] = defaultdict(int)
+        by_state: defaultdict[str, int] = defaultdict(int)
+        rented = spare_ready = 0
+        for r in items:
+            n = int(r["gpus"])  # type: ignore[call-overload]
+            by_pool[str(r["pool"])] += n
+            by_state[str(r["state"])] += n
+            rented += n if r["rented"] else 0
+            if r["pool"] == "spare" and r["state"] == "healthy" and not r["rented"]:
+                spare_ready += n
+        total = sum(by_pool.values())
+        out.append(
+            FleetGroup(
+                model=model,
+                datacenter=dc,
+                gpus=total,
+                by_pool=dict(by_pool),
+                by_state=dict(by_state),
+                rented=rented,
+                spare_ready=spare_ready,
+                spare_target=math.ceil(total * SPARE_TARGET),
+                failures_24h=failures.get((model, dc), 0),
+            )
+        )
+    return out
+
+
+def _failure(row: dict[str, object]) -> FailureRead:
+    at = int(row["at"])  # type: ignore[call-overload]
+    received, resumed = row["received_s"], row["resumed_s"]
+    return FailureRead(
+        gpu_uuid=str(row["gpu_uuid"]),
+        model=str(row["model"]),
+        datacenter=str(row["datacenter"]),
+        at=from_epoch(at),
+        cause=wording.evidence({"code": row["code"], "rule": row["rule"], "detail": row["detail"]}),
+        reported_after_s=None if received is None else max(0, int(received) - at),  # type: ignore[call-overload]
+        moved_to_gpu=None if row["to_gpu_uuid"] is None else str(row["to_gpu_uuid"]),
+        resumed_after_s=None if resumed is None else int(resumed) - at,  # type: ignore[call-overload]
+    )
+
+
+def _latency(values: list[int | None]) -> LatencyRead:
+    known = [v for v in values if v is not None]
+    return LatencyRead(
+        count=len(known),
+        median_s=statistics.median(known) if known else None,
+        max_s=max(known) if known else None,
+    )
+
+
+# --- revenue ------------------------------------------------------------------------------
+
+
+class RevenueMonth(Schema):
+    period: str
+    currency: str
+    invoices: int
+    billed: str = Field(description="GPU time charged, before credits.")
+    credited: str = Field(description="Failure, migration and degraded credits (negative).")
+    cap_reductions: str
+    adjustments: str
+    vouchers: str
+    tax: str
+    total: str
+
+
+class RevenueRead(Schema):
+    first: str
+    last: str
+    months: list[RevenueMonth]
+
+
+_COLUMNS = {
+    LineKind.CHARGE: "billed",
+    LineKind.FAILURE_CREDIT: "credited",
+    LineKind.MIGRATION_CREDIT: "credited",
+    LineKind.DEGRADED_CREDIT: "credited",
+    LineKind.CAP: "cap_reductions",
+    LineKind.ADJUSTMENT: "adjustments",
+    LineKind.VOUCHER: "vouchers",
+    LineKind.TAX: "tax",
+}
+
+
+def revenue(session: Session, first: str, last: str) -> RevenueRead:
+    sums: dict[tuple[str, str], dict[str, Decimal]] = {}
+    invoices: dict[tuple[str, str], int] = {}
+    for row in repository.revenue_by_period(session, first, last):
+        key = (str(row["period"]), str(row["currency"]))
+        cells = sums.setdefault(key, defaultdict(Decimal))
+        cells[_COLUMNS[LineKind(row["kind"])]] += row["amount"]
+        invoices[key] = max(invoices.get(key, 0), int(row["invoices"]))
+    months = []
+    for (period, currency), cells in sorted(sums.items(), reverse=True):
+        fields = {column: money(cells[column], currency) for column in set(_COLUMNS.values())}
+        total = money(sum(cells.values(), Decimal(0)), currency)
+        months.append(
+            RevenueMonth(
+                period=period,
+                currency=currency,
+                invoices=invoices[(period, currency)],
+                total=total,
+                **fields,
+            )
+        )
+    return RevenueRead(first=first, last=last, months=months)

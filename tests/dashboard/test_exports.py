@@ -1,0 +1,145 @@
+"""Cost and usage exports: FOCUS 1.2 columns and types, sums back to the invoice, streaming."""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections import Counter
+from decimal import Decimal
+
+from fastapi.testclient import TestClient
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.dashboard.exports import allocate
+from tests.dashboard.world import PERIOD, World
+from tests.harness import Console, bearer
+
+# FOCUS 1.2's Mandatory columns with their data type and whether they allow nulls, copied from
+# the specification (specification/columns/*.md at tag v1.2 of FinOps-Open-Cost-and-Usage-Spec/
+# FOCUS_Spec): the oracle the export is checked against, kept apart from the code's own list.
+FOCUS_12_MANDATORY = {
+    "BilledCost": ("Decimal", False),
+    "BillingAccountId": ("String", False),
+    "BillingAccountName": ("String", True),
+    "BillingCurrency": ("String", False),
+    "BillingPeriodEnd": ("Date/Time", False),
+    "BillingPeriodStart": ("Date/Time", False),
+    "ChargeCategory": ("String", False),
+    "ChargeClass": ("String", True),
+    "ChargeDescription": ("String", True),
+    "ChargePeriodEnd": ("Date/Time", False),
+    "ChargePeriodStart": ("Date/Time", False),
+    "ContractedCost": ("Decimal", False),
+    "EffectiveCost": ("Decimal", False),
+    "InvoiceIssuerName": ("String", False),
+    "ListCost": ("Decimal", False),
+    "PricingQuantity": ("Decimal", True),
+    "PricingUnit": ("String", True),
+    "ProviderName": ("String", False),
+    "PublisherName": ("String", False),
+    "ServiceCategory": ("String", False),
+    "ServiceName": ("String", False),
+}
+CHARGE_CATEGORIES = {"Usage", "Purchase", "Tax", "Credit", "Adjustment"}
+DATETIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
+DECIMAL = re.compile(r"^-?\d+(\.\d+)?$")  # FOCUS numeric format: no sign for positives
+
+
+def export(client: TestClient, w: World, kind: str) -> list[dict[str, str]]:
+    path = f"/v1/customers/{w.acme.customer['id']}/exports/{kind}?period={PERIOD}"
+    with client.stream("GET", path, headers=bearer(w.acme.key)) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/csv")
+        assert "content-length" not in response.headers  # streamed, not built whole
+        text = "".join(response.iter_text())
+    return list(csv.DictReader(io.StringIO(text)))
+
+
+def test_focus_export_has_every_mandatory_column_with_its_type(
+    client: TestClient, seeded: World
+) -> None:
+    rows = export(client, seeded, "focus.csv")
+    assert rows
+    missing = set(FOCUS_12_MANDATORY) - set(rows[0])
+    assert not missing, missing
+    for row in rows:
+        for name, (kind, nullable) in FOCUS_12_MANDATORY.items():
+            value = row[name]
+            if value == "":
+                assert nullable, (name, row)
+            elif kind == "Decimal":
+                assert DECIMAL.match(value), (name, value)
+            elif kind == "Date/Time":
+                assert DATETIME.match(value), (name, value)
+        assert row["ChargeCategory"] in CHARGE_CATEGORIES
+        assert row["ChargePeriodStart"] < row["ChargePeriodEnd"]
+        assert row["BillingPeriodStart"] <= row["ChargePeriodStart"]
+        assert [c for c in row if c not in FOCUS_12_MANDATORY and not c[0].isupper()] == [
+            c for c in row if c.startswith("x_")
+        ]  # custom columns carry the x_ prefix
+
+
+def test_exports_sum_back_to_the_invoice(client: TestClient, seeded: World) -> None:
+    invoice = seeded.invoice
+    focus = export(client, seeded, "focus.csv")
+    usage = export(client, seeded, "usage.csv")
+    assert sum(Decimal(r["BilledCost"]) for r in focus) == Decimal(invoice["total"])
+    assert sum(Decimal(r["amount"]) for r in usage) == Decimal(invoice["total"])
+    # Line by line, too: each invoice line's day rows add up to it.
+    by_kind: Counter[str] = Counter()
+    for r in usage:
+        by_kind[r["kind"]] += Decimal(r["amount"])  # type: ignore[assignment]
+    expected: Counter[str] = Counter()
+    for line in invoice["lines"]:
+        expected[line["kind"]] += Decimal(line["amount"])  # type: ignore[assignment]
+    assert by_kind == expected
+    assert {r["BillingCurrency"] for r in focus} == {"EUR"}
+
+
+def test_usage_rows_are_per_rental_gpu_and_local_day(client: TestClient, seeded: World) -> None:
+    usage = export(client, seeded, "usage.csv")
+    charge = [r for r in usage if r["kind"] == "charge"]
+    # 10 Oct 00:00 to 12 Oct 00:00 UTC is 02:00 CEST on the 10th to 02:00 on the 12th.
+    assert [r["day"] for r in charge] == ["2026-10-10", "2026-10-11", "2026-10-12"]
+    assert [int(r["seconds"]) for r in charge] == [22 * 3600, 24 * 3600, 2 * 3600]
+    failure = [r for r in usage if r["kind"] == "failure_credit"]
+    assert [(r["day"], r["gpu_uuid"], r["seconds"]) for r in failure] == [
+        ("2026-10-10", "GPU-A-1", "2820")
+    ]
+    assert {r["rental_id"] for r in usage if r["kind"] != "tax"} == {seeded.acme.rental["id"]}
+
+
+def test_exports_are_the_customers_own_and_need_an_invoice(
+    client: TestClient, console: Console, seeded: World
+) -> None:
+    acme = seeded.acme.customer["id"]
+    other = client.get(
+        f"/v1/customers/{acme}/exports/focus.csv?period={PERIOD}", headers=bearer(seeded.other.key)
+    )
+    assert other.status_code == 404
+    none_yet = client.get(
+        f"/v1/customers/{acme}/exports/usage.csv?period=2026-09", headers=bearer(seeded.acme.key)
+    )
+    assert none_yet.status_code == 404
+    assert "no invoice for 2026-09" in none_yet.json()["detail"][0]["msg"]
+    page = client.get(
+        f"/dashboard/exports/focus.csv?period={PERIOD}", headers=bearer(seeded.acme.key)
+    )
+    assert page.status_code == 200 and "attachment" in page.headers["content-disposition"]
+    overview = client.get(f"/dashboard?period={PERIOD}", headers=bearer(seeded.acme.key)).text
+    assert f'href="/dashboard/exports/focus.csv?period={PERIOD}"' in overview
+
+
+@given(
+    st.integers(min_value=-(10**9), max_value=10**9),
+    st.lists(st.integers(min_value=1, max_value=10**6), min_size=1, max_size=40),
+)
+def test_allocation_sums_exactly_and_stays_within_a_cent(units: int, weights: list[int]) -> None:
+    amount = Decimal(units).scaleb(-2)
+    parts = allocate(amount, weights, "EUR")
+    assert sum(parts) == amount
+    total = sum(weights)
+    for part, weight in zip(parts, weights, strict=True):
+        assert abs(part - amount * weight / total) < Decimal("0.01")

@@ -18,7 +18,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from hypothesis import settings
+from psycopg.errors import DeadlockDetected
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.exc import OperationalError
 
 from app.auth.models import KeyKind
 from app.auth.service import issue_key
@@ -81,9 +83,29 @@ def engine(database_url: str) -> Iterator[Engine]:
     engine.dispose()
 
 
+TRUNCATE_ATTEMPTS = 5
+
+
 @pytest.fixture
 def db(engine: Engine) -> Engine:
-    """The run's database, emptied before the test (schema and migrations stay)."""
+    """The run's database, emptied before the test (schema and migrations stay).
+
+    The previous test's processes (a server or queue worker still finishing its last
+    transaction) can hold a table the TRUNCATE also locks: Postgres then ends one side as a
+    deadlock victim. That side is this TRUNCATE, rolled back whole, so trying again is safe.
+    """
+    attempts = 0
+    while True:
+        attempts += 1
+        try:
+            _truncate_all(engine)
+            return engine
+        except OperationalError as error:
+            if not isinstance(error.orig, DeadlockDetected) or attempts == TRUNCATE_ATTEMPTS:
+                raise
+
+
+def _truncate_all(engine: Engine) -> None:
     with engine.begin() as conn:
         tables = conn.scalars(
             text(
@@ -93,7 +115,6 @@ def db(engine: Engine) -> Engine:
         ).all()
         if tables:
             conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
-    return engine
 
 
 # --- the API harness: the ASGI app over the run's database, an admin key, the console --------

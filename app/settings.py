@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from contextlib import suppress
+from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 
@@ -150,6 +151,21 @@ class Settings(BaseSettings):
     nats_stream: str = Field(default="GPUMETER_EVENTS", description="The JetStream stream.")
     nats_subject_prefix: str = Field(
         default="gpumeter.events", description="Events go to <prefix>.<type>."
+    )
+    # --- prepaid balance (app.balances) ---
+    trial_credit: Decimal = Field(
+        default=Decimal("10.00"),
+        ge=0,
+        max_digits=12,
+        decimal_places=3,
+        description="Signup credit granted once to each new customer, in its currency (0: none).",
+    )
+    balance_low_threshold: Decimal = Field(
+        default=Decimal("2.00"),
+        ge=0,
+        max_digits=12,
+        decimal_places=3,
+        description="A prepaid balance falling below this publishes balance.low.",
     )
     secret_key: str | None = Field(
         default=None,

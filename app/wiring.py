@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import procrastinate
 
+from app.balances.service import grant_trial_credit
 from app.budgets.service import refuse_rental_over_hard_limit
 from app.core import queue as job_queue
+from app.customers.service import add_created_hook
 from app.events import stream
 from app.events.service import ALL_TYPES, subscribe
 from app.payments import jobs as payments_jobs
@@ -37,6 +39,7 @@ def install() -> None:
     subscribe("invoice.voided", on_invoice_event)
     subscribe(ALL_TYPES, deliver_to_webhooks)
     add_create_check(refuse_rental_over_hard_limit)
+    add_created_hook(grant_trial_credit)
     if get_settings().nats_url:
         subscribe(ALL_TYPES, stream.queue_publication)
     for namespace, blueprint in BLUEPRINTS.items():

@@ -201,3 +201,24 @@ def test_unknown_failover_is_404(fleet: Fleet) -> None:
     missing = "00000000-0000-0000-0000-000000000000"
     fleet.console.post(f"/v1/failovers/{missing}/resumed", {}, 404)
     fleet.get(f"/v1/failovers/{missing}", 404)
+
+
+def test_a_spare_whose_preemptible_rental_cannot_end_now_is_passed_over(fleet: Fleet) -> None:
+    fleet.node("node-1")
+    fleet.node("node-2")
+    fleet.gpu("node-1", "GPU-1")
+    fleet.gpu("node-1", "S-1", "spare")
+    fleet.gpu("node-2", "S-2", "spare")
+    fleet.gpu("node-2", "Z-LATER", "spare")
+    spot = fleet.console.rental(
+        fleet.customer_id, fleet.plan_id, gpu_count=2, start_at=iso(fleet.t0), preemptible=True
+    )["id"]
+    fleet.console.assign(spot, "S-1", iso(fleet.t0))
+    # The spot rental also booked a GPU for later: it cannot end now, so S-1 is not free.
+    fleet.console.assign(spot, "Z-LATER", iso(fleet.t0 + 3600))
+    fleet.rental("GPU-1")
+    fleet.fail("GPU-1")
+    [failover] = fleet.failovers(state="requested")
+    assert (failover["spare_gpu_uuid"], failover["preempted_rental_id"]) == ("S-2", None)
+    assert fleet.get(f"/v1/rentals/{spot}")["end_at"] is None
+    assert fleet.events("rental.preempted") == []

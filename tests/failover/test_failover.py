@@ -7,9 +7,12 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Engine, text
 
+from app.auth.models import KeyKind
+from app.auth.service import issue_key
 from app.core.db import transaction
 from app.failover import transitions
 from tests.failover.conftest import Fleet, iso
+from tests.harness import bearer
 from tests.metering.conftest import rec
 
 CONTRACT_KEYS = {
@@ -222,3 +225,21 @@ def test_a_spare_whose_preemptible_rental_cannot_end_now_is_passed_over(fleet: F
     assert (failover["spare_gpu_uuid"], failover["preempted_rental_id"]) == ("S-2", None)
     assert fleet.get(f"/v1/rentals/{spot}")["end_at"] is None
     assert fleet.events("rental.preempted") == []
+
+
+def test_customers_see_only_their_own_failovers(fleet: Fleet, db: Engine) -> None:
+    fleet.node("node-1")
+    fleet.gpu("node-1", "GPU-1")
+    fleet.rental("GPU-1")
+    fleet.fail("GPU-1")
+    [failover] = fleet.failovers()
+    other = fleet.console.customer("Other Co")["id"]
+    with transaction(db) as session:
+        own = issue_key(session, KeyKind.CUSTOMER, "own", customer_id=fleet.customer_id).secret
+        foreign = issue_key(session, KeyKind.CUSTOMER, "foreign", customer_id=other).secret
+    for key, visible in ((own, [failover["id"]]), (foreign, [])):
+        listed = fleet.client.get("/v1/failovers", headers=bearer(key)).json()["items"]
+        assert [f["id"] for f in listed] == visible
+    path = f"/v1/failovers/{failover['id']}"
+    assert fleet.client.get(path, headers=bearer(foreign)).status_code == 404
+    assert fleet.client.post(f"{path}/resumed", json={}, headers=bearer(own)).status_code == 403

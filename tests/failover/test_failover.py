@@ -4,6 +4,7 @@ failover with a chosen, reserved spare (or none); the orchestrator's answers mov
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from uuid import UUID
 
 from sqlalchemy import Engine, text
 
@@ -235,11 +236,12 @@ def test_customers_see_only_their_own_failovers(fleet: Fleet, db: Engine) -> Non
     [failover] = fleet.failovers()
     other = fleet.console.customer("Other Co")["id"]
     with transaction(db) as session:
-        own = issue_key(session, KeyKind.CUSTOMER, "own", customer_id=fleet.customer_id).secret
-        foreign = issue_key(session, KeyKind.CUSTOMER, "foreign", customer_id=other).secret
-    for key, visible in ((own, [failover["id"]]), (foreign, [])):
+        own = issue_key(session, KeyKind.CUSTOMER, "own", customer_id=UUID(fleet.customer_id))
+        foreign = issue_key(session, KeyKind.CUSTOMER, "foreign", customer_id=UUID(other))
+    own_key, foreign_key = own.secret, foreign.secret
+    for key, visible in ((own_key, [failover["id"]]), (foreign_key, [])):
         listed = fleet.client.get("/v1/failovers", headers=bearer(key)).json()["items"]
         assert [f["id"] for f in listed] == visible
     path = f"/v1/failovers/{failover['id']}"
-    assert fleet.client.get(path, headers=bearer(foreign)).status_code == 404
-    assert fleet.client.post(f"{path}/resumed", json={}, headers=bearer(own)).status_code == 403
+    assert fleet.client.get(path, headers=bearer(foreign_key)).status_code == 404
+    assert fleet.client.post(f"{path}/resumed", json={}, headers=bearer(own_key)).status_code == 403

@@ -567,6 +567,22 @@ class CpuClock:
     service_pid: int
     database: str
     _tick: float = field(default_factory=lambda: float(os.sysconf("SC_CLK_TCK")))
+    # Last CPU seen of every process ever sampled: pooled connections that close (overflow)
+    # take their backend with them, and its CPU must not vanish from the sum.
+    _seen: dict[str, dict[int, float]] = field(
+        default_factory=lambda: {"service": {}, "postgres": {}}
+    )
+
+    async def track(self, stop: asyncio.Event, every_s: float = 0.25) -> None:
+        """Sample the processes until ``stop`` (backends living < ``every_s`` are missed)."""
+        while not stop.is_set():
+            self._remember()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
+
+    def _remember(self) -> None:
+        self._seen["service"].update({p: self._proc_cpu(p) for p in self._tree(self.service_pid)})
+        self._seen["postgres"].update({p: self._proc_cpu(p) for p in self._backends()})
 
     def _proc_cpu(self, pid: int) -> float:
         try:
@@ -603,10 +619,11 @@ class CpuClock:
         own = resource.getrusage(resource.RUSAGE_SELF)
         busy_idle = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
         ticks = [int(x) for x in busy_idle]
+        self._remember()
         return {
             "client": own.ru_utime + own.ru_stime,
-            "service": {p: self._proc_cpu(p) for p in self._tree(self.service_pid)},
-            "postgres": {p: self._proc_cpu(p) for p in self._backends()},
+            "service": dict(self._seen["service"]),
+            "postgres": dict(self._seen["postgres"]),
             "machine_busy": (sum(ticks) - ticks[3] - ticks[4]) / self._tick,
             "machine_all": sum(ticks) / self._tick,
         }
@@ -658,7 +675,11 @@ async def measure_phase(
 ) -> dict[str, Any]:
     before = clock.sample()
     began = time.monotonic()
+    stop = asyncio.Event()
+    tracking = asyncio.create_task(clock.track(stop))
     stats = await run_schedule(nodes, target, interval=interval, **kw)
+    stop.set()
+    await tracking
     elapsed = time.monotonic() - began
     report = phase_report(
         stats, elapsed, CpuClock.used(before, clock.sample()), len(nodes), interval

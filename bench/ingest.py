@@ -690,7 +690,9 @@ async def measure_phase(
 
 class RoundTripProxy:
     """A TCP proxy to Postgres counting round trips: each time the client speaks again after
-    the server answered is one (so a pipeline of statements sent together counts once)."""
+    the server said it is ready for more (ReadyForQuery, the end of a Query or of a pipeline's
+    Sync), the client had waited for an answer: one round trip. Statements sent together in
+    one pipeline count once."""
 
     def __init__(self, host: str, port: int) -> None:
         self.upstream = (host, port)
@@ -703,19 +705,39 @@ class RoundTripProxy:
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection(*self.upstream)
-        turn = ["server"]
+        ready = [False]
 
-        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter, side: str) -> None:
+        async def from_client() -> None:
             with contextlib.suppress(OSError):
-                while data := await r.read(65536):
-                    if side == "client" and turn[0] == "server":
+                while data := await client_r.read(65536):
+                    if ready[0]:
                         self.round_trips += 1
-                    turn[0] = side
-                    w.write(data)
-                    await w.drain()
-            w.close()
+                        ready[0] = False
+                    server_w.write(data)
+                    await server_w.drain()
+            server_w.close()
 
-        await asyncio.gather(pump(client_r, server_w, "client"), pump(server_r, client_w, "server"))
+        async def from_server() -> None:
+            pending = b""  # the server's messages: type byte, int32 length (itself included)
+            started = False
+            with contextlib.suppress(OSError):
+                while data := await server_r.read(65536):
+                    pending += data
+                    if not started:  # one-byte "no" to the client's SSL / GSS requests
+                        pending = pending.lstrip(b"N")
+                        started = bool(pending)
+                    while len(pending) >= 5:
+                        size = 1 + int.from_bytes(pending[1:5], "big")
+                        if len(pending) < size:
+                            break
+                        if pending[:1] == b"Z":
+                            ready[0] = True
+                        pending = pending[size:]
+                    client_w.write(data)
+                    await client_w.drain()
+            client_w.close()
+
+        await asyncio.gather(from_client(), from_server())
 
     async def stop(self) -> None:
         if self.server is not None:

@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Any, cast
 
 import psycopg
-from sqlalchemy import Engine, TextClause, create_engine, event, exc
+from sqlalchemy import Dialect, Engine, TextClause, create_engine, event, exc, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import ConnectionPoolEntry
 
@@ -104,6 +104,12 @@ def transaction(engine: Engine | None = None) -> Iterator[Session]:
 Statement = tuple[TextClause, Mapping[str, Any]]
 
 
+@lru_cache(maxsize=512)
+def _driver_sql(sql: str, dialect: Dialect) -> str:
+    """``text()`` SQL in the driver's parameter style (``%(name)s``), compiled once."""
+    return str(text(sql).compile(dialect=dialect))
+
+
 def pipelined(
     session: Session, statements: Sequence[Statement | None]
 ) -> list[list[tuple[Any, ...]]]:
@@ -116,10 +122,7 @@ def pipelined(
     connection = session.connection()
     raw: psycopg.Connection[Any] = connection.connection.driver_connection  # type: ignore[assignment]
     dialect = connection.dialect
-    compiled = [
-        None if s is None else (str(c := s[0].compile(dialect=dialect)), c.construct_params(s[1]))
-        for s in statements
-    ]
+    compiled = [None if s is None else (_driver_sql(s[0].text, dialect), s[1]) for s in statements]
     try:
         with raw.pipeline():
             cursors = []

@@ -306,7 +306,7 @@ def start_service(
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until_ready(base, process, timeout_s=30)
+        wait_until_ready(base, process, timeout_s=90)  # a loaded 2-core box is slow
     except NotReady:
         stop_child(process, "service")
         raise

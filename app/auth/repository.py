@@ -19,9 +19,7 @@ def active_digests(session: Session, digests: Sequence[str]) -> set[str]:
     """Which of these key digests belong to keys that exist and are not revoked."""
     return set(
         session.scalars(
-            select(ApiKey.key_hash).where(
-                ApiKey.key_hash.in_(digests), ApiKey.revoked_at.is_(None)
-            )
+            select(ApiKey.key_hash).where(ApiKey.key_hash.in_(digests), ApiKey.revoked_at.is_(None))
         )
     )
 

@@ -49,13 +49,14 @@ ORDER BY q.gpu, s.start
 """)
 
 
+_LOCK_NODE = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
+
+
 def lock_node_statement(node_id: uuid.UUID) -> Statement:
     """Serialise one node's batches: each GPU belongs to one node, so its writes don't race.
     Its own statement: a statement's snapshot is taken before it waits for the lock, so reads
     must come in later statements to see the batch that held it."""
-    return text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"), {
-        "key": f"ingest:{node_id}"
-    }
+    return _LOCK_NODE, {"key": f"ingest:{node_id}"}
 
 
 def segments_near_statement(windows: dict[str, tuple[int, int]]) -> Statement:
@@ -79,28 +80,34 @@ def segments_near(session: Session, windows: dict[str, tuple[int, int]]) -> dict
     return spans_by_gpu(session.execute(statement, params))
 
 
+_SEGMENT_DELETES = text("""
+DELETE FROM gpu_state_segments s
+USING unnest(CAST(:u AS text[]), CAST(:s AS bigint[])) AS d(gpu, start)
+WHERE s.gpu_uuid = d.gpu AND s.start = d.start
+""")
+
+
 def segment_deletes_statement(deletes: list[tuple[str, int]]) -> Statement | None:
     if not deletes:
         return None
-    return text("""
-        DELETE FROM gpu_state_segments s
-        USING unnest(CAST(:u AS text[]), CAST(:s AS bigint[])) AS d(gpu, start)
-        WHERE s.gpu_uuid = d.gpu AND s.start = d.start
-        """), {"u": [g for g, _ in deletes], "s": [s for _, s in deletes]}
+    return _SEGMENT_DELETES, {"u": [g for g, _ in deletes], "s": [s for _, s in deletes]}
+
+
+_SEGMENT_UPSERTS = text("""
+INSERT INTO gpu_state_segments (gpu_uuid, start, "end", state, evidence, received_at)
+SELECT u, s, e, st, CAST(ev AS jsonb), now()
+FROM unnest(CAST(:u AS text[]), CAST(:s AS bigint[]), CAST(:e AS bigint[]),
+            CAST(:st AS text[]), CAST(:ev AS text[])) AS t(u, s, e, st, ev)
+ON CONFLICT (gpu_uuid, start) DO UPDATE SET "end" = excluded."end",
+    state = excluded.state, received_at = excluded.received_at,
+    evidence = COALESCE(gpu_state_segments.evidence, excluded.evidence)
+""")
 
 
 def segment_upserts_statement(upserts: list[tuple[str, Span]]) -> Statement | None:
     if not upserts:
         return None
-    return text("""
-        INSERT INTO gpu_state_segments (gpu_uuid, start, "end", state, evidence, received_at)
-        SELECT u, s, e, st, CAST(ev AS jsonb), now()
-        FROM unnest(CAST(:u AS text[]), CAST(:s AS bigint[]), CAST(:e AS bigint[]),
-                    CAST(:st AS text[]), CAST(:ev AS text[])) AS t(u, s, e, st, ev)
-        ON CONFLICT (gpu_uuid, start) DO UPDATE SET "end" = excluded."end",
-            state = excluded.state, received_at = excluded.received_at,
-            evidence = COALESCE(gpu_state_segments.evidence, excluded.evidence)
-        """), {
+    return _SEGMENT_UPSERTS, {
         "u": [g for g, _ in upserts],
         "s": [s.start for _, s in upserts],
         "e": [s.end for _, s in upserts],
@@ -121,19 +128,21 @@ def _run(session: Session, *statements: Statement | None) -> None:
             session.execute(*statement)
 
 
+_ATTACH_EVIDENCE = text("""
+UPDATE gpu_state_segments s SET evidence = jsonb_build_object(
+    'event_id', e.event_id, 'rule', e.rule, 'code', e.code, 'at', e.at, 'detail', e.detail)
+FROM unnest(CAST(:u AS text[]), CAST(:s AS bigint[])) AS k(gpu, start), health_events e
+WHERE s.gpu_uuid = k.gpu AND s.start = k.start AND s.evidence IS NULL
+  AND e.gpu_uuid = k.gpu AND e.at = k.start AND e.kind = 'state_change'
+  AND e.state = s.state
+""")
+
+
 def attach_evidence_statement(keys: list[tuple[str, int]]) -> Statement | None:
     """Give segments starting at these (gpu, second) the state-change event that began them."""
     if not keys:
         return None
-    return text("""
-        UPDATE gpu_state_segments s SET evidence = jsonb_build_object(
-            'event_id', e.event_id, 'rule', e.rule, 'code', e.code, 'at', e.at,
-            'detail', e.detail)
-        FROM unnest(CAST(:u AS text[]), CAST(:s AS bigint[])) AS k(gpu, start), health_events e
-        WHERE s.gpu_uuid = k.gpu AND s.start = k.start AND s.evidence IS NULL
-          AND e.gpu_uuid = k.gpu AND e.at = k.start AND e.kind = 'state_change'
-          AND e.state = s.state
-        """), {"u": [g for g, _ in keys], "s": [s for _, s in keys]}
+    return _ATTACH_EVIDENCE, {"u": [g for g, _ in keys], "s": [s for _, s in keys]}
 
 
 def attach_evidence(session: Session, keys: list[tuple[str, int]]) -> None:
@@ -146,6 +155,22 @@ _SENT_EVENTS = """
         CAST(:d AS jsonb[])) WITH ORDINALITY
         AS sent(event_id, gpu_uuid, at, kind, code, state, rule, detail, n)
 """
+
+
+_EVENT_INSERT = text(f"""
+INSERT INTO health_events (event_id, gpu_uuid, at, kind, code, state, rule, detail)
+SELECT event_id, gpu_uuid, at, kind, code, state, rule, detail FROM ({_SENT_EVENTS}) s
+ORDER BY n
+ON CONFLICT (gpu_uuid, event_id) DO NOTHING
+RETURNING 1
+""")
+_EVENT_CONFLICTS = text(f"""
+SELECT s.n - 1 FROM ({_SENT_EVENTS}) s
+JOIN health_events e ON e.gpu_uuid = s.gpu_uuid AND e.event_id = s.event_id
+WHERE (s.at, s.kind, s.code, s.state, s.rule, s.detail)
+    IS DISTINCT FROM (e.at, e.kind, e.code, e.state, e.rule, e.detail)
+ORDER BY s.n
+""")
 
 
 def event_statements(events: Sequence[HealthEvent]) -> tuple[Statement, Statement]:
@@ -162,21 +187,7 @@ def event_statements(events: Sequence[HealthEvent]) -> tuple[Statement, Statemen
         "r": [e.rule for e in events],
         "d": [json.dumps(e.detail) for e in events],
     }
-    insert = text(f"""
-        INSERT INTO health_events (event_id, gpu_uuid, at, kind, code, state, rule, detail)
-        SELECT event_id, gpu_uuid, at, kind, code, state, rule, detail FROM ({_SENT_EVENTS}) s
-        ORDER BY n
-        ON CONFLICT (gpu_uuid, event_id) DO NOTHING
-        RETURNING 1
-        """)
-    conflicts = text(f"""
-        SELECT s.n - 1 FROM ({_SENT_EVENTS}) s
-        JOIN health_events e ON e.gpu_uuid = s.gpu_uuid AND e.event_id = s.event_id
-        WHERE (s.at, s.kind, s.code, s.state, s.rule, s.detail)
-            IS DISTINCT FROM (e.at, e.kind, e.code, e.state, e.rule, e.detail)
-        ORDER BY s.n
-        """)
-    return (insert, params), (conflicts, params)
+    return (_EVENT_INSERT, params), (_EVENT_CONFLICTS, params)
 
 
 def insert_events(session: Session, events: Sequence[HealthEvent]) -> tuple[int, list[int]]:
@@ -194,16 +205,19 @@ class StoredMetrics:
     closed: dict[tuple[str, int], bytes]  # (gpu, hour) -> slots
 
 
+_METRIC_ROWS = text("""
+SELECT gpu_uuid, hour, slots, mem_total_mib, true FROM gpu_minute_metrics_open
+WHERE gpu_uuid = ANY(CAST(:g AS text[]))
+UNION ALL
+SELECT m.gpu_uuid, m.hour, m.slots, m.mem_total_mib, false FROM gpu_minute_metrics m
+JOIN unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
+  ON m.gpu_uuid = k.gpu AND m.hour = k.hour
+""")
+
+
 def metric_rows_statement(keys: Sequence[tuple[str, int]]) -> Statement:
     """The open rows of the keys' GPUs and the closed rows of the keys, in one statement."""
-    return text("""
-        SELECT gpu_uuid, hour, slots, mem_total_mib, true FROM gpu_minute_metrics_open
-        WHERE gpu_uuid = ANY(CAST(:g AS text[]))
-        UNION ALL
-        SELECT m.gpu_uuid, m.hour, m.slots, m.mem_total_mib, false FROM gpu_minute_metrics m
-        JOIN unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
-          ON m.gpu_uuid = k.gpu AND m.hour = k.hour
-        """), {
+    return _METRIC_ROWS, {
         "g": list({g for g, _ in keys}),
         "u": [g for g, _ in keys],
         "h": [h for _, h in keys],
@@ -220,6 +234,23 @@ def stored_metrics(rows: Iterable[Sequence[Any]]) -> StoredMetrics:
     return stored
 
 
+_CLOSED_HOURS_UPSERT = text("""
+INSERT INTO gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots, util_min_tenths)
+SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
+                     CAST(:d AS bytea[]), CAST(:m AS smallint[]))
+ON CONFLICT (gpu_uuid, hour) DO UPDATE SET slots = excluded.slots,
+    mem_total_mib = COALESCE(excluded.mem_total_mib, gpu_minute_metrics.mem_total_mib),
+    util_min_tenths = excluded.util_min_tenths
+""")
+_OPEN_HOURS_UPSERT = text("""
+INSERT INTO gpu_minute_metrics_open (gpu_uuid, hour, mem_total_mib, slots)
+SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
+                     CAST(:d AS bytea[]))
+ON CONFLICT (gpu_uuid) DO UPDATE SET hour = excluded.hour, slots = excluded.slots,
+    mem_total_mib = excluded.mem_total_mib
+""")
+
+
 def metric_rows_write_statement(
     rows: dict[tuple[str, int], tuple[bytes, int | None]], *, closed: bool
 ) -> Statement | None:
@@ -228,23 +259,6 @@ def metric_rows_write_statement(
     if not rows:
         return None
     keys = list(rows)
-    if closed:
-        statement = """
-        INSERT INTO gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots, util_min_tenths)
-        SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
-                             CAST(:d AS bytea[]), CAST(:m AS smallint[]))
-        ON CONFLICT (gpu_uuid, hour) DO UPDATE SET slots = excluded.slots,
-            mem_total_mib = COALESCE(excluded.mem_total_mib, gpu_minute_metrics.mem_total_mib),
-            util_min_tenths = excluded.util_min_tenths
-        """
-    else:
-        statement = """
-        INSERT INTO gpu_minute_metrics_open (gpu_uuid, hour, mem_total_mib, slots)
-        SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
-                             CAST(:d AS bytea[]))
-        ON CONFLICT (gpu_uuid) DO UPDATE SET hour = excluded.hour, slots = excluded.slots,
-            mem_total_mib = excluded.mem_total_mib
-        """
     params = {
         "u": [g for g, _ in keys],
         "h": [h for _, h in keys],
@@ -253,7 +267,7 @@ def metric_rows_write_statement(
     }
     if closed:
         params["m"] = [idle.util_floor_tenths(rows[k][0]) for k in keys]
-    return text(statement), params
+    return (_CLOSED_HOURS_UPSERT if closed else _OPEN_HOURS_UPSERT), params
 
 
 def write_metric_rows(

@@ -28,7 +28,8 @@ from app.demo.provider import Api, ApiError
 log = logging.getLogger(__name__)
 
 REQUESTED = "failover.requested"
-EVENT_TYPES = [REQUESTED, "failover.no_spare", "failover.resumed", "gpu.state_changed"]
+NO_SPARE = "failover.no_spare"
+EVENT_TYPES = [REQUESTED, NO_SPARE, "failover.resumed", "gpu.state_changed"]
 MAX_PENDING = 1000  # failovers waiting for their resume call
 RESUME_ATTEMPTS = 3  # a 503 (shed) or a transport error is retried this often, 1 s apart
 STOP_TIMEOUT_S = 10.0

@@ -325,7 +325,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=4, help="agent processes")
     parser.add_argument("--gpus-per-node", type=int, default=32)
     parser.add_argument("--failures", type=int, default=52)
-    parser.add_argument("--spread", type=float, default=80.0, help="seconds the faults span")
+    parser.add_argument("--spread", type=float, default=70.0, help="seconds the faults span")
     parser.add_argument("--resume-after", type=float, default=5.0, help="orchestrator's delay")
     parser.add_argument("--upload-interval", type=float, default=2.0)
     parser.add_argument("--price", default="2.49", help="per GPU-hour")

@@ -38,7 +38,7 @@ from app.core.local_service import NotReady, port_in_use, wait_until_ready
 from app.core.logging import configure_logging
 from app.demo.orchestrator import NO_SPARE, REQUESTED, Orchestrator
 from app.demo.processes import Child, Processes
-from app.demo.provider import Api, create_provider
+from app.demo.provider import Api, create_provider, pool_idle_gpus
 from app.demo.summary import PeriodSummary, summarise
 from app.settings import get_settings
 from app.simulate.history import SimGpu
@@ -147,8 +147,9 @@ def second_of(moment: str) -> int:
 
 def failover_line(failover: dict[str, Any]) -> str:
     """What the service did about a failure: detected after N s, which spare (or none)."""
-    detected = second_of(failover["detected_at"]) - second_of(failover["failed_at"])
-    head = f"GPU {failover['failed_gpu_uuid']} failed: detected after {detected} s"
+    failed, detected = (datetime.fromisoformat(failover[k]) for k in ("failed_at", "detected_at"))
+    after = (detected - failed).total_seconds()  # from the first failed second
+    head = f"GPU {failover['failed_gpu_uuid']} failed: detected after {after:.1f} s"
     spare = failover.get("spare_gpu_uuid")
     if spare is None:
         return f"{head}, no spare free ({failover.get('reason') or 'none'}): credited as failure"
@@ -209,6 +210,9 @@ class Demo:
             self.provider = create_provider(self.api, tag, last_month)
         with step(f"backfilling history since {last_month:%Y-%m-%d} with the simulator"):
             self._backfill(last_month)
+        with step("putting the GPUs no rental holds into the hot-spare pool"):
+            spares = pool_idle_gpus(self.api, self.provider)
+        self.progress.say(f"  {len(spares)} hot spares: {', '.join(spares)}")
         with step(f"generating and finalizing {last_month:%Y-%m} invoices"):
             body = {"period": f"{last_month:%Y-%m}", "finalize": True, "force": True}
             self.api.post("/v1/invoices/runs", body)

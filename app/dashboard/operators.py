@@ -7,6 +7,10 @@ own detection time, which is not recorded) and ``resumed after`` (failure to the
 resumption on its new GPU, when a migration followed within a day). The spare target is
 ``SPARE_TARGET`` of each model and datacenter's GPUs, rounded up (DESIGN: about 5 %).
 
+Spare pool: each datacenter and model's hot spares now (available, reserved, preemptibly
+rented, target) and the spare GPU-hours sold preemptibly this UTC month, as the failover
+package counts them (``GET /v1/spare-pool`` gives the same).
+
 Revenue: per month and currency, the sums of the non-void invoices' lines by kind.
 """
 
@@ -15,7 +19,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from pydantic import Field
@@ -26,6 +30,8 @@ from app.billing.schemas import money
 from app.core.epoch import epoch, from_epoch
 from app.core.schemas import Schema
 from app.dashboard import repository, wording
+from app.failover.schemas import SparePoolRead
+from app.failover.service import pool_view
 
 SPARE_TARGET = Decimal("0.05")
 FAILURE_WINDOW_S = 86_400
@@ -67,6 +73,7 @@ class FleetRead(Schema):
     failures_24h: list[FailureRead]
     reported_after: LatencyRead
     resumed_after: LatencyRead
+    spare_pools: list[SparePoolRead]
     detection: str = "unknown: the node's time to notice a failure is not recorded"
 
 
@@ -87,7 +94,14 @@ def fleet(session: Session, now: datetime) -> FleetRead:
         failures_24h=failures,
         reported_after=_latency([f.reported_after_s for f in failures]),
         resumed_after=_latency([f.resumed_after_s for f in failures]),
+        spare_pools=_spare_pools(session, now),
     )
+
+
+def _spare_pools(session: Session, now: datetime) -> list[SparePoolRead]:
+    """This UTC month to now (at least a second: the pool view wants a window)."""
+    start = now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return pool_view(session, start, max(now, start + timedelta(seconds=1)))
 
 
 def _groups(

@@ -33,6 +33,7 @@ EVENT_TYPES = [REQUESTED, NO_SPARE, "failover.resumed", "gpu.state_changed"]
 MAX_PENDING = 1000  # failovers waiting for their resume call
 RESUME_ATTEMPTS = 3  # a 503 (shed) or a transport error is retried this often, 1 s apart
 STOP_TIMEOUT_S = 10.0
+POLL_S = 0.5  # how often the idle answering thread looks for a stop
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,8 @@ class Orchestrator:
         self.errors: list[str] = []  # resume calls the service refused, rejected signatures
         self._seen: set[str] = set()
         self._lock = threading.Lock()
-        self._pending: queue.Queue[tuple[float, dict[str, Any]] | None] = queue.Queue(max_pending)
+        self._pending: queue.Queue[tuple[float, dict[str, Any]]] = queue.Queue(max_pending)
+        self._stopping = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._threads = [
             threading.Thread(target=self._server.serve_forever, name="webhooks", daemon=True),
@@ -94,14 +96,20 @@ class Orchestrator:
         return str(endpoint["id"])
 
     def stop(self) -> None:
+        """Stop receiving and answering; failovers still waiting for their delay stay
+        unanswered (their reservations expire in the service), and the log says how many."""
+        self._stopping.set()
         self._server.shutdown()
         self._server.server_close()
-        try:
-            self._pending.put(None, timeout=STOP_TIMEOUT_S)
-        except queue.Full:
-            log.warning("orchestrator stopped with its queue full")
         for thread in self._threads:
             thread.join(STOP_TIMEOUT_S)
+        if unanswered := self._pending.qsize():
+            log.warning("orchestrator stopped", extra={"unanswered_failovers": unanswered})
+
+    @property
+    def pending(self) -> int:
+        """Requested failovers queued for their resume, not yet taken up."""
+        return self._pending.qsize()
 
     # --- what it saw ------------------------------------------------------------------------
 
@@ -142,9 +150,13 @@ class Orchestrator:
     def _answer_loop(self) -> None:
         """Resume each failover when its delay is up; the delay is fixed, so the queue's order
         is the order they fall due."""
-        while (item := self._pending.get()) is not None:
-            due, requested = item
-            time.sleep(max(0.0, due - time.time()))
+        while not self._stopping.is_set():
+            try:
+                due, requested = self._pending.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            if self._stopping.wait(max(0.0, due - time.time())):
+                return
             self._resume(requested)
 
     def _resume(self, requested: dict[str, Any]) -> None:
@@ -168,7 +180,8 @@ class Orchestrator:
                 with self._lock:
                     self.resumes[failover_id] = Resume(failover_id, resumed_at, answer)
                 return
-            time.sleep(1)
+            if self._stopping.wait(1):
+                return
 
 
 def _handler(orchestrator: Orchestrator) -> type[BaseHTTPRequestHandler]:

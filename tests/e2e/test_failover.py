@@ -103,7 +103,7 @@ def test_a_failed_gpu_fails_over_to_the_spare_and_the_downtime_is_credited_exact
         "2",
         faults=[{"at": FAULT_AT_S, "gpu": 0, "fault": "xid", "xid": 79}],
     )
-    wait_for(orchestrator.resumed, "the orchestrator resumed the failover", timeout_s=60)
+    wait_for(orchestrator.resumed, "the orchestrator resumed the failover", timeout_s=120)
     (resume,) = orchestrator.resumed().values()
     (requested,) = orchestrator.events("failover.requested")
     assert requested.data["rental_id"] == rental and requested.data["failed_gpu_uuid"] == rented

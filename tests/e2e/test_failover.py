@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -28,8 +29,13 @@ pytestmark = pytest.mark.e2e
 
 NODE = "fo-node"
 PRICE = "36.00"  # per GPU-hour: one cent a second, so credited cents = credited seconds
+PREEMPTIBLE_PRICE = "18.00"
 RESUME_AFTER_S = 3
 FAULT_AT_S = 4
+PAGE_FIELDS = {"spare_gpus", "available", "reserved", "target", "preemptibly_rented", "failed",
+               "preemptible_gpu_hours"}  # fmt: skip
+# While a preemptible rental runs, its sold seconds grow between the page's read and ours.
+TIME_VARYING = {"end", "preemptible_gpu_seconds", "preemptible_gpu_hours"}
 
 
 @pytest.fixture
@@ -56,15 +62,34 @@ def orchestrator(api: Api) -> Iterator[Orchestrator]:
     orchestrator.stop()
 
 
-def rent_one_gpu_with_a_spare(api: Api) -> tuple[str, str, str, str, str]:
-    """Node with two GPUs: GPU 0 rented by Acme AI from now, GPU 1 a spare. The node's
-    token, the customer's id, the rental's id, the rented GPU and the spare."""
+@dataclass(frozen=True)
+class World:
+    token: str  # the node's
+    customer: str
+    rental: str
+    rented: str  # GPU
+    spare: str  # GPU
+    preemptible: str  # Globex's rental of the idle spare
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield chromium
+        chromium.close()
+
+
+def rent_one_gpu_with_a_spare(api: Api) -> World:
+    """Node with two GPUs, both rented from now: GPU 0 by Acme AI, GPU 1 (a hot spare)
+    preemptibly by Globex Research."""
     node = api.post("/v1/nodes", {"hostname": NODE, "datacenter": "e2e-1"})
     rented, spare = (sim_uuid(NODE, i, NODE) for i in range(2))
     for gpu, pool in ((rented, "rentable"), (spare, "spare")):
         body = {"uuid": gpu, "node_id": node["node"]["id"], "model": DEFAULT_MODEL, "pool": pool}
         api.post("/v1/gpus", body)
     prices = [{"gpu_model": DEFAULT_MODEL, "price_per_hour": PRICE,
+               "preemptible_price_per_hour": PREEMPTIBLE_PRICE,
                "effective_from": "2026-01-01T00:00:00Z"}]  # fmt: skip
     plan = api.post("/v1/plans", {"name": "per second", "prices": prices})
     customer = api.post("/v1/customers", {"name": "Acme AI", "currency": "USD"})
@@ -75,7 +100,14 @@ def rent_one_gpu_with_a_spare(api: Api) -> tuple[str, str, str, str, str]:
          "gpu_count": 1, "start_at": start},
     )  # fmt: skip
     api.post(f"/v1/rentals/{rental['id']}/assignments", {"gpu_uuid": rented, "start_at": start})
-    return node["token"]["key"], customer["id"], rental["id"], rented, spare
+    globex = api.post("/v1/customers", {"name": "Globex Research"})
+    spot = api.post(
+        "/v1/rentals",
+        {"customer_id": globex["id"], "plan_id": plan["id"], "gpu_model": DEFAULT_MODEL,
+         "gpu_count": 1, "start_at": start, "preemptible": True},
+    )  # fmt: skip
+    api.post(f"/v1/rentals/{spot['id']}/assignments", {"gpu_uuid": spare, "start_at": start})
+    return World(node["token"]["key"], customer["id"], rental["id"], rented, spare, spot["id"])
 
 
 def _iso(second: int) -> str:
@@ -92,68 +124,71 @@ def first_failed_second(api: Api, gpu: str, since: int) -> int:
 
 
 def test_a_failed_gpu_fails_over_to_the_spare_and_the_downtime_is_credited_exactly(
-    loop_fleet: Fleet, api: Api, orchestrator: Orchestrator
+    loop_fleet: Fleet, api: Api, orchestrator: Orchestrator, browser: Browser
 ) -> None:
     t0 = int(time.time())
-    token, customer, rental, rented, spare = rent_one_gpu_with_a_spare(api)
+    w = rent_one_gpu_with_a_spare(api)
+    # Before: the spare is idle for failovers, though Globex rents it preemptibly.
+    before = check_fleet_page(browser, loop_fleet, "before", TIME_VARYING)
+    assert [(p["spare_gpus"], p["available"], p["preemptibly_rented"]) for p in before] == [
+        (1, 1, 1)
+    ]
     agent = loop_fleet.agent(
-        NODE,
-        token,
-        "--simulate",
-        "2",
+        NODE, w.token, "--simulate", "2",
         faults=[{"at": FAULT_AT_S, "gpu": 0, "fault": "xid", "xid": 79}],
-    )
+    )  # fmt: skip
     wait_for(orchestrator.resumed, "the orchestrator resumed the failover", timeout_s=120)
     (resume,) = orchestrator.resumed().values()
     (requested,) = orchestrator.events("failover.requested")
-    assert requested.data["rental_id"] == rental and requested.data["failed_gpu_uuid"] == rented
-    assert requested.data["spare_gpu_uuid"] == spare
-    failed_s = first_failed_second(api, rented, t0)
+    assert requested.data["rental_id"] == w.rental and requested.data["failed_gpu_uuid"] == w.rented
+    assert requested.data["spare_gpu_uuid"] == w.spare
+    failed_s = first_failed_second(api, w.rented, t0)
     assert _second(requested.data["failed_at"]) == failed_s
     failover = api.get(f"/v1/failovers/{resume.failover_id}")
     assert failover["state"] == "resumed"
     assert _second(failover["resumed_at"]) == resume.resumed_at
     # The job runs on the spare now: the rental holds it, and no longer the failed GPU.
-    held = [a["gpu_uuid"] for a in api.get(f"/v1/rentals/{rental}")["assignments"]
+    held = [a["gpu_uuid"] for a in api.get(f"/v1/rentals/{w.rental}")["assignments"]
             if a["end_at"] is None]  # fmt: skip
-    assert held == [spare]
+    assert held == [w.spare]
+    # Globex's preemptible rental of the spare ended when the failover took it.
+    spot = api.get(f"/v1/rentals/{w.preemptible}")
+    assert spot["preempted_at"] is not None and spot["end_at"] == spot["preempted_at"]
+    sold_s = _second(spot["preempted_at"]) - _second(spot["start_at"])
 
     ended = resume.resumed_at + 2
     wait_for(lambda: time.time() >= ended + 1, "the rental's last second passed", timeout_s=10)
-    api.post(f"/v1/rentals/{rental}/end", {"end_at": _iso(ended)})
+    api.post(f"/v1/rentals/{w.rental}/end", {"end_at": _iso(ended)})
     assert stop_child(agent, "agent") == 0
     api.post("/v1/invoices/runs", {"period": f"{from_epoch(ended):%Y-%m}"})
-    (listed,) = api.get("/v1/invoices", customer_id=customer)["items"]
+    (listed,) = api.get("/v1/invoices", customer_id=w.customer)["items"]
     invoice = api.get(f"/v1/invoices/{listed['id']}")
     credits = [line for line in invoice["lines"] if line["kind"].endswith("_credit")]
     credited_s = resume.resumed_at - failed_s
     assert sum(line["seconds"] for line in credits) == credited_s
     assert -sum(Decimal(line["amount"]) for line in credits) == Decimal(credited_s) / 100
-    assert {line["gpu_uuid"] for line in credits} == {rented}
+    assert {line["gpu_uuid"] for line in credits} == {w.rented}
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            check_rental_page(browser, api, loop_fleet, customer, rental, failover, credits)
-            check_fleet_page(browser, loop_fleet)
-        finally:
-            browser.close()
+    check_rental_page(browser, api, loop_fleet, w, failover, credits)
+    after = check_fleet_page(browser, loop_fleet, "after", {"end"})
+    # The one spare now serves Acme AI: none left, below the 5 % target of 2 GPUs (1).
+    assert [(p["total_gpus"], p["available"], p["target"]) for p in after] == [(2, 0, 1)]
+    assert sold_s > 0
 
 
 def check_rental_page(
     browser: Browser,
     api: Api,
     fleet: Fleet,
-    customer: str,
-    rental: str,
+    w: World,
     failover: dict[str, Any],
     credits: list[dict[str, Any]],
 ) -> None:
-    link = api.post(f"/v1/customers/{customer}/portal-links", {})["url"]
+    link = api.post(f"/v1/customers/{w.customer}/portal-links", {})["url"]
     context = browser.new_context(base_url=fleet.service.url, viewport=SIZES["laptop"])
     page = context.new_page()
     page.goto("/dashboard/portal/" + link.rsplit("/", 1)[1])
-    page.goto(f"/dashboard/rentals/{rental}")
+    page.goto(f"/dashboard/rentals/{w.rental}")
     timeline = page.locator(f'[data-failover="{failover["id"]}"]')
     expect(timeline).to_be_visible()
     failed = datetime.fromisoformat(failover["failed_at"])
@@ -169,7 +204,11 @@ def check_rental_page(
     context.close()
 
 
-def check_fleet_page(browser: Browser, fleet: Fleet) -> None:
+def check_fleet_page(
+    browser: Browser, fleet: Fleet, moment: str, varying: set[str]
+) -> list[dict[str, Any]]:
+    """The fleet page's hot-spare rows show what the spare-pool API says (``varying``: fields
+    that move with the clock between the two reads, not compared); the API's pools."""
     context = browser.new_context(base_url=fleet.service.url, viewport=SIZES["laptop"])
     page = context.new_page()
     page.goto("/dashboard/sign-in")
@@ -178,15 +217,17 @@ def check_fleet_page(browser: Browser, fleet: Fleet) -> None:
     page.get_by_role("link", name="Fleet").click()
     pools = context.request.get("/v1/spare-pool").json()["pools"]
     summary = context.request.get("/v1/fleet/summary").json()["spare_pools"]
-    assert [{**p, "end": None} for p in summary] == [{**p, "end": None} for p in pools]
-    # The one spare now serves the rental: none left, below the 5 % target of 2 GPUs (1).
-    assert [(p["total_gpus"], p["available"], p["target"]) for p in pools] == [(2, 0, 1)]
+    assert _without(summary, varying) == _without(pools, varying)
     for pool in pools:
         row = page.locator(f'tr[data-pool="{pool["model"]}/{pool["datacenter"]}"]')
-        for field in ("spare_gpus", "available", "reserved", "target", "preemptible_gpu_hours",
-                      "preemptibly_rented", "failed"):  # fmt: skip
+        for field in PAGE_FIELDS - varying:
             expect(row.locator(f'[data-api="{field}"]')).to_have_attribute(
                 "data-raw", str(pool[field])
             )
-    shoot(page, "failover-fleet")
+    shoot(page, f"failover-fleet-{moment}")
     context.close()
+    return list(pools)
+
+
+def _without(pools: list[dict[str, Any]], fields: set[str]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in p.items() if k not in fields} for p in pools]

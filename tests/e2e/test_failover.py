@@ -173,6 +173,8 @@ def test_a_failed_gpu_fails_over_to_the_spare_and_the_downtime_is_credited_exact
     after = check_fleet_page(browser, loop_fleet, "after", {"end"})
     # The one spare now serves Acme AI: none left, below the 5 % target of 2 GPUs (1).
     assert [(p["total_gpus"], p["available"], p["target"]) for p in after] == [(2, 0, 1)]
+    (site,) = api.get("/v1/failovers/summary")["sites"]
+    assert site["failovers"] == 1 and site["resume"]["p50_s"] == credited_s
     assert sold_s > 0
 
 
@@ -224,6 +226,11 @@ def check_fleet_page(
             expect(row.locator(f'[data-api="{field}"]')).to_have_attribute(
                 "data-raw", str(pool[field])
             )
+    for site in context.request.get("/v1/failovers/summary").json()["sites"]:
+        row = page.locator(f'tr[data-site="{site["model"]}/{site["datacenter"]}"]')
+        for name in ("detection", "request", "resume"):
+            shown = f"{site[name]['p50_s']}/{site[name]['p99_s']}"
+            expect(row.locator(f'[data-api="{name}"]')).to_have_attribute("data-raw", shown)
     shoot(page, f"failover-fleet-{moment}")
     context.close()
     return list(pools)

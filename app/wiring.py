@@ -14,6 +14,7 @@ from app.budgets.service import refuse_rental_over_hard_limit
 from app.core import queue as job_queue
 from app.events import stream
 from app.events.service import ALL_TYPES, subscribe
+from app.metering import retention
 from app.payments import jobs as payments_jobs
 from app.payments.service import on_invoice_event
 from app.rentals.service import add_create_check
@@ -28,6 +29,7 @@ BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
     "webhooks": webhook_jobs.tasks,
     "invoice_schedule": schedule_jobs.tasks,
     "nats": stream.tasks,
+    "metering": retention.tasks,  # telemetry partitions (issue 17)
 }
 
 

@@ -141,7 +141,7 @@ def insert_events(session: Session, events: Sequence[HealthEvent]) -> tuple[int,
         INSERT INTO health_events (event_id, gpu_uuid, at, kind, code, state, rule, detail)
         SELECT event_id, gpu_uuid, at, kind, code, state, rule, detail FROM ({_SENT_EVENTS}) s
         ORDER BY n
-        ON CONFLICT (gpu_uuid, event_id) DO NOTHING
+        ON CONFLICT (gpu_uuid, event_id, at) DO NOTHING
         RETURNING 1
         """),
         params,

@@ -35,7 +35,8 @@ from app.billing.run import run_invoices
 from app.core.db import transaction
 from app.core.epoch import from_epoch
 from app.core.scratch_db import libpq_dsn, scratch_database, server_from_environment
-from app.settings import sqlalchemy_url
+from app.metering import retention
+from app.settings import Settings, sqlalchemy_url
 
 GPUS, CUSTOMERS = 7500, 750
 BIG_GPUS, BIG_RENTAL_GPUS, BIG_DAYS = 3000, 8, 60
@@ -212,11 +213,19 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def load(conninfo: str, fleet: Fleet, label: str) -> dict[str, int]:
+def load(url: str, fleet: Fleet, label: str) -> dict[str, int]:
+    conninfo = libpq_dsn(url)
     truncate(conninfo)
     write(conninfo, fleet)
     counts = {t: len(rows) for t, rows in fleet.rows.items()}
     say(f"{label}: wrote {counts}")
+    # As the hourly job would: the months written get their partitions (rows move there).
+    engine = create_engine(sqlalchemy_url(url))
+    try:
+        with engine.begin() as connection:
+            retention.maintain(connection, int(time.time()), Settings().telemetry_retention_days)
+    finally:
+        engine.dispose()
     with psycopg.connect(conninfo, autocommit=True) as conn:
         conn.execute("ANALYZE")
     return counts
@@ -230,11 +239,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results: dict[str, Any] = {"gpus_1x": GPUS, "customers_1x": CUSTOMERS, "period": PERIOD}
     with scratch_database(server_from_environment(), "gpumeter_bench_invoices") as url:
-        conninfo = libpq_dsn(url)
         for scale in args.scales:
             label = f"{scale}x"
             say(f"{label}: generating {GPUS * scale:,} GPUs, {CUSTOMERS * scale:,} customers")
-            counts = load(conninfo, Fleet(GPUS * scale, CUSTOMERS * scale, args.seed), label)
+            counts = load(url, Fleet(GPUS * scale, CUSTOMERS * scale, args.seed), label)
             seconds, outcome = timed_run(url)
             say(f"{label}: invoice run {seconds:.2f} s: {outcome}")
             results[label] = {"gpus": GPUS * scale, "seconds": round(seconds, 3), **outcome}
@@ -242,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_big:
             label = f"{BIG_GPUS} GPUs x {BIG_DAYS} days, one customer"
             big = Fleet(BIG_GPUS, 1, args.seed, rental_gpus=BIG_RENTAL_GPUS, days=BIG_DAYS)
-            counts = load(conninfo, big, label)
+            counts = load(url, big, label)
             seconds, outcome = timed_run(url, big.customer_ids[0])
             say(f"{label}: invoice {seconds:.2f} s: {outcome}")
             results["big_customer"] = {"seconds": round(seconds, 3), "rows": counts, **outcome}

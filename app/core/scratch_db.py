@@ -62,8 +62,9 @@ def table_bytes(url: str, tables: Sequence[str]) -> dict[str, int]:
         sizes: dict[str, int] = {}
         for table in tables:
             row = conn.execute(
-                "SELECT sum(pg_total_relation_size(relid))::bigint FROM pg_partition_tree(%s)",
-                (table,),
+                "SELECT coalesce((SELECT sum(pg_total_relation_size(relid))::bigint "
+                "FROM pg_partition_tree(%s)), pg_total_relation_size(%s))",
+                (table, table),
             ).fetchone()
             assert row is not None, "an aggregate query returns one row"
             sizes[table] = row[0]

@@ -49,12 +49,12 @@ Rules (where the design left room):
 """
 
 from bisect import bisect_right
-from itertools import pairwise
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
+from itertools import pairwise
 from typing import NamedTuple
 
 from app.billing.domain import (

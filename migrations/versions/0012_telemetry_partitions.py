@@ -7,7 +7,7 @@ and metrics (gpu_uuid, hour) already do; health events become (gpu_uuid, event_i
 Packed slots stay in their row (STORAGE MAIN), in the closed and the open table.
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-01 23:30:00
 """
 
@@ -19,7 +19,7 @@ from sqlalchemy import text
 from app.metering import retention
 
 revision: str = "0012"
-down_revision: str | None = "0010"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

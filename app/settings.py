@@ -78,6 +78,14 @@ class Settings(BaseSettings):
     ingest_retention_days: int = Field(
         default=400, ge=1, description="How old telemetry may be and still be accepted."
     )
+    # --- telemetry partitions (issue 17, fleetscale) ---
+    telemetry_retention_days: int = Field(
+        default=400,
+        ge=1,
+        description="Days telemetry partitions are kept; a month's partition is dropped whole "
+        "once all of it is older.",
+    )
+    # --- end telemetry partitions ---
     invoice_grace_hours: int = Field(
         default=6, ge=0, description="Hours after a period ends before its invoices may finalize."
     )

@@ -16,6 +16,7 @@ from app.events import stream
 from app.events.service import ALL_TYPES, subscribe
 from app.failover import jobs as failover_jobs
 from app.failover.service import on_gpu_state_changed, refuse_reserved_spare
+from app.metering import retention
 from app.payments import jobs as payments_jobs
 from app.payments.service import on_invoice_event
 from app.rentals.service import add_assign_check, add_create_check
@@ -31,6 +32,7 @@ BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
     "invoice_schedule": schedule_jobs.tasks,
     "nats": stream.tasks,
     "failover": failover_jobs.tasks,
+    "metering": retention.tasks,  # telemetry partitions (issue 17)
 }
 
 

@@ -187,6 +187,21 @@ class Settings(BaseSettings):
         le=100,
         description="Default hot-spare share per GPU model and datacenter (a policy overrides).",
     )
+    # --- prepaid balance (app.balances) ---
+    trial_credit: Decimal = Field(
+        default=Decimal("10.00"),
+        ge=0,
+        max_digits=12,
+        decimal_places=3,
+        description="Signup credit granted once to each new customer, in its currency (0: none).",
+    )
+    balance_low_threshold: Decimal = Field(
+        default=Decimal("2.00"),
+        ge=0,
+        max_digits=12,
+        decimal_places=3,
+        description="A prepaid balance falling below this publishes balance.low.",
+    )
     secret_key: str | None = Field(
         default=None,
         min_length=16,

@@ -112,6 +112,11 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/customers/{customer_id}/usage"): Case(Expect.HIDDEN, query="?period=2026-11"),
     ("GET", "/v1/customers/{customer_id}/what-if"): Case(Expect.HIDDEN, query="?period=2026-11"),
     ("GET", "/v1/customers/{customer_id}/vouchers"): Case(Expect.HIDDEN),
+    ("GET", "/v1/customers/{customer_id}/balance"): Case(Expect.HIDDEN),
+    ("GET", "/v1/customers/{customer_id}/balance/entries"): Case(Expect.HIDDEN),
+    ("POST", "/v1/customers/{customer_id}/balance/top-ups"): Case(
+        Expect.ADMIN_ONLY, body={"amount": "1", "reason": "x"}
+    ),
     ("POST", "/v1/customers/{customer_id}/vouchers"): Case(
         Expect.ADMIN_ONLY, body={"amount": "1", "reason": "x"}
     ),
@@ -203,6 +208,7 @@ def build_world(console: Console) -> World:
     invoice_run = {"period": "2026-11", "customer_id": a["id"]}
     [invoice_id] = console.post("/v1/invoices/runs", invoice_run, 200)["invoice_ids"]
     budget = console.post(f"/v1/customers/{a['id']}/budgets", {"amount": "100"})
+    console.post(f"/v1/customers/{a['id']}/balance/top-ups", {"amount": "5", "reason": "x"})
     a_key = console.post(f"/v1/customers/{a['id']}/keys", {"name": "a"})
     b_key = console.post(f"/v1/customers/{b['id']}/keys", {"name": "b"})
     ids = {

@@ -78,6 +78,14 @@ class Settings(BaseSettings):
     ingest_retention_days: int = Field(
         default=400, ge=1, description="How old telemetry may be and still be accepted."
     )
+    # --- telemetry partitions (issue 17, fleetscale) ---
+    telemetry_retention_days: int = Field(
+        default=400,
+        ge=1,
+        description="Days telemetry partitions are kept; a month's partition is dropped whole "
+        "once all of it is older.",
+    )
+    # --- end telemetry partitions ---
     invoice_grace_hours: int = Field(
         default=6, ge=0, description="Hours after a period ends before its invoices may finalize."
     )
@@ -166,6 +174,19 @@ class Settings(BaseSettings):
     nats_subject_prefix: str = Field(
         default="gpumeter.events", description="Events go to <prefix>.<type>."
     )
+    # --- failover (app.failover) ---
+    failover_reservation_ttl_s: int = Field(
+        default=120,
+        ge=1,
+        le=86_400,
+        description="How long a failover holds its spare unconfirmed before it expires.",
+    )
+    spare_target_percent: Decimal = Field(
+        default=Decimal(5),
+        ge=0,
+        le=100,
+        description="Default hot-spare share per GPU model and datacenter (a policy overrides).",
+    )
     # --- prepaid balance (app.balances) ---
     trial_credit: Decimal = Field(
         default=Decimal("10.00"),
@@ -180,19 +201,6 @@ class Settings(BaseSettings):
         max_digits=12,
         decimal_places=3,
         description="A prepaid balance falling below this publishes balance.low.",
-    )
-    # --- failover (app.failover) ---
-    failover_reservation_ttl_s: int = Field(
-        default=120,
-        ge=1,
-        le=86_400,
-        description="How long a failover holds its spare unconfirmed before it expires.",
-    )
-    spare_target_percent: Decimal = Field(
-        default=Decimal(5),
-        ge=0,
-        le=100,
-        description="Default hot-spare share per GPU model and datacenter (a policy overrides).",
     )
     secret_key: str | None = Field(
         default=None,

@@ -18,6 +18,7 @@ from app.events import stream
 from app.events.service import ALL_TYPES, subscribe
 from app.failover import jobs as failover_jobs
 from app.failover.service import on_gpu_state_changed, refuse_reserved_spare
+from app.metering import retention
 from app.payments import jobs as payments_jobs
 from app.payments.service import on_invoice_event
 from app.rentals.service import add_assign_check, add_create_check
@@ -33,6 +34,7 @@ BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
     "invoice_schedule": schedule_jobs.tasks,
     "nats": stream.tasks,
     "failover": failover_jobs.tasks,
+    "metering": retention.tasks,  # telemetry partitions (issue 17)
 }
 
 
@@ -42,11 +44,11 @@ def install() -> None:
     subscribe("invoice.voided", on_invoice_event)
     subscribe(ALL_TYPES, deliver_to_webhooks)
     add_create_check(refuse_rental_over_hard_limit)
-    add_created_hook(grant_trial_credit)
     # The failure loop: a rented GPU turning failed opens a failover; reserved spares are
     # refused to new assignments.
     subscribe("gpu.state_changed", on_gpu_state_changed)
     add_assign_check(refuse_reserved_spare)
+    add_created_hook(grant_trial_credit)
     if get_settings().nats_url:
         subscribe(ALL_TYPES, stream.queue_publication)
     for namespace, blueprint in BLUEPRINTS.items():

@@ -190,7 +190,7 @@ def metric_rows(session: Session, keys: Sequence[tuple[str, int]]) -> StoredMetr
         if is_open:
             stored.open[gpu] = (hour, bytes(slots), mem_total)
         else:
-            stored.closed[(gpu, hour)] = bytes(slots)
+            stored.closed[(gpu, hour)] = packing.loaded(bytes(slots))
     return stored
 
 
@@ -223,7 +223,7 @@ def write_metric_rows(
         "u": [g for g, _ in keys],
         "h": [h for _, h in keys],
         "t": [rows[k][1] for k in keys],
-        "d": [rows[k][0] for k in keys],
+        "d": [packing.stored(rows[k][0]) if closed else rows[k][0] for k in keys],
     }
     if closed:
         params["m"] = [idle.util_floor_tenths(rows[k][0]) for k in keys]
@@ -275,7 +275,7 @@ def _metric_rows(
             "idle": idle_below_tenths,
         },
     )
-    return ((gpu, hour, bytes(slots)) for gpu, hour, slots in rows)
+    return ((gpu, hour, packing.loaded(bytes(slots))) for gpu, hour, slots in rows)
 
 
 def minute_rows(

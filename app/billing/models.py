@@ -211,7 +211,8 @@ class UsageRollup(Base):
         Index("ix_usage_rollups_customer_start", "customer_id", "start"),
     )
 
-    rental_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("rentals.id"), primary_key=True)
+    # No foreign key to rentals: a derived cache, rebuilt from them; rentals are never deleted.
+    rental_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
     gpu_uuid: Mapped[str] = mapped_column(String(96), primary_key=True)
     start: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     end: Mapped[int] = mapped_column(BigInteger)

@@ -29,9 +29,6 @@ def upgrade() -> None:
         sa.Column("idle_s", sa.Integer(), nullable=False),
         sa.CheckConstraint('"end" > start', name=op.f("ck_usage_rollups_end_after_start")),
         sa.ForeignKeyConstraint(
-            ["rental_id"], ["rentals.id"], name=op.f("fk_usage_rollups_rental_id_rentals")
-        ),
-        sa.ForeignKeyConstraint(
             ["customer_id"], ["customers.id"], name=op.f("fk_usage_rollups_customer_id_customers")
         ),
         sa.PrimaryKeyConstraint("rental_id", "gpu_uuid", "start", name=op.f("pk_usage_rollups")),

@@ -488,11 +488,14 @@ def _price_index(book: _PriceBook, line: InvoiceLine) -> int:
 def _allowance(book: _PriceBook, pieces: Iterable[Piece], period_s: int, currency: str) -> Decimal:
     """Cap per GPU x GPU-seconds of ``pieces`` ÷ the period's seconds, over capped price
     periods, rounded once."""
-    exact = Fraction()
+    seconds: dict[int, int] = defaultdict(int)  # per price index: one Fraction each, not per piece
     for piece in pieces:
         for index, (start, end) in book.split(piece.start, piece.end):
-            if (cap := book.cap(index)) is not None:
-                exact += Fraction(cap) * (end - start) / period_s
+            seconds[index] += end - start
+    exact = Fraction()
+    for index, n in seconds.items():
+        if (cap := book.cap(index)) is not None:
+            exact += Fraction(cap) * n / period_s
     return round_money(exact, currency)
 
 

@@ -141,23 +141,19 @@ class _Fingerprints:
         self.whole = [0] * len(days)  # difference array of whole-day hashes
 
     def add(self, span: Span, *key: object) -> None:
-        lo, hi = span
+        lo, hi = max(span[0], self.days[0]), min(span[1], self.days[-1])
+        if lo >= hi:
+            return
         days = self.days
-        first = max(bisect_right(days, lo) - 1, 0)
-        last = min(bisect_left(days, hi), len(days) - 1)  # days[last] >= hi
-        whole_from, whole_to = None, None
-        for i in range(first, last):
+        first, last = bisect_right(days, lo) - 1, bisect_left(days, hi) - 1  # hi - 1's day
+        whole_from, whole_to = first + 1, last - 1  # the days strictly between are whole
+        for i in {first, last}:
             a, b = max(lo, days[i]), min(hi, days[i + 1])
-            if a >= b:
-                continue
-            if a == days[i] and b == days[i + 1]:
-                whole_from = i if whole_from is None else whole_from
-                whole_to = i
-                if i not in (first, last - 1):
-                    continue  # inner days: filled below without visiting each
+            if (a, b) == (days[i], days[i + 1]):
+                whole_from, whole_to = min(whole_from, i), max(whole_to, i)
             else:
                 self.sums[i] = (self.sums[i] + _hash(*key, a, b)) & _MASK
-        if whole_from is not None and whole_to is not None:
+        if whole_from <= whole_to:
             h = _hash(*key, "whole")
             self.whole[whole_from] = (self.whole[whole_from] + h) & _MASK
             self.whole[whole_to + 1] = (self.whole[whole_to + 1] - h) & _MASK

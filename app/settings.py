@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from contextlib import suppress
+from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 
@@ -54,6 +55,20 @@ class Settings(BaseSettings):
         default=5, ge=1, description="On SIGTERM, how long running requests may finish."
     )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
+    # --- ingest (issue 17) ---
+    auth_revocation_check_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="API keys are cached per process; every this many seconds the cached ones "
+        "are re-verified, so a revoked key stops working within this bound everywhere.",
+    )
+    db_idle_ping_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A pooled connection idle this long is pinged before use (busy ones are "
+        "not: a broken one shows itself by its socket, see app.core.db).",
+    )
+    # --- end ingest ---
     max_clock_skew_s: int = Field(
         default=10, ge=0, description="How far in the future a telemetry timestamp may be."
     )
@@ -150,6 +165,19 @@ class Settings(BaseSettings):
     nats_stream: str = Field(default="GPUMETER_EVENTS", description="The JetStream stream.")
     nats_subject_prefix: str = Field(
         default="gpumeter.events", description="Events go to <prefix>.<type>."
+    )
+    # --- failover (app.failover) ---
+    failover_reservation_ttl_s: int = Field(
+        default=120,
+        ge=1,
+        le=86_400,
+        description="How long a failover holds its spare unconfirmed before it expires.",
+    )
+    spare_target_percent: Decimal = Field(
+        default=Decimal(5),
+        ge=0,
+        le=100,
+        description="Default hot-spare share per GPU model and datacenter (a policy overrides).",
     )
     secret_key: str | None = Field(
         default=None,

@@ -256,7 +256,7 @@ def seed_big(client: TestClient, admin: str, engine_url: str) -> dict[str, str]:
             write_segments(session, spans[chunk : chunk + 20_000], [])
         busy, idle = hour_row(87.5), hour_row(0.0)
         open_day = now - now % 86_400
-        rows = {
+        rows: dict[tuple[str, int], tuple[bytes, int | None]] = {
             (g, hour): (idle if (hour // 3600 + i) % 6 == 0 else busy, 81559)
             for i, g in enumerate(gpus)
             for hour in range(open_day, now, 3600)

@@ -1,7 +1,7 @@
 """usage rollups: rated pieces per rental, GPU and closed day, and the days' fingerprints
 
 Revision ID: 0013
-Revises: 0010
+Revises: 0011
 Create Date: 2026-12-01 23:10:00
 """
 
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0013"
-down_revision: str | None = "0010"
+down_revision: str | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -33,9 +33,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("rental_id", "gpu_uuid", "start", name=op.f("pk_usage_rollups")),
     )
-    op.create_index(
-        "ix_usage_rollups_customer_start", "usage_rollups", ["customer_id", "start"]
-    )
+    op.create_index("ix_usage_rollups_customer_start", "usage_rollups", ["customer_id", "start"])
     op.create_table(
         "usage_rollup_days",
         sa.Column("customer_id", sa.Uuid(), nullable=False),

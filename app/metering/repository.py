@@ -161,7 +161,7 @@ _EVENT_INSERT = text(f"""
 INSERT INTO health_events (event_id, gpu_uuid, at, kind, code, state, rule, detail)
 SELECT event_id, gpu_uuid, at, kind, code, state, rule, detail FROM ({_SENT_EVENTS}) s
 ORDER BY n
-ON CONFLICT (gpu_uuid, event_id) DO NOTHING
+ON CONFLICT (gpu_uuid, event_id, at) DO NOTHING
 RETURNING 1
 """)
 _EVENT_CONFLICTS = text(f"""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import os
@@ -59,6 +60,9 @@ class Sink:
     requests: int = 0
     request_times: list[float] = field(default_factory=list)  # monotonic, on arrival
     tokens: set[str] = field(default_factory=set)
+    connections: int = 0  # TCP connections the agent opened (kept alive: HTTP/1.1)
+    encodings: list[str] = field(default_factory=list)  # each request's Content-Encoding
+    arrivals: list[float] = field(default_factory=list)  # wall clock, per stored batch
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def next_reply(self) -> Any:
@@ -86,10 +90,21 @@ def serve_sink() -> tuple[Sink, ThreadingHTTPServer]:
     state = Sink()
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keeps connections alive, like the service
+
+        def setup(self) -> None:
+            super().setup()
+            with state.lock:
+                state.connections += 1
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
+            encoding = self.headers.get("Content-Encoding", "identity")
+            if encoding == "gzip":
+                body = gzip.decompress(body)
             with state.lock:
                 state.tokens.add(self.headers.get("Authorization", ""))
+                state.encodings.append(encoding)
             action, headers = state.next_reply(), {}
             if isinstance(action, tuple) and action[0] == "sleep":
                 time.sleep(action[1])
@@ -101,9 +116,11 @@ def serve_sink() -> tuple[Sink, ThreadingHTTPServer]:
             if action == 200:
                 with state.lock:
                     state.stored.append(json.loads(body))
+                    state.arrivals.append(time.time())
             reply = json.dumps({"detail": "scripted"} if action != 200 else {"ok": True})
             self.send_response(action)
             self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
             for name, value in headers.items():
                 self.send_header(name, value)
             self.end_headers()

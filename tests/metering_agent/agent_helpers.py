@@ -49,7 +49,8 @@ class Sink:
 
     Script items: an HTTP status (``500``, ``400``, ...), ``(status, {header: value})``, a
     callable returning one of those (evaluated when the request arrives), or
-    ``("sleep", seconds)`` to answer 200 only after sleeping (past the client's timeout). Once
+    ``("sleep", seconds)`` to answer 200 only after sleeping (past the client's timeout), or
+    ``"drop_after"`` to answer 200 and then close the kept-alive connection unannounced. Once
     the script is used up: ``down`` (a status) while it is set, else 200.
     """
 
@@ -109,6 +110,8 @@ def serve_sink() -> tuple[Sink, ThreadingHTTPServer]:
             if isinstance(action, tuple) and action[0] == "sleep":
                 time.sleep(action[1])
                 action = 200
+            elif action == "drop_after":  # answer, then close without saying so (idle timeout)
+                self.close_connection, action = True, 200
             elif isinstance(action, tuple):
                 action, headers = action
             if self.path != INGEST_PATH:

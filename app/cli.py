@@ -141,18 +141,36 @@ def cmd_create_key(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from app.core import migrate
-    from app.simulate.command import print_report, simulate_fleet
+    from app.simulate.attribution import Recovery
+    from app.simulate.command import print_report, replay_scenario, simulate_fleet
     from app.simulate.progress import Progress
 
     progress = Progress()
+    if args.scenario is not None:
+        fleet_options = ("gpus", "days", "failure_rate", "recovery")
+        if given := [f"--{o.replace('_', '-')}" for o in fleet_options if getattr(args, o)]:
+            print(
+                f"{', '.join(given)}: not with --scenario (its inputs are fixed)", file=sys.stderr
+            )
+            return 2
+        exit_cleanly_on_sigterm()  # so the scenario's database is dropped
+        with database_url(args.data_dir) as url:
+            return replay_scenario(
+                url,
+                args.scenario,
+                scale=args.scale,
+                seed=args.seed,
+                keep=args.keep,
+                progress=progress,
+            )
     with database_url(args.data_dir) as url:
         migrate.upgrade(url)
         report = simulate_fleet(
             url,
-            args.gpus,
-            args.days,
-            failure_rate=args.failure_rate,
-            recovery=args.recovery,
+            args.gpus or 3000,
+            args.days or 30,
+            failure_rate=0.0072 if args.failure_rate is None else args.failure_rate,
+            recovery=Recovery(args.recovery or "auto"),
             manual_recovery_s=get_settings().manual_recovery_s,
             seed=args.seed,
             progress=progress,
@@ -332,26 +350,50 @@ def build_parser() -> argparse.ArgumentParser:
     register_node.set_defaults(handler=cmd_register_node)
 
     simulate = commands.add_parser(
-        "simulate", help="write a synthetic fleet's history (rentals, telemetry, failures)"
+        "simulate",
+        help="write a synthetic fleet's history (rentals, telemetry, failures), or replay a "
+        "published scenario and print its cost table",
     )
-    simulate.add_argument("--gpus", type=int, default=3000, help="GPUs to create (default 3000)")
+    simulate.add_argument("--gpus", type=int, default=None, help="GPUs to create (default 3000)")
     simulate.add_argument(
-        "--days", type=float, default=30, help="days of history, ending now (default 30)"
+        "--days", type=float, default=None, help="days of history, ending now (default 30)"
     )
     simulate.add_argument(
         "--failure-rate",
         type=float,
-        default=0.0072,
+        default=None,
         help="failures per GPU per day (default 0.0072)",
     )
     simulate.add_argument(
         "--recovery",
         choices=["auto", "manual"],
-        default="auto",
+        default=None,
         help="auto: hit rentals move to a spare within seconds; manual: after "
         "GPUMETER_MANUAL_RECOVERY_S (default auto)",
     )
     simulate.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    # --- seed: scenario replay ---
+    simulate.add_argument(
+        "--scenario",
+        choices=["seed", "llama3"],
+        default=None,
+        help="replay a published case in a new database and print, rated by billing, its cost "
+        "at 1 h / 1 min / 1 s increments with manual and automatic failover: 'seed' (3,000 "
+        "A100 for 60 days; ~2-3 min on 2 cores) or 'llama3' (16,384 H100 for 54 days, 419 "
+        "interruptions; see --scale). Not with --gpus, --days, --failure-rate, --recovery",
+    )
+    simulate.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="with --scenario: GPUs x this (rates and days kept; default 1)",
+    )
+    simulate.add_argument(
+        "--keep",
+        action="store_true",
+        help="with --scenario: keep its database and print its URL (default: dropped)",
+    )
+    # --- end seed ---
     _add_data_dir(simulate)
     simulate.set_defaults(handler=cmd_simulate)
 

@@ -24,6 +24,8 @@ from app.core.queue import worker_in_background
 from app.customers.endpoints import router as customers_router
 from app.dashboard import endpoints as dashboard
 from app.events.endpoints import router as events_router
+from app.failover.endpoints import router as failovers_router
+from app.failover.endpoints import spares as spares_router
 from app.fleet.endpoints import router as fleet_router
 from app.fleet.service import GPU_REGISTRY
 from app.metering.endpoints import router as metering_router
@@ -43,6 +45,8 @@ ROUTERS = [
     dashboard.router,
     dashboard.pages,
     events_router,
+    failovers_router,
+    spares_router,
     fleet_router,
     invoices_router,
     billing_customer_router,

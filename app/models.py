@@ -6,6 +6,7 @@ from app.budgets.models import Budget, BudgetCrossing
 from app.core.base import Base
 from app.customers.models import Customer
 from app.events.models import DomainEvent
+from app.failover.models import Failover, SparePolicy
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.metering.models import HealthEventRow, MinuteMetrics, OpenMinuteMetrics, StateSegment
 from app.payments.models import PaymentFailure, StripeOutbox, StripeWebhookEvent
@@ -21,6 +22,7 @@ __all__ = [
     "BudgetCrossing",
     "Customer",
     "DomainEvent",
+    "Failover",
     "Gpu",
     "GpuAssignment",
     "HealthEventRow",
@@ -39,6 +41,7 @@ __all__ = [
     "PricePlan",
     "Rental",
     "ScheduledRun",
+    "SparePolicy",
     "StateSegment",
     "StripeOutbox",
     "StripeWebhookEvent",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 from contextlib import suppress
+from decimal import Decimal
 from functools import lru_cache
 from pathlib import Path
 
@@ -150,6 +151,19 @@ class Settings(BaseSettings):
     nats_stream: str = Field(default="GPUMETER_EVENTS", description="The JetStream stream.")
     nats_subject_prefix: str = Field(
         default="gpumeter.events", description="Events go to <prefix>.<type>."
+    )
+    # --- failover (app.failover) ---
+    failover_reservation_ttl_s: int = Field(
+        default=120,
+        ge=1,
+        le=86_400,
+        description="How long a failover holds its spare unconfirmed before it expires.",
+    )
+    spare_target_percent: Decimal = Field(
+        default=Decimal(5),
+        ge=0,
+        le=100,
+        description="Default hot-spare share per GPU model and datacenter (a policy overrides).",
     )
     secret_key: str | None = Field(
         default=None,

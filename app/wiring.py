@@ -14,9 +14,11 @@ from app.budgets.service import refuse_rental_over_hard_limit
 from app.core import queue as job_queue
 from app.events import stream
 from app.events.service import ALL_TYPES, subscribe
+from app.failover import jobs as failover_jobs
+from app.failover.service import on_gpu_state_changed, refuse_reserved_spare
 from app.payments import jobs as payments_jobs
 from app.payments.service import on_invoice_event
-from app.rentals.service import add_create_check
+from app.rentals.service import add_assign_check, add_create_check
 from app.schedule import jobs as schedule_jobs
 from app.settings import get_settings
 from app.webhooks import jobs as webhook_jobs
@@ -28,6 +30,7 @@ BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
     "webhooks": webhook_jobs.tasks,
     "invoice_schedule": schedule_jobs.tasks,
     "nats": stream.tasks,
+    "failover": failover_jobs.tasks,
 }
 
 
@@ -37,6 +40,10 @@ def install() -> None:
     subscribe("invoice.voided", on_invoice_event)
     subscribe(ALL_TYPES, deliver_to_webhooks)
     add_create_check(refuse_rental_over_hard_limit)
+    # The failure loop: a rented GPU turning failed opens a failover; reserved spares are
+    # refused to new assignments.
+    subscribe("gpu.state_changed", on_gpu_state_changed)
+    add_assign_check(refuse_reserved_spare)
     if get_settings().nats_url:
         subscribe(ALL_TYPES, stream.queue_publication)
     for namespace, blueprint in BLUEPRINTS.items():

@@ -85,8 +85,9 @@ def list_invoices(
     status: InvoiceStatus | None = None,
 ) -> Page[InvoiceSummary]:
     """Newest period first; customers see only their own invoices."""
+    readable = repository.readable_invoices(caller)
     query = repository.invoices_query(
-        customer_id=caller.customer_scope or customer_id, period=period, status=status
+        readable, customer_id=customer_id, period=period, status=status
     )
     return paginate(session, query, page, InvoiceSummary, InvoiceSummary.of)
 
@@ -111,7 +112,8 @@ def invoice_credit_notes(
 ) -> Page[CreditNoteRead]:
     """The credit notes that correct this invoice, newest first."""
     invoice = service.get_invoice(session, invoice_id, caller)
-    query = repository.credit_notes_query(invoice_id=invoice.id)
+    readable = repository.readable_credit_notes(caller)
+    query = repository.credit_notes_query(readable, invoice_id=invoice.id)
     return paginate(session, query, page, CreditNoteRead, CreditNoteRead.of)
 
 
@@ -166,7 +168,8 @@ def read_credit_notes(
 ) -> Page[CreditNoteRead]:
     """The customer's credit notes (negative late-data corrections), newest first."""
     customer = get_customer(session, customer_id, caller)
-    query = repository.credit_notes_query(customer_id=customer.id)
+    readable = repository.readable_credit_notes(caller)
+    query = repository.credit_notes_query(readable, customer_id=customer.id)
     return paginate(session, query, page, CreditNoteRead, CreditNoteRead.of)
 
 

@@ -143,7 +143,9 @@ def load_inputs(
                 rental.gpu_count,
                 epoch(rental.start_at),
                 None if rental.end_at is None else epoch(rental.end_at),
-                plans.terms(rental.plan_id, rental.gpu_model, rental.customer_id),
+                plans.terms(
+                    rental.plan_id, rental.gpu_model, rental.customer_id, rental.preemptible
+                ),
             )
         )
     ids = [r.id for r in rentals]
@@ -251,7 +253,7 @@ class _PlanBook:
 
     def __init__(self, session: Session, customer_ids: Collection[uuid.UUID]) -> None:
         self._session = session
-        self._terms: dict[tuple[uuid.UUID, str, uuid.UUID | None], PlanTerms] = {}
+        self._terms: dict[tuple[uuid.UUID, str, uuid.UUID | None, bool], PlanTerms] = {}
         self._overridden = {
             (plan, customer)
             for plan, customer in session.execute(
@@ -261,16 +263,23 @@ class _PlanBook:
             )
         }
 
-    def terms(self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID) -> PlanTerms:
+    def terms(
+        self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID, preemptible: bool
+    ) -> PlanTerms:
+        """A preemptible rental is rated at the plan's preemptible prices."""
         own = customer_id if (plan_id, customer_id) in self._overridden else None
-        key = (plan_id, gpu_model, own)
+        key = (plan_id, gpu_model, own, preemptible)
         if key not in self._terms:
-            self._terms[key] = self._load(plan_id, gpu_model, customer_id)
+            self._terms[key] = self._load(plan_id, gpu_model, customer_id, preemptible)
         return self._terms[key]
 
-    def _load(self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID) -> PlanTerms:
+    def _load(
+        self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID, preemptible: bool
+    ) -> PlanTerms:
         plan = self._session.get_one(PricePlan, plan_id)
-        schedule = price_schedule(self._session, plan_id, gpu_model, customer_id)
+        schedule = price_schedule(
+            self._session, plan_id, gpu_model, customer_id, preemptible=preemptible
+        )
         return PlanTerms(
             prices=tuple(
                 PricePoint(gpu_model, epoch(at), price, cap) for at, price, cap in schedule

@@ -14,6 +14,8 @@ from sqlalchemy import Select, delete, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from app.auth.service import Principal
+from app.auth.tenancy import readable_by
 from app.billing.lines import LineKind
 from app.billing.models import (
     CreditNote,
@@ -33,13 +35,27 @@ _RENTAL_KINDS = [k.value for k in LineKind if k not in _NOT_RENTAL]
 _LOCKED = (InvoiceStatus.FINALIZED, InvoiceStatus.PAID)
 
 
+def readable_invoices(principal: Principal) -> Select[Invoice]:
+    """Every invoice the principal may read; the API's invoice lists start here."""
+    return select(Invoice).where(readable_by(principal, Invoice.customer_id))
+
+
+def readable_credit_notes(principal: Principal) -> Select[CreditNote]:
+    """Every credit note the principal may read; the API's credit-note lists start here."""
+    return select(CreditNote).where(readable_by(principal, CreditNote.customer_id))
+
+
 def invoices_query(
+    readable: Select[Invoice] | None = None,
     *,
     customer_id: uuid.UUID | None = None,
     period: str | None = None,
     status: InvoiceStatus | None = None,
 ) -> Select[Invoice]:
-    query = select(Invoice).order_by(Invoice.period.desc(), Invoice.customer_id, Invoice.id)
+    """Invoices, newest period first, filtered; ``readable`` (a ``readable_invoices``
+    statement) for the API, none for internal reads of a customer already checked."""
+    query = select(Invoice) if readable is None else readable
+    query = query.order_by(Invoice.period.desc(), Invoice.customer_id, Invoice.id)
     if customer_id is not None:
         query = query.where(Invoice.customer_id == customer_id)
     if period is not None:
@@ -153,9 +169,14 @@ def credit_notes_issued_with(session: Session, invoice_id: uuid.UUID) -> Sequenc
 
 
 def credit_notes_query(
-    *, customer_id: uuid.UUID | None = None, invoice_id: uuid.UUID | None = None
+    readable: Select[CreditNote] | None = None,
+    *,
+    customer_id: uuid.UUID | None = None,
+    invoice_id: uuid.UUID | None = None,
 ) -> Select[CreditNote]:
-    query = select(CreditNote).order_by(CreditNote.issued_at.desc(), CreditNote.number.desc())
+    """Credit notes, newest first, filtered; ``readable`` as in ``invoices_query``."""
+    query = select(CreditNote) if readable is None else readable
+    query = query.order_by(CreditNote.issued_at.desc(), CreditNote.number.desc())
     if customer_id is not None:
         query = query.where(CreditNote.customer_id == customer_id)
     if invoice_id is not None:

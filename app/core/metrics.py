@@ -9,7 +9,7 @@ process shows the same, whole-queue figure.
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, Gauge, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Gauge, Histogram, generate_latest
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -19,6 +19,26 @@ QUEUE_JOBS = Gauge(
     "gpumeter_queue_jobs",
     "Jobs in the queue by task and status (todo includes those scheduled for later).",
     ["task", "status"],
+)
+# The failure loop (app.failover observes them where it records each step).
+_FAILOVER_BUCKETS = (0.5, 1, 2, 3, 5, 10, 15, 30, 60, 120, 300, 900)
+FAILOVER_DETECTION_SECONDS = Histogram(
+    "gpumeter_failover_detection_seconds",
+    "First failed second (telemetry) to the service knowing of the failure.",
+    ["datacenter", "model"],
+    buckets=_FAILOVER_BUCKETS,
+)
+FAILOVER_REQUEST_SECONDS = Histogram(
+    "gpumeter_failover_request_seconds",
+    "First failed second to failover.requested (or failover.no_spare).",
+    ["datacenter", "model"],
+    buckets=_FAILOVER_BUCKETS,
+)
+FAILOVER_RESUME_SECONDS = Histogram(
+    "gpumeter_failover_resume_seconds",
+    "First failed second to the job resumed on the spare.",
+    ["datacenter", "model"],
+    buckets=_FAILOVER_BUCKETS,
 )
 _DEPTH = text(
     "SELECT task_name, status::text, count(*) FROM procrastinate_jobs "

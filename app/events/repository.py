@@ -4,32 +4,39 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
+from app.auth.service import Principal
+from app.auth.tenancy import readable_by
 from app.events.models import DomainEvent
+
+
+def readable_events(principal: Principal) -> Select[DomainEvent]:
+    """Every event the principal may read: all for an admin, its customer's for a customer
+    key (events without a customer are the operator's); every list of events starts here."""
+    return select(DomainEvent).where(readable_by(principal, DomainEvent.customer_id))
 
 
 def events_after(
     session: Session,
+    readable: Select[DomainEvent],
     *,
     after: int,
     limit: int,
     types: Sequence[str] = (),
     since: datetime | None = None,
     until: datetime | None = None,
-    customer_id: uuid.UUID | None = None,
 ) -> Sequence[DomainEvent]:
-    """Up to ``limit`` events with ``seq`` above ``after``, oldest first, filtered."""
-    query = select(DomainEvent).where(DomainEvent.seq > after)
+    """Up to ``limit`` of the ``readable`` events with ``seq`` above ``after``, oldest first,
+    filtered."""
+    query = readable.where(DomainEvent.seq > after)
     if types:
         query = query.where(DomainEvent.type.in_(types))
     if since is not None:
         query = query.where(DomainEvent.occurred_at >= since)
     if until is not None:
         query = query.where(DomainEvent.occurred_at < until)
-    if customer_id is not None:
-        query = query.where(DomainEvent.customer_id == customer_id)
     return session.scalars(query.order_by(DomainEvent.seq).limit(limit)).all()
 
 

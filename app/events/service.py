@@ -97,15 +97,14 @@ def list_events(
         raise Unprocessable(message, ("query", "after")) from None
     if since and until and since >= until:
         raise Unprocessable("since must be before until", ("query", "since"))
-    scope = principal.customer_scope
     rows = repository.events_after(
         session,
+        repository.readable_events(principal),
         after=cursor,
         limit=limit + 1,
         types=types,
         since=since,
         until=until,
-        customer_id=scope,
     )
     page = rows[:limit]  # the repository reads one extra row to tell whether more follow
     return EventPage(

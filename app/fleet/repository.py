@@ -4,11 +4,14 @@ import uuid
 from collections.abc import Collection, Iterable
 from datetime import datetime
 
+from psycopg.errors import LockNotAvailable
 from sqlalchemy import Exists, Select, select, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
+from app.fleet.schemas import SiteGpu
 from app.rentals.models import GpuAssignment
 from app.rentals.visibility import served
 
@@ -92,6 +95,55 @@ def maintenance_windows(
             )
         )
     )
+
+
+def gpus_of_pool_site(session: Session, model: str, datacenter: str, at: datetime) -> list[SiteGpu]:
+    """Every GPU of ``model`` in ``datacenter`` with its node's topology and, if a rental holds
+    it at ``at``, that rental and whether it is preemptible (the spare pool's raw material)."""
+    rows = session.execute(
+        text("""
+        SELECT g.uuid, g.pool::text, g.last_state, n.id, n.topology_group,
+               a.rental_id, r.preemptible, a.start_at
+        FROM gpus g JOIN nodes n ON n.id = g.node_id
+        LEFT JOIN gpu_assignments a ON a.gpu_uuid = g.uuid AND a.start_at <= :at
+             AND (a.end_at IS NULL OR a.end_at > :at)
+        LEFT JOIN rentals r ON r.id = a.rental_id
+        WHERE g.model = :model AND n.datacenter = :dc
+        ORDER BY g.uuid
+        """),
+        {"model": model, "dc": datacenter, "at": at},
+    )
+    return [SiteGpu(*row) for row in rows]
+
+
+def pool_sites(session: Session) -> list[tuple[str, str]]:
+    rows = session.execute(
+        text("""
+        SELECT DISTINCT n.datacenter, g.model FROM gpus g JOIN nodes n ON n.id = g.node_id
+        ORDER BY 1, 2
+        """)
+    )
+    return [(dc, model) for dc, model in rows]
+
+
+def lock_gpu_within(session: Session, gpu_uuid: str, timeout_ms: int) -> bool:
+    """Lock the GPU's row, waiting at most ``timeout_ms``; False when it stayed locked (the
+    caller tries another GPU). Bounded, so two transactions that each hold GPU rows and want
+    the other's never deadlock: one gives up instead."""
+    previous = session.scalar(text("SELECT current_setting('lock_timeout')"))
+    try:
+        with session.begin_nested():
+            session.execute(
+                text("SELECT set_config('lock_timeout', :t, true)"), {"t": f"{timeout_ms}ms"}
+            )
+            session.execute(text("SELECT 1 FROM gpus WHERE uuid = :u FOR UPDATE"), {"u": gpu_uuid})
+    except OperationalError as error:
+        if not isinstance(error.orig, LockNotAvailable):
+            raise
+        return False
+    finally:
+        session.execute(text("SELECT set_config('lock_timeout', :t, true)"), {"t": previous})
+    return True
 
 
 # --- written by ingest (through metering.ports.GpuRegistry) and read for fleet health ----

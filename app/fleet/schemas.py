@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
@@ -79,3 +80,18 @@ class GpuRead(Schema):
     last_state: str | None
     last_seen_at: datetime | None
     created_at: datetime
+
+
+@dataclass(frozen=True)
+class SiteGpu:
+    """A GPU of one model in one datacenter, with its node's topology and its holder at a
+    time (the failover's spare pool reads these)."""
+
+    uuid: str
+    pool: str
+    last_state: str | None
+    node_id: UUID
+    topology_group: str | None
+    rental_id: UUID | None  # the rental holding it at the time asked
+    rental_preemptible: bool | None
+    held_since: datetime | None

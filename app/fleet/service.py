@@ -12,7 +12,7 @@ from app.auth.service import IssuedKey, Principal
 from app.core.errors import Conflict, not_found
 from app.fleet import repository
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
-from app.fleet.schemas import GpuCreate, GpuUpdate, MaintenanceCreate, NodeCreate
+from app.fleet.schemas import GpuCreate, GpuUpdate, MaintenanceCreate, NodeCreate, SiteGpu
 from app.metering.ports import GpuRegistry, StateChange
 
 
@@ -105,6 +105,35 @@ def change_pool(session: Session, gpu: Gpu, data: GpuUpdate) -> Gpu:
     gpu.pool = data.pool
     session.flush()
     return gpu
+
+
+def gpu_site(session: Session, gpu_uuid: str) -> tuple[Gpu, Node] | None:
+    """Read interface (failover): the GPU and its node (datacenter, topology group)."""
+    gpu = session.get(Gpu, gpu_uuid)
+    return None if gpu is None else (gpu, get_node(session, gpu.node_id))
+
+
+def pool_site(session: Session, model: str, datacenter: str, at: datetime) -> list[SiteGpu]:
+    """Read interface (failover): the GPUs of one model in one datacenter, with topology and
+    their holder at ``at``."""
+    return repository.gpus_of_pool_site(session, model, datacenter, at)
+
+
+def lock_gpu_within(session: Session, gpu_uuid: str, timeout_ms: int) -> bool:
+    """Lock the GPU's row (as assigning it does), waiting at most ``timeout_ms``: False when
+    another transaction kept it."""
+    return repository.lock_gpu_within(session, gpu_uuid, timeout_ms)
+
+
+def pool_sites(session: Session) -> list[tuple[str, str]]:
+    """Read interface (spare pool view): every (datacenter, model) that has GPUs."""
+    return repository.pool_sites(session)
+
+
+def move_to_pool(session: Session, gpu_uuid: str, pool: Pool, reason: str) -> Gpu:
+    """Move a GPU to ``pool`` by a rule (a spare taken by a failover, a repaired GPU)."""
+    gpu = session.get_one(Gpu, gpu_uuid)
+    return change_pool(session, gpu, GpuUpdate(pool=pool, reason=reason))
 
 
 class _IngestGpus:

@@ -45,6 +45,10 @@ class PlanPrice(Timestamped, Base):
     __table_args__ = (
         CheckConstraint("price_per_hour >= 0", name="price_not_negative"),
         CheckConstraint(
+            "preemptible_price_per_hour IS NULL OR preemptible_price_per_hour >= 0",
+            name="preemptible_price_not_negative",
+        ),
+        CheckConstraint(
             "monthly_cap_per_gpu IS NULL OR monthly_cap_per_gpu > 0", name="cap_positive"
         ),
         Index(
@@ -63,6 +67,8 @@ class PlanPrice(Timestamped, Base):
     gpu_model: Mapped[str] = mapped_column(String(100))
     price_per_hour: Mapped[Decimal]
     monthly_cap_per_gpu: Mapped[Decimal | None]
+    # The hourly price of a preemptible rental (an idle hot spare a failover may take back).
+    preemptible_price_per_hour: Mapped[Decimal | None]
     effective_from: Mapped[datetime]
     customer_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("customers.id", ondelete="CASCADE"), index=True

@@ -23,6 +23,11 @@ class PriceCreate(Schema):
         description="The most a rental pays per GPU for a whole month at this price (e.g. the "
         "reserved price), prorated by its billed GPU-seconds; effective with the price.",
     )
+    preemptible_price_per_hour: HourlyPrice | None = Field(
+        default=None,
+        description="Hourly price of a preemptible rental (a hot spare a failover may preempt); "
+        "without it the model cannot be rented preemptibly at this price's time.",
+    )
     effective_from: AwareDatetime
     customer_id: uuid.UUID | None = Field(
         default=None, description="Set for a customer's contract price (an override)."
@@ -34,6 +39,7 @@ class PriceRead(Schema):
     gpu_model: str
     price_per_hour: Decimal
     monthly_cap_per_gpu: Decimal | None
+    preemptible_price_per_hour: Decimal | None
     effective_from: datetime
     customer_id: uuid.UUID | None
 

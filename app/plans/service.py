@@ -84,13 +84,20 @@ def add_price(
 
 
 def price_schedule(
-    session: Session, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID
+    session: Session,
+    plan_id: uuid.UUID,
+    gpu_model: str,
+    customer_id: uuid.UUID,
+    *,
+    preemptible: bool = False,
 ) -> list[tuple[datetime, Decimal, Decimal | None]]:
     """Effective-dated (from, price, monthly cap per GPU) of one model for one customer,
     ascending.
 
     A contract override applies from its effective time on and wins over base prices from
-    then on; before the first override, base prices apply.
+    then on; before the first override, base prices apply. ``preemptible``: the preemptible
+    prices of those rows (no cap: a preemptible rental is already the cheap way), and only
+    rows that set one, so a later row without one keeps the earlier preemptible price.
     """
     rows = session.scalars(
         repository.prices_query(plan_id, customer_id=customer_id, model=gpu_model)
@@ -98,13 +105,22 @@ def price_schedule(
     first_override = min(
         (p.effective_from for p in rows if p.customer_id is not None), default=None
     )
-    schedule = [
-        (p.effective_from, p.price_per_hour, p.monthly_cap_per_gpu)
+    applying = [
+        p
         for p in rows
         if (p.customer_id is not None)
         or first_override is None
         or p.effective_from < first_override
     ]
+    schedule: list[tuple[datetime, Decimal, Decimal | None]]
+    if preemptible:
+        schedule = [
+            (p.effective_from, p.preemptible_price_per_hour, None)
+            for p in applying
+            if p.preemptible_price_per_hour is not None
+        ]
+    else:
+        schedule = [(p.effective_from, p.price_per_hour, p.monthly_cap_per_gpu) for p in applying]
     return sorted(schedule, key=lambda point: point[0])
 
 

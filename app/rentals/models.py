@@ -23,6 +23,10 @@ class Rental(Timestamped, Base):
     gpu_count: Mapped[int]
     start_at: Mapped[datetime]
     end_at: Mapped[datetime | None]
+    # A preemptible rental runs on an idle hot spare at the plan's preemptible price; a
+    # failover that needs the spare ends it at that second (preempted_at), without a credit.
+    preemptible: Mapped[bool] = mapped_column(default=False, server_default="false")
+    preempted_at: Mapped[datetime | None]
     # When the row last changed (created, ended): billing compares it to finalized_at.
     changed_at: Mapped[datetime] = mapped_column(server_default=func.now(), onupdate=func.now())
 

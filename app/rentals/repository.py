@@ -107,6 +107,37 @@ def assignment_covering(
     )
 
 
+def assignment_at(session: Session, gpu_uuid: str, at: datetime) -> GpuAssignment | None:
+    return session.scalar(
+        select(GpuAssignment).where(
+            GpuAssignment.gpu_uuid == gpu_uuid,
+            GpuAssignment.start_at <= at,
+            or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > at),
+        )
+    )
+
+
+def preemptible_seconds(
+    session: Session, gpu_uuids: Sequence[str], start: datetime, end: datetime
+) -> int:
+    """Seconds of [start, end) the GPUs were held by preemptible rentals."""
+    lo, hi = (
+        func.greatest(GpuAssignment.start_at, start),
+        func.least(func.coalesce(GpuAssignment.end_at, end), end),
+    )
+    query = (
+        select(func.coalesce(func.sum(func.extract("epoch", hi - lo)), 0))
+        .join(Rental, Rental.id == GpuAssignment.rental_id)
+        .where(
+            Rental.preemptible,
+            GpuAssignment.gpu_uuid.in_(gpu_uuids),
+            GpuAssignment.start_at < end,
+            or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > start),
+        )
+    )
+    return int(session.scalar(query) or 0)
+
+
 def changed_since(
     session: Session, customer_id: uuid.UUID, start: datetime, end: datetime, since: datetime
 ) -> bool:

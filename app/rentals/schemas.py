@@ -29,6 +29,11 @@ class RentalCreate(_Interval):
     plan_id: uuid.UUID
     gpu_model: str = Field(min_length=1, max_length=100)
     gpu_count: int = Field(ge=1, le=100_000)
+    preemptible: bool = Field(
+        default=False,
+        description="Rent idle hot spares at the plan's preemptible price; a failover that "
+        "needs one ends the rental at that second (``rental.preempted``), never billed past it.",
+    )
 
 
 class RentalEnd(Schema):
@@ -88,6 +93,8 @@ class RentalRead(Schema):
     gpu_count: int
     start_at: datetime
     end_at: datetime | None
+    preemptible: bool
+    preempted_at: datetime | None
     created_at: datetime
     assignments: list[AssignmentRead]
     migrations: list[MigrationRead]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -28,6 +29,11 @@ def get_rental(session: Session, rental_id: uuid.UUID, principal: Principal) -> 
     return rental
 
 
+def rental_by_id(session: Session, rental_id: uuid.UUID) -> Rental:
+    """Read interface for the service's own rules (no caller to scope by): the rental."""
+    return session.get_one(Rental, rental_id)
+
+
 def customer_migrations(
     session: Session, customer_id: uuid.UUID, start: datetime, end: datetime
 ) -> list[Migration]:
@@ -47,6 +53,19 @@ def add_create_check(check: CreateCheck) -> None:
         _create_checks.append(check)
 
 
+# Checks that may refuse assigning a GPU (raising an ApiError), registered by the composition
+# root: e.g. the failover's spare reservations, which sit above rentals. Called with the GPU's
+# row locked, so they see every assignment committed before.
+AssignCheck = Callable[[Session, Gpu, Rental], None]
+_assign_checks: list[AssignCheck] = []
+
+
+def add_assign_check(check: AssignCheck) -> None:
+    """Run ``check`` before every GPU is assigned to a rental; idempotent."""
+    if check not in _assign_checks:
+        _assign_checks.append(check)
+
+
 def create_rental(session: Session, data: RentalCreate) -> Rental:
     customer = session.get(Customer, data.customer_id)
     if customer is None:
@@ -62,9 +81,12 @@ def create_rental(session: Session, data: RentalCreate) -> Rental:
             f"{customer.currency}",
             ("body", "plan_id"),
         )
-    if not price_schedule(session, plan.id, data.gpu_model, customer.id):
+    if not price_schedule(
+        session, plan.id, data.gpu_model, customer.id, preemptible=data.preemptible
+    ):
+        kind = "preemptible price" if data.preemptible else "price"
         raise Unprocessable(
-            f"plan {plan.name!r} has no price for GPU model {data.gpu_model!r}",
+            f"plan {plan.name!r} has no {kind} for GPU model {data.gpu_model!r}",
             ("body", "gpu_model"),
         )
     rental = Rental(**data.model_dump())
@@ -179,6 +201,49 @@ def migrate(session: Session, rental: Rental, data: MigrationCreate) -> Migratio
     return migration
 
 
+def holder_at(session: Session, gpu_uuid: str, at: datetime) -> GpuAssignment | None:
+    """Read interface: the assignment holding the GPU at ``at``, if any."""
+    return repository.assignment_at(session, gpu_uuid, at)
+
+
+def preemptible_seconds(
+    session: Session, gpu_uuids: list[str], start: datetime, end: datetime
+) -> int:
+    """Read interface (spare pool view): seconds of [start, end) these GPUs were rented
+    preemptibly."""
+    return repository.preemptible_seconds(session, gpu_uuids, start, end)
+
+
+def preempt(
+    session: Session, rental: Rental, at: datetime, reason: str, data: dict[str, Any]
+) -> Rental:
+    """End a preemptible rental at ``at`` because its GPU is needed (a failover): it is never
+    billed past that second, and it is an ending, not a failure credit. ``data`` adds the
+    caller's context (e.g. the failover) to the ``rental.preempted`` event."""
+    if not rental.preemptible:
+        raise Conflict(f"rental {rental.id} is not preemptible", ("path", "rental_id"))
+    gpus = [a.gpu_uuid for a in rental.assignments if a.end_at is None or a.end_at > at]
+    end_rental(session, rental, at)
+    rental.preempted_at = at
+    session.flush()
+    payload = {
+        "rental_id": rental.id,
+        "customer_id": rental.customer_id,
+        "gpu_uuids": gpus,
+        "preempted_at": at.isoformat(),
+        "reason": reason,
+        **data,
+    }
+    publish(
+        session,
+        "rental.preempted",
+        payload,
+        subject=f"rental/{rental.id}",
+        customer_id=rental.customer_id,
+    )
+    return rental
+
+
 def _publish_migrated(session: Session, rental: Rental, migration: Migration) -> None:
     data = {
         "rental_id": rental.id,
@@ -212,6 +277,8 @@ def _check_assignable(
         raise Conflict(
             f"GPU {gpu_uuid} is in maintenance and cannot be assigned", (*loc, gpu_field)
         )
+    for check in _assign_checks:
+        check(session, gpu, rental)
     if gpu.model != rental.gpu_model:
         raise Conflict(
             f"GPU {gpu_uuid} is a {gpu.model!r}, but rental {rental.id} rents {rental.gpu_model!r}",

@@ -79,9 +79,14 @@ def spare_uuids(session: Session, gpu_uuids: list[str]) -> set[str]:
     return set(session.scalars(query))
 
 
-def resume_delay(recovery: Recovery, manual_s: int, rng: random.Random) -> int:
+def resume_delay(
+    recovery: Recovery,
+    manual_s: int,
+    rng: random.Random,
+    auto_window_s: tuple[int, int] = AUTO_WINDOW_S,
+) -> int:
     if recovery == Recovery.AUTO:
-        return rng.randint(*AUTO_WINDOW_S)
+        return rng.randint(*auto_window_s)
     return round(manual_s * rng.uniform(0.8, 1.2))
 
 
@@ -104,6 +109,9 @@ def migrate_failures(
     for f in failures:
         down[f.gpu_uuid].append(f)
     migrated = 0
+    # One object per rental: ``rentals.migrate`` expires its relationships, and fetching it
+    # again would reload every assignment of a 3,000-GPU rental per failure.
+    rental_of: dict[object, Rental] = {}
     for f, delay in zip(failures, delays, strict=True):
         held, resumed = ledger.holder(f.gpu_uuid, f.at), f.at + delay
         if held is None or resumed >= min(held.end, window_end):
@@ -111,9 +119,11 @@ def migrate_failures(
         target = _spare(ledger, pool, down, model, f.gpu_uuid, resumed, held.end)
         if target is None:
             continue  # no spare: the rental waits for the repair, credited as failure
+        if held.rental_id not in rental_of:
+            rental_of[held.rental_id] = session.get_one(Rental, held.rental_id)
         rentals.migrate(
             session,
-            session.get_one(Rental, held.rental_id),
+            rental_of[held.rental_id],
             MigrationCreate(
                 from_gpu_uuid=f.gpu_uuid,
                 to_gpu_uuid=target,

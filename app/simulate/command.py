@@ -54,3 +54,23 @@ def print_report(report: Report, progress: Progress) -> None:
         f"{report.metric_rows:,} GPU-hour metric rows (total {progress.elapsed:.1f} s)"
     )
     print(json.dumps({**report.as_dict(), "total_seconds": round(progress.elapsed, 1)}))
+
+
+def replay_scenario(
+    url: str, name: str, *, scale: float, seed: int, keep: bool, progress: Progress
+) -> int:
+    """Replay scenario ``name`` in a database of its own on ``url``'s server; print its table."""
+    from app.core.scratch_db import scratch_database
+    from app.simulate.replay import replay
+    from app.simulate.replay_report import print_replay
+    from app.simulate.scenarios import SCENARIOS
+
+    scenario = SCENARIOS[name]
+    progress.say(f"- creating and migrating a database for scenario {name} ...")
+    with scratch_database(url, f"gpumeter_scenario_{name}", keep=keep) as scratch:
+        result = replay(scratch, scenario, scale, seed, progress)
+        if keep:
+            progress.say(f"  kept the scenario's database: {scratch}")
+    print_replay(result, scale, seed, print)
+    progress.say(f"scenario {name} replayed in {progress.elapsed:.1f} s")
+    return 0

@@ -180,3 +180,93 @@ def _rental(
         "start_at": from_epoch(begin),
         "end_at": None if finish is None or finish >= end else from_epoch(finish),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class OneCustomerFleet:
+    """One customer renting ``rented`` GPUs of one model; spare nodes beside them."""
+
+    gpus: list[SimGpu]
+    customer_id: uuid.UUID
+    rental_id: uuid.UUID
+    rented: int
+    spares: int
+
+
+def create_one_customer_fleet(
+    session: Session,
+    gpus: int,
+    model: str,
+    price_per_hour: str,
+    start: int,
+    end: int,
+    tag: str,
+) -> OneCustomerFleet:
+    """One rental of ``gpus`` GPUs over ``[start, end)``, one spare node per ``SPARE_EVERY``.
+
+    The plan bills per second with no cap and no vouchers: the what-if swaps the increment in.
+    Names derive from ``tag`` alone, so a seed gives the same GPU UUIDs (and history) each run.
+    """
+    rented_nodes = math.ceil(gpus / GPUS_PER_NODE)
+    spare_nodes = math.ceil(rented_nodes / SPARE_EVERY)
+    nodes: list[dict[str, Any]] = [
+        {
+            "id": uuid.uuid5(uuid.NAMESPACE_DNS, f"{tag}-{i:05d}"),
+            "hostname": f"{tag}-{i:05d}",
+            "datacenter": "dc1",
+            "topology_group": f"rack{i // 16:04d}",
+        }
+        for i in range(rented_nodes + spare_nodes)
+    ]
+    session.execute(insert(Node), nodes)
+    rows: list[dict[str, Any]] = [
+        {
+            "uuid": sim_uuid(node["hostname"], i),
+            "node_id": node["id"],
+            "model": model,
+            "pool": Pool.RENTABLE if n < rented_nodes else Pool.SPARE,
+        }
+        for n, node in enumerate(nodes)
+        for i in range(GPUS_PER_NODE)
+    ]
+    rows = rows[:gpus] + rows[rented_nodes * GPUS_PER_NODE :]  # a part node rents its first GPUs
+    session.execute(insert(Gpu), rows)
+    since = from_epoch(start).isoformat()
+    plan = create_plan(
+        session,
+        PlanCreate.model_validate(
+            {
+                "name": tag,
+                "prices": [
+                    {"gpu_model": model, "price_per_hour": price_per_hour, "effective_from": since}
+                ],
+            }
+        ),
+    )
+    customer = create_customer(session, CustomerCreate(name=f"Customer ({tag})"))
+    rental_id = uuid.uuid5(uuid.NAMESPACE_DNS, f"{tag}-rental")
+    rental: dict[str, Any] = {
+        "id": rental_id,
+        "customer_id": customer.id,
+        "plan_id": plan.id,
+        "gpu_model": model,
+        "gpu_count": gpus,
+        "start_at": from_epoch(start),
+        "end_at": from_epoch(end),
+    }
+    session.execute(insert(Rental), [rental])
+    session.execute(
+        insert(GpuAssignment),
+        [
+            {
+                "rental_id": rental["id"],
+                "customer_id": customer.id,
+                "gpu_uuid": g["uuid"],
+                "start_at": rental["start_at"],
+                "end_at": rental["end_at"],
+            }
+            for g in rows[:gpus]
+        ],
+    )
+    sims = [SimGpu(g["uuid"], model) for g in rows]
+    return OneCustomerFleet(sims, customer.id, rental_id, gpus, len(rows) - gpus)

@@ -15,7 +15,13 @@ from dataclasses import asdict, dataclass
 from sqlalchemy.orm import Session
 
 from app.simulate import store
-from app.simulate.attribution import Recovery, load_ledger, migrate_failures, resume_delay
+from app.simulate.attribution import (
+    AUTO_WINDOW_S,
+    Recovery,
+    load_ledger,
+    migrate_failures,
+    resume_delay,
+)
 from app.simulate.history import SimGpu, failure_events, plan_failures, state_runs
 from app.simulate.progress import Progress
 from app.simulate.telemetry import HOUR
@@ -32,6 +38,10 @@ class Options:
     recovery: Recovery = Recovery.AUTO
     manual_recovery_s: int = 47 * 60
     seed: int = 0
+    auto_window_s: tuple[int, int] = AUTO_WINDOW_S  # failover to a spare, seconds
+    idle_share: float = store.DEFAULT_IDLE_SHARE  # of rented GPU-hours
+    # Store only the minute metrics idle time is read from (see ``store.hour_rows``).
+    idle_rows_below_tenths: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +66,10 @@ def simulate(session: Session, gpus: list[SimGpu], options: Options, progress: P
     start, end = options.start, options.end
     with progress.step(f"planning failures ({options.failure_rate:.2%} per GPU-day)"):
         failures = plan_failures(gpus, start, end, options.failure_rate, rng)
-        delays = [resume_delay(options.recovery, options.manual_recovery_s, rng) for _ in failures]
+        delays = [
+            resume_delay(options.recovery, options.manual_recovery_s, rng, options.auto_window_s)
+            for _ in failures
+        ]
     with progress.step(f"migrating hit rentals to spares ({options.recovery} recovery)"):
         ledger = load_ledger(session, [g.uuid for g in gpus], start)
         migrations = migrate_failures(session, gpus, failures, end, delays, ledger)
@@ -70,11 +83,19 @@ def simulate(session: Session, gpus: list[SimGpu], options: Options, progress: P
         store.touch(session, gpus, runs, end)
     hours = len(range(start - start % HOUR, end, HOUR))
     counter = progress.counter("minute metrics, GPUs", len(gpus))
-    with progress.step(f"writing minute metrics ({len(gpus) * hours:,} GPU-hours)"):
+    kept = "" if options.idle_rows_below_tenths is None else ", storing the idle ones"
+    with progress.step(f"writing minute metrics ({len(gpus) * hours:,} GPU-hours{kept})"):
         rows = (
             row
             for g in gpus
-            for row in store.hour_rows(g, runs[g.uuid], _rented(ledger.held[g.uuid]), rng)
+            for row in store.hour_rows(
+                g,
+                runs[g.uuid],
+                _rented(ledger.held[g.uuid]),
+                rng,
+                options.idle_share,
+                options.idle_rows_below_tenths,
+            )
         )
         metric_rows = store.write_metrics(session, rows, counter)
     report = Report(

@@ -25,7 +25,7 @@ from metering_agent.nvml.simulated import model_for
 from metering_agent.protocol import HealthEvent
 
 CHUNK = 20_000
-IDLE_ONE_IN = 12  # a rented GPU-hour is idle (job finished, waiting for data) one time in 12
+DEFAULT_IDLE_SHARE = 1 / 12  # a rented GPU-hour is idle (job done, waiting for data) 1 in 12
 COPY_CLOSED = (
     "COPY gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots, util_min_tenths)"
     " FROM STDIN (FORMAT BINARY)"
@@ -59,24 +59,44 @@ def touch(session: Session, gpus: list[SimGpu], runs: dict[str, list[Span]], end
 
 
 def hour_rows(
-    gpu: SimGpu, runs: list[Span], rented: list[tuple[int, int]], rng: random.Random
+    gpu: SimGpu,
+    runs: list[Span],
+    rented: list[tuple[int, int]],
+    rng: random.Random,
+    idle_share: float = DEFAULT_IDLE_SHARE,
+    idle_below_tenths: int | None = None,
 ) -> Iterator[Row]:
-    """Every GPU-hour row of ``runs`` (time order): steady hours shared, cut hours packed."""
+    """Every GPU-hour row of ``runs`` (time order): steady hours shared, cut hours packed.
+
+    A rented hour is idle with probability ``idle_share``. With ``idle_below_tenths`` only the
+    rows idle time is measured from are made: rented hours holding a minute below that
+    utilisation, which is what ``idle_minutes`` selects by the stored utilisation floor.
+    """
     start, end = runs[0].start, runs[-1].end
     mem_total = model_for(gpu.model).mem_total_mib
     i = 0
     for hour in range(start - start % HOUR, end, HOUR):
         while runs[i].end <= hour:
             i += 1
-        pick = rng.randrange(VARIANTS * IDLE_ONE_IN)
-        busy = pick >= VARIANTS and any(a <= hour < b for a, b in rented)
+        idle, variant = rng.random() < idle_share, rng.randrange(VARIANTS)
+        busy = not idle and any(a <= hour < b for a, b in rented)
         run = runs[i]
         if run.start <= hour and run.end >= hour + HOUR:
-            slots = steady_hour(gpu.model, run.state, busy, pick % VARIANTS)
+            slots = steady_hour(gpu.model, run.state, busy, variant)
         else:
             inside = [r for r in runs[i:] if r.start < hour + HOUR]
             slots = cut_hour(gpu.uuid, gpu.model, hour, inside, busy, rng)
-        yield gpu.uuid, hour, mem_total, slots
+        if idle_below_tenths is None or _idle_and_rented(slots, hour, rented, idle_below_tenths):
+            yield gpu.uuid, hour, mem_total, slots
+
+
+def _idle_and_rented(
+    slots: bytes, hour: int, rented: list[tuple[int, int]], threshold_tenths: int
+) -> bool:
+    floor = util_floor_tenths(slots)
+    if floor is None or floor >= threshold_tenths:
+        return False
+    return any(a < hour + HOUR and b > hour for a, b in rented)
 
 
 def write_metrics(session: Session, rows: Iterator[Row], counter: Counter) -> int:

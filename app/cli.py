@@ -379,8 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="replay a published case in a new database and print, rated by billing, its cost "
         "at 1 h / 1 min / 1 s increments with manual and automatic failover: 'seed' (3,000 "
-        "A100 for 60 days; ~2-3 min on 2 cores) or 'llama3' (16,384 H100 for 54 days, 419 "
-        "interruptions; see --scale). Not with --gpus, --days, --failure-rate, --recovery",
+        "A100 for 60 days; ~4 min on a loaded 2-core VM) or 'llama3' (16,384 H100 for 54 "
+        "days, 419 interruptions; ~19 min at scale 1, 2.5 min at --scale 0.25). Not with "
+        "--gpus, --days, --failure-rate, --recovery",
     )
     simulate.add_argument(
         "--scale",

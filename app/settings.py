@@ -55,6 +55,20 @@ class Settings(BaseSettings):
         default=5, ge=1, description="On SIGTERM, how long running requests may finish."
     )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
+    # --- ingest (issue 17) ---
+    auth_revocation_check_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="API keys are cached per process; every this many seconds the cached ones "
+        "are re-verified, so a revoked key stops working within this bound everywhere.",
+    )
+    db_idle_ping_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A pooled connection idle this long is pinged before use (busy ones are "
+        "not: a broken one shows itself by its socket, see app.core.db).",
+    )
+    # --- end ingest ---
     max_clock_skew_s: int = Field(
         default=10, ge=0, description="How far in the future a telemetry timestamp may be."
     )

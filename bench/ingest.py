@@ -9,15 +9,31 @@ GPU-hours and the bytes per GPU-hour reflect steady rows, not one partial hour.
 
 Prints progress every 5 s and one final JSON line. Creates and drops its own database on the
 server of GPUMETER_DATABASE_URL (default postgresql://postgres@127.0.0.1:5432/postgres).
+
+Two modes. ``--mode agent`` (the default): agent-shaped load, as the agent uploads since issue
+17: N nodes of 8 GPUs, each node on its own schedule (a random phase within
+``--interval``), each batch carrying its GPUs' seconds since its previous upload as the agent
+cuts them (records end at every upload and at every minute boundary: 2-s records), on kept-alive
+or fresh connections, from raw asyncio sockets in this process (its CPU is measured and
+printed). Phases: ``rate`` (``--rate-nodes`` nodes: their offered batches/s), ``fresh`` (the same
+on a new connection per batch), ``fleet`` (``--fleet-nodes`` nodes), ``burst`` (every fleet
+node in the same second, ``--burst-rounds`` times), then ``trips``: database round trips per
+batch, counted by a TCP proxy between a one-process service and Postgres (every turn of the
+conversation from server back to client is one round trip). ``--mode bulk``: the original
+500-record batches and the storage figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
+import math
 import os
 import random
+import resource
 import secrets
 import statistics
 import subprocess
@@ -25,9 +41,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
+from sqlalchemy import make_url
 
 import app.models  # noqa: F401 - every table registered, so foreign keys resolve
 from app.core.db import transaction
@@ -93,6 +111,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--minutes-per-batch", type=int, default=10)
     p.add_argument("--change-rate", type=float, default=0.001, help="GPU-minutes with a change")
     p.add_argument("--keep-db", action="store_true", help="do not drop the database")
+    p.add_argument("--mode", choices=("agent", "bulk"), default="agent")
+    p.add_argument("--phases", default="rate,fresh,fleet,burst,trips", help="agent mode")
+    p.add_argument("--phase-s", type=float, default=20.0, help="seconds per agent phase")
+    p.add_argument("--interval", type=float, default=2.0, help="agent upload interval, s")
+    p.add_argument("--rate-nodes", type=int, default=1200, help="nodes of the rate phases")
+    p.add_argument("--fleet-nodes", type=int, default=2000, help="nodes of fleet and burst")
+    p.add_argument("--burst-rounds", type=int, default=3)
+    p.add_argument("--burst-every", type=float, default=6.0, help="seconds between bursts")
     return p.parse_args()
 
 
@@ -263,7 +289,9 @@ def register_nodes(url: str, count: int) -> list[str]:
     return tokens
 
 
-def start_service(url: str, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_service(
+    url: str, workers: int, extra: list[str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {
         **os.environ,
@@ -273,11 +301,12 @@ def start_service(url: str, workers: int) -> tuple[subprocess.Popen[bytes], str]
     }
     gpumeter = Path(sys.executable).with_name("gpumeter")
     process = subprocess.Popen(
-        [str(gpumeter), "serve", "--port", str(port), "--workers", str(workers)], env=env
+        [str(gpumeter), "serve", "--port", str(port), "--workers", str(workers), *(extra or [])],
+        env=env,
     )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until_ready(base, process, timeout_s=30)
+        wait_until_ready(base, process, timeout_s=90)  # a loaded 2-core box is slow
     except NotReady:
         stop_child(process, "service")
         raise
@@ -295,6 +324,8 @@ def vacuum(url: str) -> None:
 
 def main() -> int:
     args = parse_args()
+    if args.mode == "agent":
+        return agent_main(args)
     with scratch_database(
         server_from_environment(), "gpumeter_bench_ingest", keep=args.keep_db
     ) as url:
@@ -355,6 +386,513 @@ def report(
         "concurrency": args.concurrency,
         "records_per_batch": args.gpus_per_node * args.minutes_per_batch,
     }
+
+
+# --- agent-shaped load ------------------------------------------------------------------
+
+AGENT_GPUS = 8
+AGENT_RECORD = (
+    '{{"gpu_uuid":"{gpu}","model":"H100 80GB HBM3","start":{start},"end":{end},'
+    '"state":"healthy","sample_count":{n},"gpu_util_mean":{util},"gpu_util_max":{umax},'
+    '"mem_util_mean":{mem},"mem_used_max_mib":{mem_used},"mem_total_mib":81559,'
+    '"energy_j":{energy},"power_max_w":{power},"temp_max_c":{temp},"sm_clock_mean_mhz":1980}}'
+)
+# Readings drawn per record from a pool: varied, and cheap for the client to format.
+_READING_RNG = random.Random(7)
+AGENT_READINGS = [
+    {
+        "util": round(u, 2),
+        "umax": min(100, round(u) + 3),
+        "mem": round(u / 2, 2),
+        "mem_used": _READING_RNG.randint(1_000, 80_000),
+        "watts": 80 + 6 * u,
+        "power": round(90 + 6 * u, 1),
+        "temp": 40 + int(u) // 3,
+    }
+    for u in (_READING_RNG.uniform(0, 100) for _ in range(1024))
+]
+
+
+@dataclass
+class AgentNode:
+    """One simulated node: its token, GPUs and the second its next batch starts at."""
+
+    index: int
+    token: str
+    next_start: int = 0
+    reader: asyncio.StreamReader | None = None
+    writer: asyncio.StreamWriter | None = None
+
+    def batch(self, now: int, rng: random.Random) -> tuple[bytes, int]:
+        """Records of [next_start, now) for each GPU, cut at minute boundaries, as the agent
+        cuts them at an upload round; the GPU-seconds they carry."""
+        start = self.next_start or now - 2
+        now = max(now, start + 1)  # two rounds within one second: the next second (skew)
+        cuts = [start, *range((start // 60 + 1) * 60, now, 60), now]
+        records = []
+        for g in range(AGENT_GPUS):
+            gpu = f"GPU-agent-{self.index:05d}-{g}"
+            for a, b in itertools.pairwise(cuts):
+                r = AGENT_READINGS[rng.getrandbits(10)]
+                n = b - a
+                records.append(
+                    AGENT_RECORD.format(
+                        gpu=gpu, start=a, end=b, n=n, energy=round(n * r["watts"], 1), **r
+                    )
+                )
+        self.next_start = now
+        body = (
+            f'{{"batch_id":"{secrets.token_hex(8)}","protocol_version":1,'
+            f'"records":[{",".join(records)}],"events":[]}}'
+        )
+        return body.encode(), AGENT_GPUS * (now - start)
+
+
+@dataclass
+class PhaseStats:
+    latencies: list[float] = field(default_factory=list)
+    gpu_seconds: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    late: int = 0  # uploads sent more than one interval behind their schedule
+
+    def error(self, what: str) -> None:
+        self.errors[what] = self.errors.get(what, 0) + 1
+
+
+class Target:
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+
+    def request(self, token: str, body: bytes, *, keep_alive: bool) -> bytes:
+        head = (
+            f"POST /v1/ingest HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            + ("" if keep_alive else "Connection: close\r\n")
+            + "\r\n"
+        )
+        return head.encode() + body
+
+
+async def _exchange(
+    node: AgentNode, target: Target, payload: bytes, keep_alive: bool
+) -> tuple[int, bool]:
+    """Send one request on the node's connection (opened if needed); (status, server closed)."""
+    if node.writer is None:
+        node.reader, node.writer = await asyncio.open_connection(target.host, target.port)
+    assert node.reader is not None
+    node.writer.write(payload)
+    head = await node.reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    lower = head.lower()
+    at = lower.index(b"content-length:") + 15
+    length = int(lower[at : lower.index(b"\r\n", at)])
+    await node.reader.readexactly(length)
+    return status, not keep_alive or b"connection: close" in lower
+
+
+async def _close(node: AgentNode) -> None:
+    if node.writer is not None:
+        node.writer.close()
+        with contextlib.suppress(OSError):
+            await node.writer.wait_closed()
+    node.reader = node.writer = None
+
+
+async def upload(
+    node: AgentNode, target: Target, rng: random.Random, keep_alive: bool, stats: PhaseStats
+) -> None:
+    """One upload round of one node: a kept-alive connection the server closed meanwhile
+    (idle timeout) is reopened once, as an HTTP client does."""
+    body, gpu_seconds = node.batch(int(time.time()), rng)
+    payload = target.request(node.token, body, keep_alive=keep_alive)
+    sent = time.perf_counter()
+    for attempt in (1, 2):
+        reused = node.writer is not None
+        try:
+            status, closed = await _exchange(node, target, payload, keep_alive)
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
+            await _close(node)
+            if reused and attempt == 1:
+                continue  # the server had closed the idle connection: a fresh one
+            stats.error(type(exc).__name__)
+            return
+        if closed:
+            await _close(node)
+        break
+    if status != 200:
+        stats.error(str(status))
+        return
+    stats.latencies.append(time.perf_counter() - sent)
+    stats.gpu_seconds += gpu_seconds
+
+
+async def run_schedule(
+    nodes: list[AgentNode],
+    target: Target,
+    *,
+    duration: float,
+    interval: float,
+    keep_alive: bool,
+    phases: list[float],
+) -> PhaseStats:
+    """Each node uploads every ``interval`` s from its own phase offset, sequentially (the
+    agent never has two uploads in flight): a slow answer delays its next round."""
+    stats = PhaseStats()
+    began = time.monotonic()
+    deadline = began + duration
+
+    async def node_loop(node: AgentNode, offset: float) -> None:
+        rng = random.Random(node.index)
+        due = began + offset
+        while due < deadline:
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            await upload(node, target, rng, keep_alive, stats)
+            due += interval
+            if time.monotonic() > due + interval:
+                stats.late += 1
+                due = time.monotonic()
+
+    await asyncio.gather(*(node_loop(n, o) for n, o in zip(nodes, phases, strict=True)))
+    for node in nodes:
+        await _close(node)
+    return stats
+
+
+@dataclass
+class CpuClock:
+    """CPU seconds of this process, the service's process tree, this database's Postgres
+    backends and the whole machine, read from /proc (clock ticks)."""
+
+    service_pid: int
+    database: str
+    _tick: float = field(default_factory=lambda: float(os.sysconf("SC_CLK_TCK")))
+    # Last CPU seen of every process ever sampled: pooled connections that close (overflow)
+    # take their backend with them, and its CPU must not vanish from the sum.
+    _seen: dict[str, dict[int, float]] = field(
+        default_factory=lambda: {"service": {}, "postgres": {}}
+    )
+
+    async def track(self, stop: asyncio.Event, every_s: float = 0.25) -> None:
+        """Sample the processes until ``stop`` (backends living < ``every_s`` are missed)."""
+        while not stop.is_set():
+            self._remember()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
+
+    def _remember(self) -> None:
+        self._seen["service"].update({p: self._proc_cpu(p) for p in self._tree(self.service_pid)})
+        self._seen["postgres"].update({p: self._proc_cpu(p) for p in self._backends()})
+
+    def _proc_cpu(self, pid: int) -> float:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / self._tick
+
+    def _children(self, pid: int) -> list[int]:
+        out = []
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                out += [int(c) for c in (task / "children").read_text().split()]
+        return out
+
+    def _tree(self, pid: int) -> list[int]:
+        pids, todo = [], [pid]
+        while todo:
+            p = todo.pop()
+            pids.append(p)
+            todo += self._children(p)
+        return pids
+
+    def _backends(self) -> list[int]:
+        pids = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError):
+                cmd = (proc / "cmdline").read_bytes()
+                if cmd.startswith(b"postgres: ") and self.database.encode() in cmd:
+                    pids.append(int(proc.name))
+        return pids
+
+    def sample(self) -> dict[str, Any]:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        busy_idle = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        ticks = [int(x) for x in busy_idle]
+        self._remember()
+        return {
+            "client": own.ru_utime + own.ru_stime,
+            "service": dict(self._seen["service"]),
+            "postgres": dict(self._seen["postgres"]),
+            "machine_busy": (sum(ticks) - ticks[3] - ticks[4]) / self._tick,
+            "machine_all": sum(ticks) / self._tick,
+        }
+
+    @staticmethod
+    def used(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+        """CPU seconds each side used between two samples (processes started in between
+        count from zero)."""
+
+        def delta(key: str) -> float:
+            return sum(v - before[key].get(p, 0.0) for p, v in after[key].items())
+
+        return {
+            "client": after["client"] - before["client"],
+            "service": delta("service"),
+            "postgres": delta("postgres"),
+            "machine_busy": after["machine_busy"] - before["machine_busy"],
+            "machine_all": after["machine_all"] - before["machine_all"],
+        }
+
+
+def phase_report(
+    stats: PhaseStats, elapsed: float, cpu: dict[str, float], nodes: int, interval: float
+) -> dict[str, Any]:
+    lat = sorted(stats.latencies)
+
+    def pct(q: float) -> float | None:
+        return round(lat[min(len(lat) - 1, int(len(lat) * q))] * 1000, 1) if lat else None
+
+    return {
+        "nodes": nodes,
+        "offered_batches_per_s": round(nodes / interval, 1),
+        "batches_per_s": round(len(lat) / elapsed, 1),
+        "gpu_seconds_per_s": round(stats.gpu_seconds / elapsed),
+        "p50_ms": pct(0.5),
+        "p99_ms": pct(0.99),
+        "max_ms": pct(1.0),
+        "errors": stats.errors,
+        "late_uploads": stats.late,
+        # CPU as cores busy on average over the phase: the load generator's share is part of
+        # the picture on a 2-core box.
+        "cpu_cores": {k: round(v / elapsed, 2) for k, v in cpu.items() if k != "machine_all"},
+        "machine_idle_share": round(1 - cpu["machine_busy"] / cpu["machine_all"], 2),
+    }
+
+
+async def measure_phase(
+    clock: CpuClock, nodes: list[AgentNode], target: Target, interval: float, **kw: Any
+) -> dict[str, Any]:
+    before = clock.sample()
+    began = time.monotonic()
+    stop = asyncio.Event()
+    tracking = asyncio.create_task(clock.track(stop))
+    stats = await run_schedule(nodes, target, interval=interval, **kw)
+    stop.set()
+    await tracking
+    elapsed = time.monotonic() - began
+    report = phase_report(
+        stats, elapsed, CpuClock.used(before, clock.sample()), len(nodes), interval
+    )
+    print(f"  {json.dumps(report)}", file=sys.stderr)
+    return report
+
+
+class RoundTripProxy:
+    """A TCP proxy to Postgres counting round trips: each time the client speaks again after
+    the server said it is ready for more (ReadyForQuery, the end of a Query or of a pipeline's
+    Sync), the client had waited for an answer: one round trip. Statements sent together in
+    one pipeline count once."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.upstream = (host, port)
+        self.round_trips = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection(*self.upstream)
+        ready = [False]
+
+        async def from_client() -> None:
+            with contextlib.suppress(OSError):
+                while data := await client_r.read(65536):
+                    if ready[0]:
+                        self.round_trips += 1
+                        ready[0] = False
+                    server_w.write(data)
+                    await server_w.drain()
+            server_w.close()
+
+        async def from_server() -> None:
+            pending = b""  # the server's messages: type byte, int32 length (itself included)
+            started = False
+            with contextlib.suppress(OSError):
+                while data := await server_r.read(65536):
+                    pending += data
+                    if not started:  # one-byte "no" to the client's SSL / GSS requests
+                        pending = pending.lstrip(b"N")
+                        started = bool(pending)
+                    while len(pending) >= 5:
+                        size = 1 + int.from_bytes(pending[1:5], "big")
+                        if len(pending) < size:
+                            break
+                        if pending[:1] == b"Z":
+                            ready[0] = True
+                        pending = pending[size:]
+                    client_w.write(data)
+                    await client_w.drain()
+            client_w.close()
+
+        await asyncio.gather(from_client(), from_server())
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def count_round_trips(url: str, nodes: list[AgentNode], batches: int) -> dict[str, Any]:
+    """Round trips per batch: a one-process service (no in-process job worker, so nothing
+    else talks to the database) behind the counting proxy, batches sent one at a time after a
+    warm-up (pool connections opened, keys cached where the service caches them)."""
+    parsed = make_url(sqlalchemy_url(url))
+    proxy = RoundTripProxy(parsed.host or "127.0.0.1", parsed.port or 5432)
+    proxied = parsed.set(host="127.0.0.1", port=await proxy.start())
+    process, base = await asyncio.to_thread(
+        start_service, proxied.render_as_string(hide_password=False), 1, ["--no-worker"]
+    )
+    try:
+        host, port = base.removeprefix("http://").split(":")
+        target = Target(host, int(port))
+        rng = random.Random(0)
+        stats = PhaseStats()
+        for node in nodes[:20]:  # warm-up
+            await upload(node, target, rng, True, stats)
+        await asyncio.sleep(2.1)  # the next batches carry 2-s records, as the agent's do
+        proxy.round_trips = 0
+        for i in range(batches):
+            await upload(nodes[i % 20], target, rng, True, stats)
+        trips = proxy.round_trips
+        for node in nodes[:20]:
+            await _close(node)
+    finally:
+        await asyncio.to_thread(stop_child, process, "service")
+        await proxy.stop()
+    return {
+        "round_trips_per_batch": round(trips / batches, 2),
+        "batches": batches,
+        "errors": stats.errors,
+    }
+
+
+async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    phases = args.phases.split(",")
+    nodes = [AgentNode(i, tok) for i, tok in enumerate(tokens)]
+    rng = random.Random(1)
+    out: dict[str, Any] = {}
+    process, base = await asyncio.to_thread(start_service, url, args.workers)
+    try:
+        host, port = base.removeprefix("http://").split(":")
+        target = Target(host, int(port))
+        clock = CpuClock(process.pid, make_url(sqlalchemy_url(url)).database or "")
+        # Warm-up: every node's first report registers its GPUs.
+        warm = PhaseStats()
+        sem = asyncio.Semaphore(20)
+
+        async def first(node: AgentNode) -> None:
+            async with sem:
+                await upload(node, target, rng, False, warm)
+
+        await asyncio.gather(*(first(n) for n in nodes))
+        print(
+            f"warm-up: {len(warm.latencies)} first batches, errors {warm.errors}", file=sys.stderr
+        )
+
+        def offsets(n: int) -> list[float]:
+            return [rng.uniform(0, args.interval) for _ in range(n)]
+
+        rate_nodes = nodes[: args.rate_nodes]
+        if "rate" in phases:
+            print("rate (kept-alive connections):", file=sys.stderr)
+            out["rate"] = await measure_phase(
+                clock,
+                rate_nodes,
+                target,
+                args.interval,
+                duration=args.phase_s,
+                keep_alive=True,
+                phases=offsets(len(rate_nodes)),
+            )
+        if "fresh" in phases:
+            print("rate (a fresh connection per batch):", file=sys.stderr)
+            out["fresh"] = await measure_phase(
+                clock,
+                rate_nodes,
+                target,
+                args.interval,
+                duration=args.phase_s,
+                keep_alive=False,
+                phases=offsets(len(rate_nodes)),
+            )
+        fleet = nodes[: args.fleet_nodes]
+        if "fleet" in phases:
+            print("fleet (every node on its own schedule):", file=sys.stderr)
+            out["fleet"] = await measure_phase(
+                clock,
+                fleet,
+                target,
+                args.interval,
+                duration=args.phase_s,
+                keep_alive=True,
+                phases=offsets(len(fleet)),
+            )
+        if "burst" in phases:
+            print("burst (every node in the same second):", file=sys.stderr)
+            start = math.ceil(time.time()) + 1 - time.time()
+            out["burst"] = await measure_phase(
+                clock,
+                fleet,
+                target,
+                args.burst_every,
+                duration=start + args.burst_every * (args.burst_rounds - 0.5),
+                keep_alive=True,
+                phases=[start] * len(fleet),
+            )
+    finally:
+        await asyncio.to_thread(stop_child, process, "service")
+    if "trips" in phases:
+        out["trips"] = await count_round_trips(url, nodes, 200)
+        print(f"trips: {json.dumps(out['trips'])}", file=sys.stderr)
+    return out
+
+
+def agent_main(args: argparse.Namespace) -> int:
+    nodes = max(args.rate_nodes, args.fleet_nodes)
+    with scratch_database(
+        server_from_environment(), "gpumeter_bench_ingest", keep=args.keep_db
+    ) as url:
+        tokens = register_nodes(url, nodes)
+        figures = asyncio.run(agent_drive(url, tokens, args))
+    rate: dict[str, Any] | None = figures.get("rate")
+    fleet: dict[str, Any] | None = figures.get("fleet")
+    targets = {
+        "rate_batches_per_s_min": 600,
+        "rate_p99_ms_max": 250,
+        "fleet_nodes": args.fleet_nodes,
+        "fleet_p99_ms_max": 1000,
+    }
+    met = {
+        "rate": rate is not None and rate["batches_per_s"] >= 600 and (rate["p99_ms"] or 1e9) < 250,
+        "fleet": fleet is not None and (fleet["p99_ms"] or 1e9) < 1000 and not fleet["errors"],
+    }
+    print(
+        json.dumps(
+            {
+                "mode": "agent",
+                "workers": args.workers,
+                "interval_s": args.interval,
+                "gpus_per_node": AGENT_GPUS,
+                **figures,
+                "targets": targets,
+                "met": met,
+            }
+        )
+    )
+    return 0
 
 
 if __name__ == "__main__":

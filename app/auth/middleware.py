@@ -4,7 +4,8 @@ FastAPI reads and parses a request's body before it runs the route's dependencie
 this an anonymous client could make a worker read (and hold in memory) any body it sends. For
 requests that carry a body to the API, the key is checked first (one indexed lookup); without a
 valid one the answer is 401 and the body is never read. The principal found is handed to
-``current_principal`` through ``request.state``, so the key is looked up only once.
+``current_principal`` through ``request.state``, so the key is looked up only once. A key this
+process verified lately (``app.auth.cache``) is trusted without the database or a thread.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.auth.service import Principal, authenticate
+from app.auth.service import Principal, authenticate, authenticate_cached
 from app.core.db import transaction
 from app.core.limits import send_error, send_unavailable
 
@@ -39,11 +40,13 @@ class AuthenticateFirst:
             if scheme.lower() != "bearer" or not key.strip():
                 await _unauthorized(send, "missing API key: send `Authorization: Bearer <key>`")
                 return
-            try:
-                principal = await run_in_threadpool(_authenticate, scope, key.strip())
-            except (OperationalError, PoolTimeout):
-                await send_unavailable(send, "the database is unavailable; retry later")
-                return
+            principal = authenticate_cached(scope["app"].state.engine, key.strip())
+            if principal is None:
+                try:
+                    principal = await run_in_threadpool(_authenticate, scope, key.strip())
+                except (OperationalError, PoolTimeout):
+                    await send_unavailable(send, "the database is unavailable; retry later")
+                    return
             if principal is None:
                 await _unauthorized(send, "invalid or revoked API key")
                 return

@@ -15,6 +15,15 @@ def active_key_by_hash(session: Session, key_hash: str) -> ApiKey | None:
     )
 
 
+def active_digests(session: Session, digests: Sequence[str]) -> set[str]:
+    """Which of these key digests belong to keys that exist and are not revoked."""
+    return set(
+        session.scalars(
+            select(ApiKey.key_hash).where(ApiKey.key_hash.in_(digests), ApiKey.revoked_at.is_(None))
+        )
+    )
+
+
 def active_keys(session: Session, *, node_id: uuid.UUID) -> Sequence[ApiKey]:
     return session.scalars(
         select(ApiKey).where(ApiKey.node_id == node_id, ApiKey.revoked_at.is_(None))

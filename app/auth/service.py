@@ -8,36 +8,15 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from sqlalchemy import Select
+from sqlalchemy import Engine, Select
 from sqlalchemy.orm import Session
 
-from app.auth import repository
+from app.auth import cache, repository
 from app.auth.models import ApiKey, KeyKind
+from app.auth.principal import Principal as Principal  # callers import it from here
 from app.core.errors import Conflict, not_found
 
 PREFIX_LENGTH = 12
-
-
-@dataclass(frozen=True)
-class Principal:
-    """Who is calling: the key's kind and, for customer and node keys, whose it is."""
-
-    key_id: uuid.UUID
-    kind: KeyKind
-    customer_id: uuid.UUID | None = None
-    node_id: uuid.UUID | None = None
-
-    @property
-    def is_admin(self) -> bool:
-        return self.kind == KeyKind.ADMIN
-
-    @property
-    def customer_scope(self) -> uuid.UUID | None:
-        """The only customer whose data this caller may read; None for an admin (all)."""
-        return None if self.is_admin else self.customer_id
-
-    def may_read_customer(self, customer_id: uuid.UUID) -> bool:
-        return self.is_admin or (self.kind == KeyKind.CUSTOMER and self.customer_id == customer_id)
 
 
 @dataclass(frozen=True)
@@ -74,10 +53,13 @@ def issue_key(
 
 
 def authenticate(session: Session, secret: str) -> Principal | None:
-    key = repository.active_key_by_hash(session, hash_secret(secret))
-    if key is None:
-        return None
-    return Principal(key.id, key.kind, key.customer_id, key.node_id)
+    """The key's principal, None for an unknown or revoked key (cached: see ``cache``)."""
+    return cache.for_session(session).get(session, hash_secret(secret))
+
+
+def authenticate_cached(engine: Engine, secret: str) -> Principal | None:
+    """The key's principal if this process holds it and needs no database to trust it."""
+    return cache.for_engine(engine).lookup(hash_secret(secret))
 
 
 def customer_keys_query(customer_id: uuid.UUID) -> Select[ApiKey]:
@@ -97,10 +79,13 @@ def revoke_key(session: Session, key_id: uuid.UUID) -> ApiKey:
                 ("path", "key_id"),
             )
         key.revoked_at = datetime.now(UTC)
+        cache.for_session(session).forget([key.key_hash])
     return key
 
 
 def revoke_node_keys(session: Session, node_id: uuid.UUID) -> None:
     now = datetime.now(UTC)
-    for key in repository.active_keys(session, node_id=node_id):
+    keys = repository.active_keys(session, node_id=node_id)
+    for key in keys:
         key.revoked_at = now
+    cache.for_session(session).forget(key.key_hash for key in keys)

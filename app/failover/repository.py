@@ -10,14 +10,14 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
+from app.auth.tenancy import readable_by
 from app.failover.models import OPEN_STATES, Failover, FailoverState, SparePolicy
 
 
 def readable_failovers(principal: Principal) -> Select[Failover]:
-    """Every failover the principal may read (all for an admin, its own for a customer key)."""
-    query = select(Failover)
-    scope = principal.customer_scope
-    return query if scope is None else query.where(Failover.customer_id == scope)
+    """Every failover the principal may read (all for an admin, its own for a customer key,
+    none for a node key)."""
+    return select(Failover).where(readable_by(principal, Failover.customer_id))
 
 
 def failovers_query(

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.core.epoch import epoch, from_epoch
-from app.core.errors import Conflict, Unprocessable, not_found
+from app.core.errors import ApiError, Conflict, Unprocessable, not_found
 from app.core.metrics import (
     FAILOVER_DETECTION_SECONDS,
     FAILOVER_REQUEST_SECONDS,
@@ -162,19 +162,15 @@ def _reserve_spare(
         # Checked again under the lock: what was committed meanwhile is now visible.
         fresh = {g.uuid: g for g in fleet.pool_site(session, gpu.model, node.datacenter, now)}
         current = fresh.get(candidate.uuid)
-        if current is None or not available(
-            current, repository.reservations(session, [current.uuid])
-        ):
+        held = repository.reservations(session, [candidate.uuid])
+        if current is None or not available(current, held) or _began_now(current, now):
             continue
         failover.state = FailoverState.REQUESTED
-        failover.spare_gpu_uuid = candidate.uuid
+        failover.spare_gpu_uuid = current.uuid
         failover.reserved_until = now + timedelta(seconds=ttl)
-        if not _recorded(session, failover):
-            continue
-        if current.rental_id is not None:
-            _preempt(session, failover, current.rental_id, now)
-        jobs.schedule_expiry(session, failover.id, failover.reserved_until)
-        return current
+        if _recorded(session, failover, current, now):
+            jobs.schedule_expiry(session, failover.id, failover.reserved_until)
+            return current
     failover.state = FailoverState.NO_SPARE
     failover.spare_gpu_uuid = None
     failover.reserved_until = None
@@ -192,14 +188,21 @@ def _began_now(spare: SiteGpu, now: datetime) -> bool:
     return spare.held_since is not None and spare.held_since >= _second(now)
 
 
-def _recorded(session: Session, failover: Failover) -> bool:
-    """Insert the reservation; False if the unique index says another one holds the spare."""
+def _recorded(session: Session, failover: Failover, spare: SiteGpu, now: datetime) -> bool:
+    """Insert the reservation and preempt the spare's preemptible rental, if any, or neither:
+    False if the unique index says another failover holds the spare, or the rental cannot end
+    now (this runs in ingest's transaction, which must not fail for it: the next spare is
+    tried)."""
     try:
         with session.begin_nested():
             session.add(failover)
             session.flush()
-    except IntegrityError:
-        session.expunge(failover)
+            if spare.rental_id is not None:
+                _preempt(session, failover, spare.rental_id, now)
+    except (IntegrityError, ApiError):
+        if failover in session:
+            session.expunge(failover)
+        failover.preempted_rental_id = None
         return False
     return True
 

@@ -1,7 +1,9 @@
 """Metering queries. Writes are set-based (one statement per table per batch, over arrays).
 
-Billing reads segments and idle time through ``segments_between``, ``idle_minutes`` and
-``late_segments_since``.
+Ingest sends its statements in two pipelines (``app.core.db.pipelined``): the ``*_statement``
+functions build them, and the plain functions run the same statements one by one (the
+simulator, billing's reads). Billing reads segments and idle time through
+``segments_between``, ``idle_minutes`` and ``late_segments_since``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from app.core.db import Statement
 from app.metering import idle, packing
 from app.metering.segments import Span
 from metering_agent.protocol import HealthEvent
@@ -46,73 +49,104 @@ ORDER BY q.gpu, s.start
 """)
 
 
-def lock_node(session: Session, node_id: uuid.UUID) -> None:
-    """Serialise one node's batches: each GPU belongs to one node, so its writes don't race."""
-    session.execute(
-        text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
-        {"key": f"ingest:{node_id}"},
-    )
+_LOCK_NODE = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
 
 
-def segments_near(session: Session, windows: dict[str, tuple[int, int]]) -> dict[str, list[Span]]:
+def lock_node_statement(node_id: uuid.UUID) -> Statement:
+    """Serialise one node's batches: each GPU belongs to one node, so its writes don't race.
+    Its own statement: a statement's snapshot is taken before it waits for the lock, so reads
+    must come in later statements to see the batch that held it."""
+    return _LOCK_NODE, {"key": f"ingest:{node_id}"}
+
+
+def segments_near_statement(windows: dict[str, tuple[int, int]]) -> Statement:
     gpus = list(windows)
-    rows = session.execute(
-        _SEGMENTS_NEAR,
-        {"gpus": gpus, "los": [windows[g][0] for g in gpus], "his": [windows[g][1] for g in gpus]},
-    )
+    return _SEGMENTS_NEAR, {
+        "gpus": gpus,
+        "los": [windows[g][0] for g in gpus],
+        "his": [windows[g][1] for g in gpus],
+    }
+
+
+def spans_by_gpu(rows: Iterable[Sequence[Any]]) -> dict[str, list[Span]]:
     out: dict[str, list[Span]] = defaultdict(list)
     for gpu, start, end, state, evidence in rows:
         out[gpu].append(Span(start, end, state, evidence))
     return out
 
 
+def segments_near(session: Session, windows: dict[str, tuple[int, int]]) -> dict[str, list[Span]]:
+    statement, params = segments_near_statement(windows)
+    return spans_by_gpu(session.execute(statement, params))
+
+
+_SEGMENT_DELETES = text("""
+DELETE FROM gpu_state_segments s
+USING unnest(CAST(:u AS text[]), CAST(:s AS bigint[])) AS d(gpu, start)
+WHERE s.gpu_uuid = d.gpu AND s.start = d.start
+""")
+
+
+def segment_deletes_statement(deletes: list[tuple[str, int]]) -> Statement | None:
+    if not deletes:
+        return None
+    return _SEGMENT_DELETES, {"u": [g for g, _ in deletes], "s": [s for _, s in deletes]}
+
+
+_SEGMENT_UPSERTS = text("""
+INSERT INTO gpu_state_segments (gpu_uuid, start, "end", state, evidence, received_at)
+SELECT u, s, e, st, CAST(ev AS jsonb), now()
+FROM unnest(CAST(:u AS text[]), CAST(:s AS bigint[]), CAST(:e AS bigint[]),
+            CAST(:st AS text[]), CAST(:ev AS text[])) AS t(u, s, e, st, ev)
+ON CONFLICT (gpu_uuid, start) DO UPDATE SET "end" = excluded."end",
+    state = excluded.state, received_at = excluded.received_at,
+    evidence = COALESCE(gpu_state_segments.evidence, excluded.evidence)
+""")
+
+
+def segment_upserts_statement(upserts: list[tuple[str, Span]]) -> Statement | None:
+    if not upserts:
+        return None
+    return _SEGMENT_UPSERTS, {
+        "u": [g for g, _ in upserts],
+        "s": [s.start for _, s in upserts],
+        "e": [s.end for _, s in upserts],
+        "st": [s.state for _, s in upserts],
+        "ev": [None if s.evidence is None else json.dumps(s.evidence) for _, s in upserts],
+    }
+
+
 def write_segments(
     session: Session, upserts: list[tuple[str, Span]], deletes: list[tuple[str, int]]
 ) -> None:
-    if deletes:
-        session.execute(
-            text("""
-            DELETE FROM gpu_state_segments s
-            USING unnest(CAST(:u AS text[]), CAST(:s AS bigint[])) AS d(gpu, start)
-            WHERE s.gpu_uuid = d.gpu AND s.start = d.start
-            """),
-            {"u": [g for g, _ in deletes], "s": [s for _, s in deletes]},
-        )
-    if upserts:
-        session.execute(
-            text("""
-            INSERT INTO gpu_state_segments (gpu_uuid, start, "end", state, evidence, received_at)
-            SELECT u, s, e, st, CAST(ev AS jsonb), now()
-            FROM unnest(CAST(:u AS text[]), CAST(:s AS bigint[]), CAST(:e AS bigint[]),
-                        CAST(:st AS text[]), CAST(:ev AS text[])) AS t(u, s, e, st, ev)
-            ON CONFLICT (gpu_uuid, start) DO UPDATE SET "end" = excluded."end",
-                state = excluded.state, received_at = excluded.received_at,
-                evidence = COALESCE(gpu_state_segments.evidence, excluded.evidence)
-            """),
-            {
-                "u": [g for g, _ in upserts],
-                "s": [s.start for _, s in upserts],
-                "e": [s.end for _, s in upserts],
-                "st": [s.state for _, s in upserts],
-                "ev": [None if s.evidence is None else json.dumps(s.evidence) for _, s in upserts],
-            },
-        )
+    _run(session, segment_deletes_statement(deletes), segment_upserts_statement(upserts))
+
+
+def _run(session: Session, *statements: Statement | None) -> None:
+    for statement in statements:
+        if statement is not None:
+            session.execute(*statement)
+
+
+_ATTACH_EVIDENCE = text("""
+UPDATE gpu_state_segments s SET evidence = jsonb_build_object(
+    'event_id', e.event_id, 'rule', e.rule, 'code', e.code, 'at', e.at, 'detail', e.detail)
+FROM unnest(CAST(:u AS text[]), CAST(:s AS bigint[])) AS k(gpu, start), health_events e
+WHERE s.gpu_uuid = k.gpu AND s.start = k.start AND s.evidence IS NULL
+  AND e.gpu_uuid = k.gpu AND e.at = k.start AND e.kind = 'state_change'
+  AND e.state = s.state
+""")
+
+
+def attach_evidence_statement(keys: list[tuple[str, int]]) -> Statement | None:
+    """Give segments starting at these (gpu, second) the state-change event that began them."""
+    if not keys:
+        return None
+    return _ATTACH_EVIDENCE, {"u": [g for g, _ in keys], "s": [s for _, s in keys]}
 
 
 def attach_evidence(session: Session, keys: list[tuple[str, int]]) -> None:
-    """Give segments starting at these (gpu, second) the state-change event that began them."""
-    session.execute(
-        text("""
-        UPDATE gpu_state_segments s SET evidence = jsonb_build_object(
-            'event_id', e.event_id, 'rule', e.rule, 'code', e.code, 'at', e.at,
-            'detail', e.detail)
-        FROM unnest(CAST(:u AS text[]), CAST(:s AS bigint[])) AS k(gpu, start), health_events e
-        WHERE s.gpu_uuid = k.gpu AND s.start = k.start AND s.evidence IS NULL
-          AND e.gpu_uuid = k.gpu AND e.at = k.start AND e.kind = 'state_change'
-          AND e.state = s.state
-        """),
-        {"u": [g for g, _ in keys], "s": [s for _, s in keys]},
-    )
+    _run(session, attach_evidence_statement(keys))
 
 
 _SENT_EVENTS = """
@@ -123,9 +157,26 @@ _SENT_EVENTS = """
 """
 
 
-def insert_events(session: Session, events: Sequence[HealthEvent]) -> tuple[int, list[int]]:
-    """Store events by (GPU, event id): how many were new, and the indexes of those whose id
-    the GPU stored before (or the batch holds twice) with different content: conflicts."""
+_EVENT_INSERT = text(f"""
+INSERT INTO health_events (event_id, gpu_uuid, at, kind, code, state, rule, detail)
+SELECT event_id, gpu_uuid, at, kind, code, state, rule, detail FROM ({_SENT_EVENTS}) s
+ORDER BY n
+ON CONFLICT (gpu_uuid, event_id) DO NOTHING
+RETURNING 1
+""")
+_EVENT_CONFLICTS = text(f"""
+SELECT s.n - 1 FROM ({_SENT_EVENTS}) s
+JOIN health_events e ON e.gpu_uuid = s.gpu_uuid AND e.event_id = s.event_id
+WHERE (s.at, s.kind, s.code, s.state, s.rule, s.detail)
+    IS DISTINCT FROM (e.at, e.kind, e.code, e.state, e.rule, e.detail)
+ORDER BY s.n
+""")
+
+
+def event_statements(events: Sequence[HealthEvent]) -> tuple[Statement, Statement]:
+    """Store events by (GPU, event id), then find conflicts: the statement whose rows count
+    the new ones, and the one listing (by index) those whose id the GPU stored before (or the
+    batch holds twice) with different content. Run in this order: the second sees the first."""
     params = {
         "id": [e.event_id for e in events],
         "u": [e.gpu_uuid for e in events],
@@ -136,28 +187,14 @@ def insert_events(session: Session, events: Sequence[HealthEvent]) -> tuple[int,
         "r": [e.rule for e in events],
         "d": [json.dumps(e.detail) for e in events],
     }
-    inserted = session.execute(
-        text(f"""
-        INSERT INTO health_events (event_id, gpu_uuid, at, kind, code, state, rule, detail)
-        SELECT event_id, gpu_uuid, at, kind, code, state, rule, detail FROM ({_SENT_EVENTS}) s
-        ORDER BY n
-        ON CONFLICT (gpu_uuid, event_id) DO NOTHING
-        RETURNING 1
-        """),
-        params,
-    )
-    new = len(inserted.all())
-    conflicts = session.scalars(
-        text(f"""
-        SELECT s.n - 1 FROM ({_SENT_EVENTS}) s
-        JOIN health_events e ON e.gpu_uuid = s.gpu_uuid AND e.event_id = s.event_id
-        WHERE (s.at, s.kind, s.code, s.state, s.rule, s.detail)
-            IS DISTINCT FROM (e.at, e.kind, e.code, e.state, e.rule, e.detail)
-        ORDER BY s.n
-        """),
-        params,
-    )
-    return new, list(conflicts)
+    return (_EVENT_INSERT, params), (_EVENT_CONFLICTS, params)
+
+
+def insert_events(session: Session, events: Sequence[HealthEvent]) -> tuple[int, list[int]]:
+    """Store events: how many were new, and the indexes of the conflicting ones."""
+    insert, conflicts = event_statements(events)
+    new = len(session.execute(*insert).all())
+    return new, [n for (n,) in session.execute(*conflicts)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,23 +205,26 @@ class StoredMetrics:
     closed: dict[tuple[str, int], bytes]  # (gpu, hour) -> slots
 
 
-def metric_rows(session: Session, keys: Sequence[tuple[str, int]]) -> StoredMetrics:
-    """The open rows of the keys' GPUs and the closed rows of the keys, in one round trip."""
-    rows = session.execute(
-        text("""
-        SELECT gpu_uuid, hour, slots, mem_total_mib, true FROM gpu_minute_metrics_open
-        WHERE gpu_uuid = ANY(CAST(:g AS text[]))
-        UNION ALL
-        SELECT m.gpu_uuid, m.hour, m.slots, m.mem_total_mib, false FROM gpu_minute_metrics m
-        JOIN unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
-          ON m.gpu_uuid = k.gpu AND m.hour = k.hour
-        """),
-        {
-            "g": list({g for g, _ in keys}),
-            "u": [g for g, _ in keys],
-            "h": [h for _, h in keys],
-        },
-    )
+_METRIC_ROWS = text("""
+SELECT gpu_uuid, hour, slots, mem_total_mib, true FROM gpu_minute_metrics_open
+WHERE gpu_uuid = ANY(CAST(:g AS text[]))
+UNION ALL
+SELECT m.gpu_uuid, m.hour, m.slots, m.mem_total_mib, false FROM gpu_minute_metrics m
+JOIN unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
+  ON m.gpu_uuid = k.gpu AND m.hour = k.hour
+""")
+
+
+def metric_rows_statement(keys: Sequence[tuple[str, int]]) -> Statement:
+    """The open rows of the keys' GPUs and the closed rows of the keys, in one statement."""
+    return _METRIC_ROWS, {
+        "g": list({g for g, _ in keys}),
+        "u": [g for g, _ in keys],
+        "h": [h for _, h in keys],
+    }
+
+
+def stored_metrics(rows: Iterable[Sequence[Any]]) -> StoredMetrics:
     stored = StoredMetrics({}, {})
     for gpu, hour, slots, mem_total, is_open in rows:
         if is_open:
@@ -194,31 +234,31 @@ def metric_rows(session: Session, keys: Sequence[tuple[str, int]]) -> StoredMetr
     return stored
 
 
-def write_metric_rows(
-    session: Session, rows: dict[tuple[str, int], tuple[bytes, int | None]], *, closed: bool
-) -> None:
+_CLOSED_HOURS_UPSERT = text("""
+INSERT INTO gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots, util_min_tenths)
+SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
+                     CAST(:d AS bytea[]), CAST(:m AS smallint[]))
+ON CONFLICT (gpu_uuid, hour) DO UPDATE SET slots = excluded.slots,
+    mem_total_mib = COALESCE(excluded.mem_total_mib, gpu_minute_metrics.mem_total_mib),
+    util_min_tenths = excluded.util_min_tenths
+""")
+_OPEN_HOURS_UPSERT = text("""
+INSERT INTO gpu_minute_metrics_open (gpu_uuid, hour, mem_total_mib, slots)
+SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
+                     CAST(:d AS bytea[]))
+ON CONFLICT (gpu_uuid) DO UPDATE SET hour = excluded.hour, slots = excluded.slots,
+    mem_total_mib = excluded.mem_total_mib
+""")
+
+
+def metric_rows_write_statement(
+    rows: dict[tuple[str, int], tuple[bytes, int | None]], *, closed: bool
+) -> Statement | None:
     """Upsert hour rows into the closed table, or GPUs' open rows (at most one key per GPU;
     it replaces the GPU's open hour, which the caller has moved to the closed table)."""
     if not rows:
-        return
+        return None
     keys = list(rows)
-    if closed:
-        statement = """
-        INSERT INTO gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots, util_min_tenths)
-        SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
-                             CAST(:d AS bytea[]), CAST(:m AS smallint[]))
-        ON CONFLICT (gpu_uuid, hour) DO UPDATE SET slots = excluded.slots,
-            mem_total_mib = COALESCE(excluded.mem_total_mib, gpu_minute_metrics.mem_total_mib),
-            util_min_tenths = excluded.util_min_tenths
-        """
-    else:
-        statement = """
-        INSERT INTO gpu_minute_metrics_open (gpu_uuid, hour, mem_total_mib, slots)
-        SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:t AS int[]),
-                             CAST(:d AS bytea[]))
-        ON CONFLICT (gpu_uuid) DO UPDATE SET hour = excluded.hour, slots = excluded.slots,
-            mem_total_mib = excluded.mem_total_mib
-        """
     params = {
         "u": [g for g, _ in keys],
         "h": [h for _, h in keys],
@@ -227,7 +267,13 @@ def write_metric_rows(
     }
     if closed:
         params["m"] = [idle.util_floor_tenths(rows[k][0]) for k in keys]
-    session.execute(text(statement), params)
+    return (_CLOSED_HOURS_UPSERT if closed else _OPEN_HOURS_UPSERT), params
+
+
+def write_metric_rows(
+    session: Session, rows: dict[tuple[str, int], tuple[bytes, int | None]], *, closed: bool
+) -> None:
+    _run(session, metric_rows_write_statement(rows, closed=closed))
 
 
 # --- reads (console and billing) ---------------------------------------------------------

@@ -1,9 +1,12 @@
 """Ingest: validate a node's batch, then store it whole, in the request's one transaction.
 
-Per batch: checks (types by the schema, then semantics, then ownership) -> node lock ->
-register new GPUs -> judge records against stored segments (``segments``: duplicate / new /
-conflict) -> write segments, minute metrics, health events, and the GPUs' last state.
-Any error raises before anything is committed, so a batch is stored whole or not at all.
+Per batch: checks (types by the schema, then semantics) -> one pipeline (node lock, then the
+batch's stored segments and metric rows) -> ownership (register new GPUs; foreign ones 403)
+-> judge records against stored segments (``segments``: duplicate / new / conflict; 409) ->
+one pipeline writing segments, minute metrics, health events and evidence -> the GPUs' last
+state (and ``gpu.state_changed`` events). Any error raises before the commit, so a batch is
+stored whole or not at all. A steady batch costs five round trips to Postgres (the first
+pipeline with its BEGIN, owners, the writes, last state, COMMIT); it used to cost fourteen.
 
 Late data: segments carry ``received_at``, set to the transaction time whenever telemetry
 creates or changes the row (insert, extension, merge). A record that lands in a period whose
@@ -23,6 +26,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app.core.db import Statement, pipelined
 from app.core.epoch import from_epoch
 from app.core.errors import Conflict, Forbidden, PayloadTooLarge, Unprocessable
 from app.events.service import publish
@@ -51,9 +55,18 @@ def ingest(
     gpus: GpuRegistry,
 ) -> IngestResult:
     check_batch(batch, settings, int(time.time()))
-    repository.lock_node(session, node_id)
+    spans = _spans_by_gpu(batch.records)
+    metric_keys = list({(r.gpu_uuid, packing.hour_of(r.start)) for r in batch.records})
+    _, near, metrics = pipelined(
+        session,
+        [
+            repository.lock_node_statement(node_id),
+            repository.segments_near_statement(_windows(spans)) if spans else None,
+            repository.metric_rows_statement(metric_keys) if metric_keys else None,
+        ],
+    )
     _check_owners(session, node_id, batch, gpus)
-    judgement, created = _store_segments(session, batch.records)
+    judgement, segment_writes, created = _judge(repository.spans_by_gpu(near), spans)
     if judgement.conflicts:
         raise Conflict.many(
             [
@@ -62,10 +75,8 @@ def ingest(
             ]
         )
     accepted = [batch.records[i] for i in judgement.accepted]
-    if accepted:
-        _store_metrics(session, accepted)
-    events_new = _store_events(session, batch) if batch.events else 0
-    _attach_evidence(session, batch, created)
+    metric_writes = _metric_writes(repository.stored_metrics(metrics), accepted)
+    events_new = _store(session, batch, segment_writes + metric_writes, created)
     if batch.records:
         changed = gpus.record_latest(session, _latest(batch.records))
         _publish_state_changes(session, changed, batch.events)
@@ -122,46 +133,57 @@ def _foreign_items(batch: IngestBatch, foreign: set[str]) -> list[FieldError]:
     ]
 
 
-def _store_segments(
-    session: Session, records: list[UsageRecord]
-) -> tuple[Judgement, list[tuple[str, int]]]:
-    """Judge the records; unless any conflicts, write the segments. Returns the new starts."""
+def _spans_by_gpu(records: list[UsageRecord]) -> dict[str, list[tuple[int, Span]]]:
+    """Each GPU's records as (batch index, span), sorted by start."""
     by_gpu: dict[str, list[tuple[int, Span]]] = defaultdict(list)
     for i, r in enumerate(records):
         by_gpu[r.gpu_uuid].append((i, Span(r.start, r.end, str(r.state))))
     for spans in by_gpu.values():
         spans.sort(key=lambda item: item[1].start)
-    windows = {
-        gpu: (spans[0][1].start, max(s.end for _, s in spans)) for gpu, spans in by_gpu.items()
-    }
-    created: list[tuple[str, int]] = []
-    stored = repository.segments_near(session, windows) if windows else {}
+    return by_gpu
+
+
+def _windows(by_gpu: dict[str, list[tuple[int, Span]]]) -> dict[str, tuple[int, int]]:
+    return {gpu: (spans[0][1].start, max(s.end for _, s in spans)) for gpu, spans in by_gpu.items()}
+
+
+def _judge(
+    stored: dict[str, list[Span]], by_gpu: dict[str, list[tuple[int, Span]]]
+) -> tuple[Judgement, list[Statement | None], list[tuple[str, int]]]:
+    """Judge the records against the stored segments: the verdicts, the segment writes
+    (unless anything conflicts) and the starts of the runs they begin."""
     judgement = Judgement()
     upserts: list[tuple[str, Span]] = []
     deletes: list[tuple[str, int]] = []
+    created: list[tuple[str, int]] = []
     for gpu, spans in by_gpu.items():
         before = stored.get(gpu, [])
         delta = changes(before, merge(judge(before, spans, judgement)))
         upserts += [(gpu, s) for s in delta.upserts]
         deletes += [(gpu, start) for start in delta.deletes]
         created += [(gpu, start) for start in delta.created]
-    if not judgement.conflicts:
-        repository.write_segments(session, upserts, deletes)
-    return judgement, created
+    writes = [
+        repository.segment_deletes_statement(deletes),
+        repository.segment_upserts_statement(upserts),
+    ]
+    return judgement, writes, created
 
 
-def _store_metrics(session: Session, records: list[UsageRecord]) -> None:
+def _metric_writes(
+    stored: repository.StoredMetrics, records: list[UsageRecord]
+) -> list[Statement | None]:
     """Combine the records into their GPU-hour rows (read-modify-write; safe: the node lock is
     held). Each GPU's newest hour not yet closed is its open row; an open row of an older hour
     moves to the closed table, as do records of older hours."""
+    if not records:
+        return []
     by_row: dict[tuple[str, int], list[UsageRecord]] = defaultdict(list)
     for r in records:
         by_row[(r.gpu_uuid, packing.hour_of(r.start))].append(r)
-    stored = repository.metric_rows(session, list(by_row))
     # Per GPU: hour -> (slots, mem_total) as they will be written, starting from its open row.
     rows: dict[str, dict[int, tuple[bytes, int | None]]] = defaultdict(dict)
     for gpu, (hour, open_slots, open_mem_total) in stored.open.items():
-        rows[gpu][hour] = (open_slots, open_mem_total)
+        rows[gpu][hour] = (open_slots, open_mem_total)  # left as is unless a record lands
     for (gpu, hour), rs in by_row.items():
         slots, mem_total = rows[gpu].get(hour) or (stored.closed.get((gpu, hour)), None)
         mem_new = next((r.mem_total_mib for r in rs if r.mem_total_mib is not None), None)
@@ -178,13 +200,28 @@ def _store_metrics(session: Session, records: list[UsageRecord]) -> None:
                 closed[(gpu, hour)] = row
             elif (gpu, hour) in by_row:  # an open row that stays and got nothing is left as is
                 opened[(gpu, hour)] = row
-    repository.write_metric_rows(session, closed, closed=True)
-    repository.write_metric_rows(session, opened, closed=False)
+    return [
+        repository.metric_rows_write_statement(closed, closed=True),
+        repository.metric_rows_write_statement(opened, closed=False),
+    ]
 
 
-def _store_events(session: Session, batch: IngestBatch) -> int:
-    """Store the events (ids are per GPU); an id re-sent with other content is a conflict."""
-    new, conflicts = repository.insert_events(session, batch.events)
+def _store(
+    session: Session,
+    batch: IngestBatch,
+    writes: list[Statement | None],
+    created: list[tuple[str, int]],
+) -> int:
+    """Run the batch's writes in one pipeline: segments, minute metrics, then the events (ids
+    are per GPU; an id re-sent with other content is a conflict) and the evidence linking
+    state-change events to the segments they began, whichever arrived first. Returns how many
+    events were new."""
+    events = repository.event_statements(batch.events) if batch.events else (None, None)
+    keys = {(e.gpu_uuid, e.at) for e in batch.events if e.state is not None} | set(created)
+    results = pipelined(
+        session, [*writes, *events, repository.attach_evidence_statement(sorted(keys))]
+    )
+    inserted, conflicts = results[len(writes)], results[len(writes) + 1]
     if conflicts:
         raise Conflict.many(
             [
@@ -194,17 +231,10 @@ def _store_events(session: Session, batch: IngestBatch) -> int:
                     "was already stored with different content",
                     "gpu_uuid": batch.events[i].gpu_uuid,
                 }
-                for i in conflicts
+                for (i,) in conflicts
             ]
         )
-    return new
-
-
-def _attach_evidence(session: Session, batch: IngestBatch, created: list[tuple[str, int]]) -> None:
-    """Link state-change events to the segments they began, whichever arrived first."""
-    keys = {(e.gpu_uuid, e.at) for e in batch.events if e.state is not None} | set(created)
-    if keys:
-        repository.attach_evidence(session, sorted(keys))
+    return len(inserted)
 
 
 def _publish_state_changes(

@@ -4,12 +4,16 @@ failover with a chosen, reserved spare (or none); the orchestrator's answers mov
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from uuid import UUID
 
 from sqlalchemy import Engine, text
 
+from app.auth.models import KeyKind
+from app.auth.service import issue_key
 from app.core.db import transaction
 from app.failover import transitions
 from tests.failover.conftest import Fleet, iso
+from tests.harness import bearer
 from tests.metering.conftest import rec
 
 CONTRACT_KEYS = {
@@ -201,3 +205,43 @@ def test_unknown_failover_is_404(fleet: Fleet) -> None:
     missing = "00000000-0000-0000-0000-000000000000"
     fleet.console.post(f"/v1/failovers/{missing}/resumed", {}, 404)
     fleet.get(f"/v1/failovers/{missing}", 404)
+
+
+def test_a_spare_whose_preemptible_rental_cannot_end_now_is_passed_over(fleet: Fleet) -> None:
+    fleet.node("node-1")
+    fleet.node("node-2")
+    fleet.gpu("node-1", "GPU-1")
+    fleet.gpu("node-1", "S-1", "spare")
+    fleet.gpu("node-2", "S-2", "spare")
+    fleet.gpu("node-2", "Z-LATER", "spare")
+    spot = fleet.console.rental(
+        fleet.customer_id, fleet.plan_id, gpu_count=2, start_at=iso(fleet.t0), preemptible=True
+    )["id"]
+    fleet.console.assign(spot, "S-1", iso(fleet.t0))
+    # The spot rental also booked a GPU for later: it cannot end now, so S-1 is not free.
+    fleet.console.assign(spot, "Z-LATER", iso(fleet.t0 + 3600))
+    fleet.rental("GPU-1")
+    fleet.fail("GPU-1")
+    [failover] = fleet.failovers(state="requested")
+    assert (failover["spare_gpu_uuid"], failover["preempted_rental_id"]) == ("S-2", None)
+    assert fleet.get(f"/v1/rentals/{spot}")["end_at"] is None
+    assert fleet.events("rental.preempted") == []
+
+
+def test_customers_see_only_their_own_failovers(fleet: Fleet, db: Engine) -> None:
+    fleet.node("node-1")
+    fleet.gpu("node-1", "GPU-1")
+    fleet.rental("GPU-1")
+    fleet.fail("GPU-1")
+    [failover] = fleet.failovers()
+    other = fleet.console.customer("Other Co")["id"]
+    with transaction(db) as session:
+        own = issue_key(session, KeyKind.CUSTOMER, "own", customer_id=UUID(fleet.customer_id))
+        foreign = issue_key(session, KeyKind.CUSTOMER, "foreign", customer_id=UUID(other))
+    own_key, foreign_key = own.secret, foreign.secret
+    for key, visible in ((own_key, [failover["id"]]), (foreign_key, [])):
+        listed = fleet.client.get("/v1/failovers", headers=bearer(key)).json()["items"]
+        assert [f["id"] for f in listed] == visible
+    path = f"/v1/failovers/{failover['id']}"
+    assert fleet.client.get(path, headers=bearer(foreign_key)).status_code == 404
+    assert fleet.client.post(f"{path}/resumed", json={}, headers=bearer(own_key)).status_code == 403

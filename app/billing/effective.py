@@ -3,6 +3,8 @@
 API:
     minute_spans(minute_starts) -> list[Span]
     effective_usage(rated, idle_by_gpu) -> EffectiveUsage
+    effective_of(rated, idle_s) -> EffectiveUsage
+    overlap(span, spans) -> int                    # seconds of span covered by sorted spans
 
 Idle minutes come from metering (``app.metering.repository.idle_minutes``: mean utilisation
 strictly below the threshold; minutes without a sample are not idle). Only seconds in the
@@ -63,7 +65,7 @@ def minute_spans(minute_starts: Iterable[int]) -> list[Span]:
     return spans
 
 
-def _overlap(span: Span, spans: Sequence[Span]) -> int:
+def overlap(span: Span, spans: Sequence[Span]) -> int:
     """Seconds of ``span`` covered by the sorted, disjoint ``spans``."""
     i = max(bisect_right(spans, span[0], key=lambda s: s[0]) - 1, 0)
     covered = 0
@@ -79,6 +81,11 @@ def effective_usage(
     idle = 0
     for piece in rated.pieces:
         if piece.bucket is Bucket.BILLABLE:
-            idle += _overlap((piece.start, piece.end), idle_by_gpu.get(piece.gpu_uuid, ()))
+            idle += overlap((piece.start, piece.end), idle_by_gpu.get(piece.gpu_uuid, ()))
+    return effective_of(rated, idle)
+
+
+def effective_of(rated: RatedRental, idle_s: int) -> EffectiveUsage:
+    """The rental's effective usage given its idle seconds (from rollups or ``overlap``)."""
     unmeasured = sum(rated.buckets.get(b, 0) for b in _UNMEASURED)
-    return EffectiveUsage(rated.rented_s, rated.credited_s, idle, unmeasured)
+    return EffectiveUsage(rated.rented_s, rated.credited_s, idle_s, unmeasured)

@@ -13,7 +13,16 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, Integer, Numeric, String, text
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    ForeignKey,
+    Index,
+    Integer,
+    Numeric,
+    String,
+    text,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -186,3 +195,41 @@ class CreditNoteNumberCounter(Base):
 
     year: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     last_number: Mapped[int]
+
+
+class UsageRollup(Base):
+    """One rated piece of a rental on a GPU within one closed local day (and one price
+    period): its bucket, and its idle seconds (billable seconds in idle minutes).
+
+    Written only by ``app.billing.rollups`` from ``rating``'s own pieces, so summing them and
+    the open day rated live gives what rating the whole period gives (a property test).
+    """
+
+    __tablename__ = "usage_rollups"
+    __table_args__ = (
+        CheckConstraint('"end" > start', name="end_after_start"),
+        Index("ix_usage_rollups_customer_start", "customer_id", "start"),
+    )
+
+    # No foreign key to rentals: a derived cache, rebuilt from them; rentals are never deleted.
+    rental_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(96), primary_key=True)
+    start: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    end: Mapped[int] = mapped_column(BigInteger)
+    customer_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("customers.id"))
+    bucket: Mapped[str] = mapped_column(String(24))
+    price_from: Mapped[int] = mapped_column(BigInteger)  # the price point in effect
+    idle_s: Mapped[int] = mapped_column(Integer)
+
+
+class UsageRollupDay(Base):
+    """A closed local day whose rollups are stored, with the fingerprint of the inputs they
+    were rated from (segments, assignments, migrations, maintenance, plan terms, clipped to
+    the day): a read that computes another fingerprint re-rates the day."""
+
+    __tablename__ = "usage_rollup_days"
+
+    customer_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("customers.id"), primary_key=True)
+    day: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    fingerprint: Mapped[int] = mapped_column(BigInteger)
+    rated_at: Mapped[datetime] = mapped_column(server_default=text("now()"))

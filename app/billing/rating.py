@@ -5,6 +5,9 @@ API:
                 cap_period=None) -> RatedRental
     rate_rentals(rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period,
                  cap_period=None) -> list[RatedRental]   # each GPU's timeline built once
+    rate_pieces(rental, bounds, pieces, runs, period_s) -> RatedRental   # from stored pieces
+    rental_bounds(rental, period) -> Span
+    session_runs(assignments, bounds) -> {gpu: [Span]}
     cap_allowance(rated, buckets) -> Decimal | None
     build_timeline(segments, maintenance) -> Timeline
     price_at(rental, time) -> Decimal
@@ -323,9 +326,20 @@ def price_at(rental: RentalInput, time: int) -> Decimal:
     return book.price(book.index_at(time))
 
 
-def _bounds(rental: RentalInput, period: Span) -> Span:
+def rental_bounds(rental: RentalInput, period: Span) -> Span:
+    """``period`` intersected with the rental: what rating clips everything to."""
     start = max(rental.rental_start, period[0])
     return start, max(start, rental.end_by(period[1]))
+
+
+def session_runs(assignments: Iterable[Assignment], bounds: Span) -> dict[str, list[Span]]:
+    """Each GPU's sessions: the union of its assignments, clipped to ``bounds``."""
+    spans: dict[str, list[Span]] = defaultdict(list)
+    for a in assignments:
+        spans[a.gpu_uuid].append((a.start, a.end))
+    return {
+        gpu: merge(c for span in spans[gpu] if (c := clip(span, bounds))) for gpu in sorted(spans)
+    }
 
 
 def _rate(
@@ -336,7 +350,7 @@ def _rate(
     period: Span,
     period_s: int,
 ) -> RatedRental:
-    bounds = _bounds(rental, period)
+    bounds = rental_bounds(rental, period)
     window_pieces = _window_pieces(migrations, bounds)
     holes: dict[str, list[Span]] = defaultdict(list)
     for m in migrations:
@@ -344,13 +358,43 @@ def _rate(
         holes[m.to_gpu].append((m.failed_at, m.resumed_at))
     pieces: list[Piece] = []
     sessions: list[Session] = []
-    for gpu in sorted({a.gpu_uuid for a in assignments}):
-        spans = [(a.start, a.end) for a in assignments if a.gpu_uuid == gpu]
-        for run in merge(c for span in spans if (c := clip(span, bounds))):
+    for gpu, runs in session_runs(assignments, bounds).items():
+        for run in runs:
             session_pieces = _classify(gpu, run, holes[gpu], timelines[gpu], rental.plan)
             sessions.append(_session(gpu, run, session_pieces, rental.plan))
             pieces += session_pieces
     pieces = sorted(pieces + window_pieces, key=lambda p: (p.gpu_uuid, p.start))
+    return _rated(rental, bounds, pieces, sessions, period_s)
+
+
+def rate_pieces(
+    rental: RentalInput,
+    bounds: Span,
+    pieces: Sequence[Piece],
+    runs: Mapping[str, Sequence[Span]],
+    period_s: int,
+) -> RatedRental:
+    """The rating of already classified ``pieces`` (sorted by GPU and start; e.g. stored
+    daily rollups followed by the open day rated live): sessions, lines and the cap by the
+    same rules as ``rate_rentals``. ``runs`` are the sessions per GPU (``session_runs``)."""
+    of_gpu: dict[str, list[Piece]] = defaultdict(list)
+    for piece in pieces:
+        of_gpu[piece.gpu_uuid].append(piece)
+    sessions = [
+        _session(gpu, run, [p for p in of_gpu[gpu] if run[0] <= p.start < run[1]], rental.plan)
+        for gpu, gpu_runs in runs.items()
+        for run in gpu_runs
+    ]
+    return _rated(rental, bounds, pieces, sessions, period_s)
+
+
+def _rated(
+    rental: RentalInput,
+    bounds: Span,
+    pieces: Sequence[Piece],
+    sessions: Sequence[Session],
+    period_s: int,
+) -> RatedRental:
     buckets = {b: 0 for b in Bucket}
     for piece in pieces:
         buckets[piece.bucket] += piece.seconds
@@ -465,11 +509,14 @@ def _price_index(book: _PriceBook, line: InvoiceLine) -> int:
 def _allowance(book: _PriceBook, pieces: Iterable[Piece], period_s: int, currency: str) -> Decimal:
     """Cap per GPU x GPU-seconds of ``pieces`` ÷ the period's seconds, over capped price
     periods, rounded once."""
-    exact = Fraction()
+    seconds: dict[int, int] = defaultdict(int)  # per price index: one Fraction each, not per piece
     for piece in pieces:
         for index, (start, end) in book.split(piece.start, piece.end):
-            if (cap := book.cap(index)) is not None:
-                exact += Fraction(cap) * (end - start) / period_s
+            seconds[index] += end - start
+    exact = Fraction()
+    for index, n in seconds.items():
+        if (cap := book.cap(index)) is not None:
+            exact += Fraction(cap) * n / period_s
     return round_money(exact, currency)
 
 

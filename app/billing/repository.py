@@ -24,6 +24,8 @@ from app.billing.models import (
     InvoiceLineRow,
     InvoiceNumberCounter,
     InvoiceStatus,
+    UsageRollup,
+    UsageRollupDay,
     VoucherEntryRow,
 )
 from app.billing.vouchers import EntryKind
@@ -245,3 +247,97 @@ def issued_entries(session: Session, voucher_ids: Collection[str]) -> dict[str, 
         )
     )
     return {row.voucher_id: row for row in rows}
+
+
+# --- usage rollups (app.billing.rollups) ----------------------------------------------------
+
+
+def rollup_fingerprints(
+    session: Session, customer_id: uuid.UUID, start: int, end: int
+) -> dict[int, int]:
+    """Stored days starting in [start, end) -> the fingerprint they were rated from."""
+    rows = session.execute(
+        select(UsageRollupDay.day, UsageRollupDay.fingerprint).where(
+            UsageRollupDay.customer_id == customer_id,
+            UsageRollupDay.day >= start,
+            UsageRollupDay.day < end,
+        )
+    )
+    return {day: fingerprint for day, fingerprint in rows}
+
+
+def lock_rollups(session: Session, customer_id: uuid.UUID) -> None:
+    """Serialise refreshes of one customer's rollups (two first reads of a new day)."""
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(hashtextextended('usage_rollups:' || :c, 0))"),
+        {"c": str(customer_id)},
+    )
+
+
+def replace_rollups(
+    session: Session,
+    customer_id: uuid.UUID,
+    days: Sequence[tuple[int, int]],
+    rows: list[dict[str, Any]],
+    fingerprints: dict[int, int],
+) -> None:
+    """Replace the stored parts of ``days`` (each [start, end)) and their fingerprints."""
+    for start, end in days:
+        session.execute(
+            delete(UsageRollup).where(
+                UsageRollup.customer_id == customer_id,
+                UsageRollup.start >= start,
+                UsageRollup.start < end,
+            )
+        )
+    if rows:
+        session.execute(pg_insert(UsageRollup), rows)
+    statement = pg_insert(UsageRollupDay).values(
+        [{"customer_id": customer_id, "day": d, "fingerprint": f} for d, f in fingerprints.items()]
+    )
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=["customer_id", "day"],
+            set_={"fingerprint": statement.excluded.fingerprint, "rated_at": func.now()},
+        )
+    )
+
+
+def rollup_pieces(
+    session: Session,
+    customer_id: uuid.UUID,
+    start: int,
+    end: int,
+    as_stored: Sequence[str],
+    gpus_as_stored: Sequence[str],
+) -> tuple[list[Any], list[Any]]:
+    """The stored parts starting in [start, end): summed per (rental, GPU, bucket, price
+    point) as (rental, GPU, bucket, seconds, last end, idle s); the parts in ``as_stored``
+    buckets or on ``gpus_as_stored`` one by one as (rental, GPU, bucket, start, end, idle s)."""
+    params = {
+        "c": customer_id,
+        "lo": start,
+        "hi": end,
+        "b": list(as_stored),
+        "g": list(gpus_as_stored),
+    }
+    summed = session.execute(
+        text("""
+        SELECT rental_id, gpu_uuid, bucket, CAST(sum("end" - start) AS bigint), max("end"),
+               CAST(sum(idle_s) AS bigint)
+        FROM usage_rollups
+        WHERE customer_id = :c AND start >= :lo AND start < :hi
+          AND NOT (bucket = ANY(CAST(:b AS text[])) OR gpu_uuid = ANY(CAST(:g AS text[])))
+        GROUP BY rental_id, gpu_uuid, bucket, price_from
+        """),
+        params,
+    )
+    single = session.execute(
+        text("""
+        SELECT rental_id, gpu_uuid, bucket, start, "end", idle_s FROM usage_rollups
+        WHERE customer_id = :c AND start >= :lo AND start < :hi
+          AND (bucket = ANY(CAST(:b AS text[])) OR gpu_uuid = ANY(CAST(:g AS text[])))
+        """),
+        params,
+    )
+    return list(summed), list(single)

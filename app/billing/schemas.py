@@ -224,6 +224,9 @@ class RentalUsageRead(Schema):
         "GPU x (billed GPU-seconds ÷ the period's seconds); credited seconds earn none."
     )
     forecast: str
+    forecast_is_cap: bool = Field(
+        description="The forecast is the rental's cap allowance extrapolated: the cap binds."
+    )
 
 
 class UsageRead(Schema):
@@ -237,6 +240,7 @@ class UsageRead(Schema):
     effective: EffectiveRead
     cost_to_date: str = Field(description="Rental charges, credits and caps; before vouchers.")
     forecast: str = Field(description="Cost to date plus running rentals extrapolated.")
+    forecast_is_cap: bool = Field(description="Some rental's forecast is its cap.")
     vouchers: VoucherLedgerRead
     rentals: list[RentalUsageRead]
 

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from fractions import Fraction
 
 from sqlalchemy.orm import Session
 
-from app.billing import repository
+from app.billing import repository, rollups
 from app.billing.domain import Bucket
-from app.billing.effective import EffectiveUsage, effective_usage, minute_spans
+from app.billing.effective import EffectiveUsage, effective_of, minute_spans
 from app.billing.loader import BillingPeriod, load_inputs, started_period
 from app.billing.rating import RatedRental
 from app.billing.schemas import (
@@ -40,9 +41,9 @@ from app.billing.schemas import (
     WhatIfRowRead,
     money,
 )
-from app.billing.service import core_errors, ledger, rate
+from app.billing.service import core_errors, ledger
 from app.billing.vouchers import balance, open_vouchers
-from app.billing.whatif import WhatIfCell, what_if
+from app.billing.whatif import DEFAULT_INCREMENTS, WhatIfCell, what_if_rated
 from app.core.epoch import epoch, from_epoch
 from app.core.money import round_money
 from app.customers.models import Customer
@@ -52,13 +53,11 @@ from app.settings import get_settings
 
 def usage(session: Session, customer: Customer, period_name: str, now: datetime) -> UsageRead:
     period, span = _to_date(customer, period_name, now)
-    inputs = load_inputs(session, [customer.id], span)
-    with core_errors(customer):
-        rated = rate(inputs, customer.id, period.span)
-    idle = idle_by_gpu(session, inputs.gpus, span)
+    to_date = _rated_to_date(session, customer, period, span)
+    rated = to_date.rated
     currency, zero = customer.currency, Decimal(0)
     forecasts = [_forecast(r, span[1], period.span[1], currency) for r in rated]
-    total = sum((effective_usage(r, idle) for r in rated), EffectiveUsage(0, 0, 0))
+    effective = [effective_of(r, to_date.idle_s[r.rental.rental_id]) for r in rated]
     return UsageRead(
         customer_id=customer.id,
         period=period.name,
@@ -67,11 +66,15 @@ def usage(session: Session, customer: Customer, period_name: str, now: datetime)
         as_of=from_epoch(span[1]),
         currency=customer.currency,
         buckets_s=_buckets(rated),
-        effective=_effective(total),
+        effective=_effective(sum(effective, EffectiveUsage(0, 0, 0))),
         cost_to_date=money(sum((r.net for r in rated), zero), currency),
-        forecast=money(sum(forecasts, zero), currency),
+        forecast=money(sum((f.amount for f in forecasts), zero), currency),
+        forecast_is_cap=any(f.is_cap for f in forecasts),
         vouchers=voucher_ledger(session, customer, now),
-        rentals=[_rental_usage(r, idle, f, span[1]) for r, f in zip(rated, forecasts, strict=True)],
+        rentals=[
+            _rental_usage(r, e, f, span[1])
+            for r, e, f in zip(rated, effective, forecasts, strict=True)
+        ],
     )
 
 
@@ -79,18 +82,13 @@ def what_if_table(
     session: Session, customer: Customer, period_name: str, now: datetime
 ) -> WhatIfRead:
     period, span = _to_date(customer, period_name, now)
-    inputs = load_inputs(session, [customer.id], span)
+    to_date = _rated_to_date(session, customer, period, span)
     recovery = get_settings().manual_recovery_s
     with core_errors(customer):
-        table = what_if(
-            inputs.rentals(customer.id),
-            inputs.assignments_of(customer.id),
-            inputs.segments_by_gpu,
-            inputs.maintenance_by_gpu,
-            inputs.migrations_of(customer.id),
-            span,
+        table = what_if_rated(
+            {increment: to_date.rerated(increment) for increment in DEFAULT_INCREMENTS},
             manual_recovery_s=recovery,
-            cap_period=period.span,
+            currency=customer.currency,
         )
     currency = customer.currency
 
@@ -113,6 +111,19 @@ def what_if_table(
         manual_recovery_s=recovery,
         rows=rows,
     )
+
+
+def _rated_to_date(
+    session: Session, customer: Customer, period: BillingPeriod, span: tuple[int, int]
+) -> rollups.ToDate:
+    """The period to date: closed days from their rollups, the open day rated live."""
+    inputs = load_inputs(session, [customer.id], span)
+
+    def read_idle(gpus: Sequence[str], part: tuple[int, int]) -> dict[str, list[tuple[int, int]]]:
+        return idle_by_gpu(session, gpus, part)
+
+    with core_errors(customer):
+        return rollups.rated_to_date(session, customer.id, period, span[1], inputs, read_idle)
 
 
 def voucher_ledger(session: Session, customer: Customer, now: datetime) -> VoucherLedgerRead:
@@ -155,7 +166,7 @@ def idle_by_gpu(
 
 
 def _rental_usage(
-    rated: RatedRental, idle: dict[str, list[tuple[int, int]]], forecast: Decimal, as_of: int
+    rated: RatedRental, effective: EffectiveUsage, forecast: Forecast, as_of: int
 ) -> RentalUsageRead:
     rental, currency = rated.rental, rated.rental.plan.currency
     return RentalUsageRead(
@@ -165,24 +176,32 @@ def _rental_usage(
         running=rental.rental_end is None or rental.rental_end > as_of,
         buckets_s={b.value: s for b, s in rated.buckets.items()},
         billed_s=rated.billed_s,
-        effective=_effective(effective_usage(rated, idle)),
+        effective=_effective(effective),
         cost_to_date=money(rated.net, currency),
         cap_allowance=None if rated.cap_allowance is None else money(rated.cap_allowance, currency),
-        forecast=money(forecast, currency),
+        forecast=money(forecast.amount, currency),
+        forecast_is_cap=forecast.is_cap,
     )
 
 
-def _forecast(rated: RatedRental, as_of: int, period_end: int, currency: str) -> Decimal:
+@dataclass(frozen=True)
+class Forecast:
+    amount: Decimal
+    is_cap: bool  # the cap allowance, extrapolated, is what the rental is forecast to cost
+
+
+def _forecast(rated: RatedRental, as_of: int, period_end: int, currency: str) -> Forecast:
     rental, start = rated.rental, rated.bounds[0]
     elapsed, remaining = as_of - start, rental.end_by(period_end) - as_of
     if elapsed <= 0 or remaining <= 0:
-        return rated.net
+        return Forecast(rated.net, rated.net < rated.uncapped_net)
     # cost + cost / elapsed x remaining, exact until the one rounding.
     scale = Fraction(elapsed + remaining, elapsed)
     projected = Fraction(rated.uncapped_net) * scale
-    if rated.cap_allowance is not None:
-        projected = min(projected, Fraction(rated.cap_allowance) * scale)
-    return round_money(projected, currency)
+    capped = None if rated.cap_allowance is None else Fraction(rated.cap_allowance) * scale
+    if capped is not None and capped < projected:
+        return Forecast(round_money(capped, currency), True)
+    return Forecast(round_money(projected, currency), False)
 
 
 def _buckets(rated: Sequence[RatedRental]) -> dict[str, int]:

@@ -3,6 +3,7 @@
 API:
     what_if(rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period,
             increments=(1, 60, 3600), manual_recovery_s=2820, cap_period=None) -> WhatIfTable
+    what_if_rated({increment: [RatedRental]}, manual_recovery_s=2820) -> WhatIfTable
 
 Rules:
 * "With credits" is the real rating (``rate_rentals``) with the increment swapped in:
@@ -79,12 +80,9 @@ def what_if(
     currencies = {r.plan.currency for r in rentals}
     if len(currencies) > 1:
         raise ValueError(f"what-if needs a single currency, got {sorted(currencies)}")
-    currency = currencies.pop() if currencies else "USD"
-    rows = []
-    for increment in increments:
-        variant = [replace(r, plan=replace(r.plan, increment_s=increment)) for r in rentals]
-        rated = rate_rentals(
-            variant,
+    rated = {
+        increment: rate_rentals(
+            [replace(r, plan=replace(r.plan, increment_s=increment)) for r in rentals],
             assignments,
             segments_by_gpu,
             maintenance_by_gpu,
@@ -92,14 +90,30 @@ def what_if(
             period,
             cap_period,
         )
-        rows.append(
-            WhatIfRow(
-                increment,
-                _with_credits(rated, currency),
-                _without_credits(rated, currency, manual_recovery_s),
-            )
+        for increment in increments
+    }
+    return what_if_rated(rated, manual_recovery_s, currencies.pop() if currencies else "USD")
+
+
+def what_if_rated(
+    rated_by_increment: Mapping[int, Sequence[RatedRental]],
+    manual_recovery_s: int = DEFAULT_MANUAL_RECOVERY_S,
+    currency: str | None = None,
+) -> WhatIfTable:
+    """The table from the rentals already rated at each increment (e.g. from rollups)."""
+    currencies = {r.rental.plan.currency for rs in rated_by_increment.values() for r in rs}
+    if len(currencies) > 1:
+        raise ValueError(f"what-if needs a single currency, got {sorted(currencies)}")
+    currency = currencies.pop() if currencies else currency or "USD"
+    rows = tuple(
+        WhatIfRow(
+            increment,
+            _with_credits(rated, currency),
+            _without_credits(rated, currency, manual_recovery_s),
         )
-    return WhatIfTable(currency, tuple(rows))
+        for increment, rated in rated_by_increment.items()
+    )
+    return WhatIfTable(currency, rows)
 
 
 def _with_credits(rated: Sequence[RatedRental], currency: str) -> WhatIfCell:

@@ -23,7 +23,7 @@ import csv
 import io
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 from itertools import pairwise
@@ -36,6 +36,7 @@ from app.billing import repository as billing_repository
 from app.billing.lines import LineKind
 from app.billing.loader import BillingPeriod
 from app.billing.models import Invoice, InvoiceLineRow, InvoiceStatus
+from app.billing.rollups import day_bounds
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import NotFound
 from app.core.money import minor_units
@@ -188,16 +189,6 @@ def day_parts(session: Session, invoice: Invoice, period: BillingPeriod) -> Iter
     for line in session.scalars(query):
         yield from _split(line, days, period, invoice.currency)
         session.expunge(line)  # keep the identity map (and memory) flat
-
-
-def day_bounds(period: BillingPeriod) -> list[int]:
-    zone = ZoneInfo(period.timezone)
-    day = from_epoch(period.span[0]).astimezone(zone).replace(hour=0, minute=0, second=0)
-    bounds = []
-    while (t := epoch(day)) < period.span[1]:
-        bounds.append(t)
-        day += timedelta(days=1)  # wall-clock arithmetic: the next local midnight, DST or not
-    return [*bounds, period.span[1]]
 
 
 def _split(

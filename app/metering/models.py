@@ -69,9 +69,9 @@ class MinuteMetrics(Base):
 
     Rewriting a 1.2 KB row on every batch in one big table left ~7 KB per GPU-hour of dead
     versions (measured), hence the split. Late data for a closed hour updates it in place.
-    Slots are compressed (lz4, ``toast_tuple_target`` 128 per partition) and kept in the row
-    (``STORAGE MAIN``, migration 0012): out of line, each row cost a TOAST chunk, its index
-    entry and a pointer besides. Partitioned by ``hour``.
+    Slots are deflated by ``packing.stored`` (Postgres leaves values of rows under ~2 KB
+    uncompressed) and kept in the row (``STORAGE MAIN``, migration 0012). Partitioned by
+    ``hour``.
     """
 
     __tablename__ = "gpu_minute_metrics"
@@ -92,8 +92,8 @@ class OpenMinuteMetrics(Base):
 
     Keyed by GPU alone, so that moving to the next hour (the old one goes to the closed table)
     changes no indexed column: every rewrite is a HOT update into the page's free space, which
-    pruning reclaims without VACUUM, and the table stays at its working set. Slots stay in the
-    row (``STORAGE MAIN``): out of line, every rewrite left a dead TOAST chunk for VACUUM.
+    pruning reclaims without VACUUM, and the table stays at its working set. Slots stay raw
+    and in the row (``STORAGE MAIN``).
     """
 
     __tablename__ = "gpu_minute_metrics_open"

@@ -53,7 +53,7 @@ class Partitioned:
 
 
 # Segments: room on each page so extending ``end`` is a HOT update. Closed metrics: slots are
-# compressed (lz4) and stay in the row (STORAGE MAIN, set on the parent and copied by LIKE).
+# deflated by packing.stored and stay in the row (STORAGE MAIN, on the parent, copied by LIKE).
 TABLES = (
     Partitioned("gpu_state_segments", "start", "fillfactor = 70"),
     Partitioned("gpu_minute_metrics", "hour", "toast_tuple_target = 128"),

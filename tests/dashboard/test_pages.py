@@ -407,3 +407,52 @@ def test_fleet_and_revenue_for_operators_equal_their_apis(
     fleet_page = client.get("/dashboard/fleet", headers=customer, follow_redirects=False)
     assert fleet_page.status_code == 303
     assert client.get("/v1/revenue", headers=customer).status_code == 403
+
+
+def test_the_forecast_says_when_it_is_the_cap(
+    app: FastAPI, client: TestClient, console: Console
+) -> None:
+    # 2.49/h with a 10.00 monthly cap per GPU, two days of October used: the allowance to date
+    # is 10.00 x 2/31 = 0.65 (rounded), extrapolated x 31/2 = 10.075 -> 10.08, far below the
+    # uncapped 119.52 x 31/2: the forecast is the cap, and the page says so.
+    prices = [
+        {
+            "gpu_model": "H100",
+            "price_per_hour": "2.49",
+            "monthly_cap_per_gpu": "10.00",
+            "effective_from": "2026-01-01T00:00:00Z",
+        }
+    ]
+    plan = console.post("/v1/plans", {"name": "capped", "prices": prices})
+    registered = console.node("node-cap")
+    console.gpu(registered["node"]["id"], "GPU-C-1")
+    customer = console.customer("Capped")
+    rental = console.rental(customer["id"], plan["id"], start_at="2026-10-01T00:00:00Z")
+    console.assign(rental["id"], "GPU-C-1", "2026-10-01T00:00:00Z")
+    records = world._minutes("GPU-C-1", ts("2026-10-01T00:00:00Z"), ts("2026-10-03T00:00:00Z"))
+    world._ingest(console.client, registered["token"]["key"], records, [])
+    key = console.post(f"/v1/customers/{customer['id']}/keys", {"name": "cap"})["key"]
+    app.dependency_overrides[clock] = lambda: datetime(2026, 10, 3, 0, 0, tzinfo=UTC)
+    try:
+        api = client.get(
+            f"/v1/customers/{customer['id']}/usage?period={PERIOD}", headers=bearer(key)
+        ).json()
+        html = client.get(f"/dashboard?period={PERIOD}", headers=bearer(key)).text
+    finally:
+        app.dependency_overrides.pop(clock)
+    assert (api["forecast"], api["forecast_is_cap"]) == ("10.08", True)
+    assert api["rentals"][0]["forecast_is_cap"] is True
+    assert raw(html, "forecast") == "10.08"
+    assert "The cap: every rental is forecast to reach its monthly cap" in html
+    assert "(the cap)" in html
+
+
+def test_an_uncapped_forecast_does_not_say_cap(
+    app: FastAPI, client: TestClient, seeded: World
+) -> None:
+    app.dependency_overrides[clock] = lambda: datetime(2026, 10, 11, 0, 0, tzinfo=UTC)
+    try:
+        html = client.get(f"/dashboard?period={PERIOD}", headers=bearer(seeded.acme.key)).text
+    finally:
+        app.dependency_overrides.pop(clock)
+    assert raw(html, "forecast") and "forecast-cap" not in html

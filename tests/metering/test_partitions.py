@@ -4,6 +4,7 @@ ingest and the readers make is served by an index on each partition."""
 
 from __future__ import annotations
 
+import random
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from app.core import migrate
 from app.core.epoch import epoch
 from app.core.scratch_db import libpq_dsn, scratch_database
 from app.metering import packing, repository
+from metering_agent.protocol import GpuState, UsageRecord
 from tests.metering.conftest import Agent, event, minute_ago, rec
 
 SEPTEMBER = epoch(datetime(2026, 9, 30, 23, 0, tzinfo=UTC))
@@ -201,3 +203,30 @@ def test_an_event_id_resent_with_another_time_is_a_conflict(agent: Agent, db: En
     with db.connect() as connection:
         stored = connection.execute(text("SELECT event_id, at FROM health_events")).all()
     assert [tuple(r) for r in stored] == [("e-1", start)]
+
+
+def test_a_closed_hour_is_stored_deflated_and_read_back_exactly() -> None:
+    rng = random.Random(5)
+    records = [
+        UsageRecord(
+            "GPU-z",
+            "H100",
+            t,
+            t + 60,
+            GpuState.HEALTHY,
+            60,
+            gpu_util_mean=rng.uniform(0, 100),
+            gpu_util_max=rng.randrange(101),
+            mem_util_mean=rng.uniform(0, 60),
+            mem_used_max_mib=rng.randrange(81559),
+            energy_j=rng.uniform(4000, 42000),
+            power_max_w=rng.uniform(70, 700),
+            temp_max_c=rng.randrange(30, 80),
+        )
+        for t in range(0, packing.HOUR, 60)
+    ]
+    row = packing.add_records(packing.EMPTY_ROW, records)
+    stored = packing.stored(row)
+    assert len(stored) < packing.ROW_BYTES
+    assert packing.loaded(stored) == row
+    assert packing.loaded(row) == row  # raw rows (the open hour, older rows) read as they are

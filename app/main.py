@@ -12,6 +12,7 @@ from sqlalchemy import Engine
 import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
 from app.auth.endpoints import router as keys_router
 from app.auth.middleware import AuthenticateFirst
+from app.balances.endpoints import router as balances_router
 from app.billing.endpoints import customer_router as billing_customer_router
 from app.billing.endpoints import router as invoices_router
 from app.budgets.endpoints import router as budgets_router
@@ -49,6 +50,7 @@ ROUTERS = [
     spares_router,
     fleet_router,
     invoices_router,
+    balances_router,
     billing_customer_router,
     budgets_router,
     metering_router,

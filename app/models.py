@@ -1,6 +1,7 @@
 """Every table's model, imported in one place for Alembic and the model/migration check."""
 
 from app.auth.models import ApiKey, KeyKind
+from app.balances.models import BalanceEntry
 from app.billing.models import Invoice, InvoiceLineRow, InvoiceNumberCounter, VoucherEntryRow
 from app.budgets.models import Budget, BudgetCrossing
 from app.core.base import Base
@@ -17,6 +18,7 @@ from app.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 __all__ = [
     "ApiKey",
+    "BalanceEntry",
     "Base",
     "Budget",
     "BudgetCrossing",

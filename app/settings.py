@@ -78,6 +78,14 @@ class Settings(BaseSettings):
     ingest_retention_days: int = Field(
         default=400, ge=1, description="How old telemetry may be and still be accepted."
     )
+    # --- telemetry partitions (issue 17, fleetscale) ---
+    telemetry_retention_days: int = Field(
+        default=400,
+        ge=1,
+        description="Days telemetry partitions are kept; a month's partition is dropped whole "
+        "once all of it is older.",
+    )
+    # --- end telemetry partitions ---
     invoice_grace_hours: int = Field(
         default=6, ge=0, description="Hours after a period ends before its invoices may finalize."
     )
@@ -178,6 +186,21 @@ class Settings(BaseSettings):
         ge=0,
         le=100,
         description="Default hot-spare share per GPU model and datacenter (a policy overrides).",
+    )
+    # --- prepaid balance (app.balances) ---
+    trial_credit: Decimal = Field(
+        default=Decimal("10.00"),
+        ge=0,
+        max_digits=12,
+        decimal_places=3,
+        description="Signup credit granted once to each new customer, in its currency (0: none).",
+    )
+    balance_low_threshold: Decimal = Field(
+        default=Decimal("2.00"),
+        ge=0,
+        max_digits=12,
+        decimal_places=3,
+        description="A prepaid balance falling below this publishes balance.low.",
     )
     secret_key: str | None = Field(
         default=None,

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import procrastinate
 
+from app.balances.service import grant_trial_credit
 from app.budgets.service import refuse_rental_over_hard_limit
 from app.core import queue as job_queue
+from app.customers.service import add_created_hook
 from app.events import stream
 from app.events.service import ALL_TYPES, subscribe
 from app.failover import jobs as failover_jobs
 from app.failover.service import on_gpu_state_changed, refuse_reserved_spare
+from app.metering import retention
 from app.payments import jobs as payments_jobs
 from app.payments.service import on_invoice_event
 from app.rentals.service import add_assign_check, add_create_check
@@ -31,6 +34,7 @@ BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
     "invoice_schedule": schedule_jobs.tasks,
     "nats": stream.tasks,
     "failover": failover_jobs.tasks,
+    "metering": retention.tasks,  # telemetry partitions (issue 17)
 }
 
 
@@ -44,6 +48,7 @@ def install() -> None:
     # refused to new assignments.
     subscribe("gpu.state_changed", on_gpu_state_changed)
     add_assign_check(refuse_reserved_spare)
+    add_created_hook(grant_trial_credit)
     if get_settings().nats_url:
         subscribe(ALL_TYPES, stream.queue_publication)
     for namespace, blueprint in BLUEPRINTS.items():

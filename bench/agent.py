@@ -1,5 +1,6 @@
-"""Agent cost benchmark: CPU time per GPU-second sampled and RSS, 8 and 64 simulated GPUs, and
-NVML calls per GPU-second of the real provider.
+"""Agent cost benchmark: CPU time per GPU-second sampled and RSS, 8 and 64 simulated GPUs, upload
+bytes per GPU-second (gzip'd as sent and before gzip), and NVML calls per GPU-second of the real
+provider. The 8-GPU run is repeated with ``--no-gzip`` to show what compression costs in CPU.
 
 Runs the real agent process (``python -m metering_agent --simulate N``) against a local sink
 that accepts every batch, and reads the agent's /proc/<pid>/stat and /proc/<pid>/status.
@@ -15,6 +16,7 @@ whole node, is not a per-GPU cost). Prints one line per run, then one final JSON
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import subprocess
@@ -24,6 +26,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pynvml
 
@@ -37,12 +40,25 @@ NVML_CALLS_TARGET = 12  # per GPU-second, steady state
 
 
 class Sink(BaseHTTPRequestHandler):
-    """Accepts every ingest batch, like a healthy service."""
+    """Accepts every ingest batch, like a healthy service (kept-alive connections), counting the
+    bytes received and the bytes they inflate to."""
+
+    protocol_version = "HTTP/1.1"
+    received: ClassVar[list[int]] = [
+        0,
+        0,
+        0,
+    ]  # body bytes as sent, inflated, requests (all runs; read as deltas)
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        raw = gzip.decompress(body) if self.headers.get("Content-Encoding") == "gzip" else body
+        Sink.received[0] += len(body)
+        Sink.received[1] += len(raw)
+        Sink.received[2] += 1
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "12")
         self.end_headers()
         self.wfile.write(b'{"ok": true}')
 
@@ -62,24 +78,29 @@ def rss_mib(pid: int) -> tuple[float, float]:
     return int(status["VmRSS"].split()[0]) / 1024, int(status["VmHWM"].split()[0]) / 1024
 
 
-def run(gpus: int, seconds: float, warmup: float, server_url: str) -> dict[str, float]:
+def run(gpus: int, seconds: float, warmup: float, server_url: str, *options: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as spool:
         cmd = [
             sys.executable, "-m", "metering_agent", "--server", server_url, "--token", "bench",
             "--spool-dir", spool, "--simulate", str(gpus), "--seed", "1",
-            "--duration", str(warmup + seconds + 1), "--log-level", "warning",
+            "--duration", str(warmup + seconds + 1), "--log-level", "warning", *options,
         ]  # fmt: skip
         agent = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
         time.sleep(warmup)
-        cpu0, t0 = cpu_seconds(agent.pid), time.monotonic()
+        cpu0, t0, received0 = cpu_seconds(agent.pid), time.monotonic(), list(Sink.received)
         time.sleep(seconds)
-        cpu1, t1 = cpu_seconds(agent.pid), time.monotonic()
+        cpu1, t1, received1 = cpu_seconds(agent.pid), time.monotonic(), list(Sink.received)
         rss, peak = rss_mib(agent.pid)
         agent.wait(timeout=60)
     cpu = cpu1 - cpu0
     wall = t1 - t0
+    sent, inflated, requests = (b - a for a, b in zip(received0, received1, strict=True))
     return {
         "gpus": gpus,
+        "options": " ".join(options),
+        "requests_per_s": round(requests / wall, 2),
+        "upload_bytes_per_gpu_second": round(sent / (gpus * wall), 1),
+        "upload_bytes_per_gpu_second_before_gzip": round(inflated / (gpus * wall), 1),
         "seconds": round(wall, 1),
         "cpu_s": round(cpu, 3),
         "cpu_percent_of_core": round(100 * cpu / wall, 3),
@@ -115,18 +136,23 @@ def main() -> int:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
+    runs = [(gpus, ()) for gpus in args.gpus] + [(8, ("--no-gzip",))] * (8 in args.gpus)
     results = []
-    for gpus in args.gpus:
-        result = run(gpus, args.seconds, args.warmup, url)
+    for gpus, options in runs:
+        result = run(gpus, args.seconds, args.warmup, url, *options)
         results.append(result)
         print(
-            f"{gpus:3d} GPUs: {result['cpu_percent_of_core']:.3f} % of a core, "
+            f"{gpus:3d} GPUs {' '.join(options) or 'gzip'}: "
+            f"{result['cpu_percent_of_core']:.3f} % of a core, "
             f"{result['cpu_ms_per_gpu_second']:.4f} ms CPU per GPU-second, "
-            f"RSS {result['rss_mib']:.1f} MiB (peak {result['peak_rss_mib']:.1f})",
+            f"RSS {result['rss_mib']:.1f} MiB (peak {result['peak_rss_mib']:.1f}), "
+            f"{result['upload_bytes_per_gpu_second']} upload B per GPU-second "
+            f"({result['upload_bytes_per_gpu_second_before_gzip']} before gzip), "
+            f"{result['requests_per_s']} requests/s",
             flush=True,
         )
     server.shutdown()
-    eight = next((r for r in results if r["gpus"] == 8), None)
+    eight = next((r for r in results if r["gpus"] == 8 and not r["options"]), None)
     target = None
     if eight is not None:
         target = eight["cpu_percent_of_core"] < 1 and eight["peak_rss_mib"] < 80

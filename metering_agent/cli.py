@@ -18,6 +18,7 @@ from metering_agent.nvml.provider import GpuProvider
 from metering_agent.nvml.real import INSTALL_HINT, NvmlProvider, NvmlUnavailable, probe
 from metering_agent.nvml.simulated import DEFAULT_MODEL, MODELS, SimulatedProvider
 from metering_agent.runner import Runner, SystemClock
+from metering_agent.schedule import UploadSchedule
 from metering_agent.spool import DEFAULT_MAX_BYTES, DEFAULT_MAX_HELD_BYTES, Spool
 from metering_agent.uploader import Backoff, Uploader
 
@@ -61,7 +62,19 @@ def build_parser() -> argparse.ArgumentParser:
     up = p.add_argument_group("spool and upload")
     up.add_argument("--batch-max-records", type=int, default=500, help="items per batch")
     up.add_argument(
-        "--upload-interval", type=float, default=5.0, help="seconds between upload rounds"
+        "--upload-interval",
+        type=float,
+        default=2.0,
+        help="seconds between upload rounds; open records are cut and sent at each round, so"
+        " the service lags by at most this and a SIGKILL loses at most this",
+    )
+    up.add_argument(
+        "--upload-jitter-seed",
+        type=int,
+        help="seed of this agent's upload offset within the interval (default: random)",
+    )
+    up.add_argument(
+        "--no-gzip", action="store_true", help="send request bodies uncompressed (old services)"
     )
     up.add_argument("--upload-timeout", type=float, default=10.0, help="HTTP timeout, seconds")
     up.add_argument("--backoff-max", type=float, default=60.0, help="max retry delay, seconds")
@@ -117,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             return _probe()
         if not (args.server and args.spool_dir and (args.token or args.token_file)):
             parser.error("--server, --token/--token-file and --spool-dir are required")
+        if not args.upload_interval > 0:
+            parser.error(f"--upload-interval must be > 0 seconds, not {args.upload_interval}")
         return run(args)
     except NvmlUnavailable as e:
         print(f"gpumeter-agent: NVML not found: {e}; {INSTALL_HINT}", file=sys.stderr)
@@ -146,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
         interval_s=args.upload_interval,
         backoff=Backoff(cap_s=args.backoff_max),
         metrics=metrics,
+        compress=not args.no_gzip,
     )
+    schedule = UploadSchedule.jittered(args.upload_interval, args.upload_jitter_seed)
     upload_stop = threading.Event()
     upload_thread = threading.Thread(
         target=uploader.run, args=(upload_stop,), name="uploader", daemon=True
@@ -155,8 +172,13 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         serve(metrics, args.metrics_port, args.metrics_host)
     gpus = provider.gpus()
-    log.info("agent_started", gpus=len(gpus), uuids=[g.uuid for g in gpus], spool=str(spool.root))
-    runner = Runner(provider, spool, clock=clock, metrics=metrics)
+    log.info(
+        "agent_started", gpus=len(gpus), uuids=[g.uuid for g in gpus], spool=str(spool.root),
+        upload_interval_s=schedule.interval_s, upload_offset_s=round(schedule.offset_s, 3),
+    )  # fmt: skip
+    runner = Runner(
+        provider, spool, clock=clock, metrics=metrics, schedule=schedule, send_at=uploader.send_at
+    )
     runner.run(stop, args.duration)
 
     runner.close()

@@ -6,6 +6,31 @@ A batch is JSON: ``{"protocol_version", "batch_id", "records": [...], "events": 
 A usage record states a fact about one GPU: it was in ``state`` for every second of
 ``[start, end)`` (integer UTC epoch seconds), with these aggregate readings. Records never
 cross a UTC minute boundary, so per-minute charts built from them are exact.
+
+What a record means since #15 (same wire format, same ``PROTOCOL_VERSION``): a record is *any*
+run of consecutive same-state seconds of one GPU within one minute, not necessarily a maximal
+one. The agent cuts its open records at every upload round (default every 2 s, at a per-agent
+jittered offset), at once when a tick brings a health event (a state change included), at a
+state change, at a minute boundary and at a missing second. A steady GPU therefore sends one
+record per upload round instead of one per minute; every second is still sent in exactly one
+record, closed records are durable in the spool before they are sent, so the service's view
+lags by at most one upload interval and a SIGKILL loses at most the seconds since the last cut.
+
+Why a cut never double-counts:
+- Records are closed, never extended or re-cut once spooled: the next record of a GPU starts at
+  the previous one's end (the spool's per-GPU floor survives restarts), so no second is in two
+  records. A re-sent record is identical (same batch, same seconds), a duplicate.
+- Segments: the service merges adjacent runs of one state into one maximal segment, so
+  ``[0, 2) + [2, 4)`` stores exactly what ``[0, 4)`` stores; evidence stays the first's.
+- Minute metrics: the service keeps sums, counts and maxima per minute (``packing``), so the
+  records of one minute combine exactly: observed seconds, utilisation sums and maxima add up
+  the same however the minute is cut. Energy is the one rounded sum (the service keeps
+  decijoules per record): the agent reports whole decijoules as increases of the GPU's rounded
+  running total, so a cut minute's records add up to exactly the uncut record's energy.
+- Means are sent rounded to 0.01 % and multiplied back by ``sample_count`` on the service: exact
+  for records of at most 60 samples (the error is at most 0.3 of one unit before rounding).
+
+Older agents (one record per minute or state run) send the same shape and keep working.
 """
 
 from __future__ import annotations

@@ -1,9 +1,14 @@
 """Record builder: consecutive seconds in the same state become one usage record.
 
 A record ``[start, end)`` is closed when the state changes, when a UTC minute boundary is
-reached, or when a second is missing (a skipped second never sits inside a record). Records for
-one GPU never overlap or go backwards: seconds before ``floor`` (the end of the last record
-already closed, including those spooled by a previous run) are refused.
+reached, when a second is missing (a skipped second never sits inside a record), or when the
+runner cuts it (``close``: every upload round, and at once on a health event). Records for one
+GPU never overlap or go backwards: seconds before ``floor`` (the end of the last record already
+closed, including those spooled by a previous run) are refused.
+
+Energy is reported in whole decijoules (the service's resolution), each record carrying the
+increase of the GPU's rounded running total: however a minute is cut into records, its records'
+energies add up to exactly what one uncut record would report (rounding never accumulates).
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ class RecordBuilder:
         self.floor = floor  # no record may start before this second
         self._run: _Run | None = None
         self._last_energy: tuple[int, int] | None = None  # (second, counter mJ)
+        self._energy_total_j = 0.0  # every second's energy since this builder began
+        self._energy_sent_dj = 0  # the total, rounded to decijoules, as far as records carry it
 
     def add(self, second: int, r: GpuReading, state: GpuState) -> list[UsageRecord]:
         """Account ``second`` to ``state``; return the records this closes."""
@@ -86,11 +93,17 @@ class RecordBuilder:
             mem_util_mean=round(run.mem_util_sum / run.mem_util_n, 2) if run.mem_util_n else None,
             mem_used_max_mib=run.mem_used_max,
             mem_total_mib=run.mem_total,
-            energy_j=None if run.energy_j is None else round(run.energy_j, 3),
+            energy_j=None if run.energy_j is None else self._energy_increase_j(),
             power_max_w=run.power_max_w,
             temp_max_c=run.temp_max,
             sm_clock_mean_mhz=run.clock_sum // run.clock_n if run.clock_n else None,
         )
+
+    def _energy_increase_j(self) -> float:
+        """The rounded running total's increase since the previous record, in joules."""
+        total_dj = round(self._energy_total_j * 10)
+        increase, self._energy_sent_dj = total_dj - self._energy_sent_dj, total_dj
+        return increase / 10
 
     def _accumulate(self, run: _Run, second: int, r: GpuReading) -> None:
         run.samples += 1
@@ -115,6 +128,7 @@ class RecordBuilder:
         joules = self._energy_j(second, r, power_w)
         if joules is not None:
             run.energy_j = (run.energy_j or 0.0) + joules
+            self._energy_total_j += joules
 
     def _energy_j(self, second: int, r: GpuReading, power_w: float | None) -> float | None:
         """Energy of this second: the counter's increase when contiguous, else power x 1 s."""

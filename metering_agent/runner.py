@@ -8,7 +8,14 @@ accounted for are never sampled again, so records never overlap or run backwards
 
 Seconds that no tick sampled (the process was stopped or the VM paused, a tick stalled, or the
 clock jumped forward) are reported per GPU as one ``unmetered`` event with the gap's start, end
-and length, so the service's timeline explains the hole.
+and length, so the service's timeline explains the hole. A restarted agent reports the seconds
+between a GPU's last spooled record and its first new sample the same way (``agent_stopped``):
+what a SIGKILL lost (at most one upload round) plus the time it was down.
+
+Cuts (protocol.py): at the first tick of every upload round the open records of all GPUs are
+closed, spooled, and the journal sealed; the uploader is told to send at the round's time. A
+tick that brings any health event (a state change included) cuts and seals the same way and has
+the uploader send at once. A SIGKILL therefore loses only the seconds since the last cut.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from metering_agent.classifier import HealthMemory, classify, event_id
@@ -25,6 +33,7 @@ from metering_agent.metrics import Metrics
 from metering_agent.nvml.provider import GpuProvider, GpuReading
 from metering_agent.protocol import EventKind, HealthEvent, UsageRecord
 from metering_agent.records import RecordBuilder, unmetered_event
+from metering_agent.schedule import UploadSchedule
 from metering_agent.spool import Spool
 
 JUMP_TOLERANCE_S = 0.5
@@ -58,22 +67,38 @@ class _Track:
     memory: HealthMemory = field(default_factory=HealthMemory)
 
 
+def _no_sender(at: float) -> None:
+    """No uploader is listening (tests of the sampling loop alone)."""
+
+
 class Runner:
     def __init__(
-        self, provider: GpuProvider, spool: Spool, *, clock: Clock, metrics: Metrics
+        self,
+        provider: GpuProvider,
+        spool: Spool,
+        *,
+        clock: Clock,
+        metrics: Metrics,
+        schedule: UploadSchedule | None = None,
+        send_at: Callable[[float], None] = _no_sender,
     ) -> None:
         self.provider, self.spool, self.clock, self.metrics = provider, spool, clock, metrics
+        self.schedule = schedule or UploadSchedule(2.0)
+        self._send_at = send_at  # the uploader: send what is sealed at this wall-clock time
+        self._next_round: float | None = None
         self._tracks: dict[str, _Track] = {}
         self._last_tick: tuple[float, float] | None = None  # (wall, mono)
         self._last_second: int | None = None
         self._jumped = False  # the previous tick saw a clock jump
 
-    def _track(self, r: GpuReading) -> _Track:
+    def _track(self, r: GpuReading, second: int, events: list[HealthEvent]) -> _Track:
         track = self._tracks.get(r.uuid)
         if track is None:
             # Resume after the last record spooled by any earlier run: never overlap it.
             floor = self.spool.last_ends.get(r.uuid, 0)
             track = self._tracks[r.uuid] = _Track(RecordBuilder(r.uuid, r.name, floor))
+            if 0 < floor < second:
+                events.append(_stopped_event(r.uuid, floor, second))
         return track
 
     def tick(self) -> None:
@@ -95,14 +120,36 @@ class Runner:
             events += self._gap(self._last_second + 1, second, since)
         self._last_second, self._jumped = second, False
         for r in self.provider.read_all():
-            track = self._track(r)
+            track = self._track(r, second, events)
             verdict, track.memory = classify(r, track.memory, second)
             events.extend(verdict.events)
             records.extend(track.builder.add(second, r, verdict.state))
             self.metrics.update_gpu(r, verdict.state)
             for event in verdict.events:
                 log.info("health_event", **_event_fields(event))
-        self._spool(records, events)
+        round_at = self._round_due(second)
+        if events:
+            self._cut(records, events, send_at=wall)
+        elif round_at is not None:
+            self._cut(records, events, send_at=round_at)
+        else:
+            self._spool(records, events)
+
+    def _round_due(self, second: int) -> float | None:
+        """The upload round that falls within this second (or was missed), if any."""
+        if self._next_round is None:
+            self._next_round = self.schedule.first_round_from(second)
+        if self._next_round >= second + 1:
+            return None
+        due, self._next_round = self._next_round, self.schedule.first_round_from(second + 1)
+        return due
+
+    def _cut(self, records: list[UsageRecord], events: list[HealthEvent], send_at: float) -> None:
+        """Close every open record, make all durable as a sealed batch, and have it sent."""
+        self.spool.append([*records, *self._close_records()], events)
+        self.spool.flush()
+        self.spool.seal(force=True)
+        self._send_at(send_at)
 
     def _gap(self, start: int, end: int, elapsed_s: float) -> list[HealthEvent]:
         """Seconds ``[start, end)`` were never sampled: say so, with the likely cause."""
@@ -128,7 +175,7 @@ class Runner:
             )
             for uuid in self._tracks
         ]
-        self._spool(self._close_records(), events)
+        self._cut([], events, send_at=self.clock.wall())
 
     def _close_records(self) -> list[UsageRecord]:
         return [rec for track in self._tracks.values() for rec in track.builder.close()]
@@ -159,6 +206,16 @@ class Runner:
         self.spool.append(records, [])
         self.spool.flush()
         log.info("records_flushed", records=len(records), held=self.spool.held())
+
+
+def _stopped_event(gpu_uuid: str, start: int, end: int) -> HealthEvent:
+    """Seconds ``[start, end)`` passed between a GPU's last spooled record and this agent's first
+    sample of it: the agent was stopped, killed or down (a SIGKILL loses the seconds since the
+    last cut too). The id names the end, so each restart's report is its own event."""
+    event = unmetered_event(gpu_uuid, start, end, "agent_stopped")
+    return replace(
+        event, event_id=event_id(gpu_uuid, start, EventKind.UNMETERED.value, f"stopped-{end}", 0)
+    )
 
 
 def _event_fields(event: HealthEvent) -> dict[str, object]:

@@ -335,8 +335,12 @@ class Spool:
 
     def _drop(self, item: _Item) -> None:
         loss = self._lost.setdefault(item.gpu_uuid, _Loss(item.start, item.end))
-        loss.start, loss.end = min(loss.start, item.start), max(loss.end, item.end)
         if item.is_record:
+            # The span is the dropped records' seconds: a dropped event's second may have been
+            # kept (a cut spools a second's record before the event it brought).
+            if not loss.records:
+                loss.start, loss.end = item.start, item.end
+            loss.start, loss.end = min(loss.start, item.start), max(loss.end, item.end)
             loss.records += 1
             loss.seconds += item.end - item.start
             self._metrics.inc("gpumeter_agent_spool_dropped_seconds_total", item.end - item.start)

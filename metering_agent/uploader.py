@@ -8,19 +8,23 @@
 - ``Retry-After`` (delta-seconds or an HTTP-date, on a 503 or 429 from a service shedding load)
   sets the least wait, capped at ``retry_after_max_s``, plus up to half as much again at random:
   a fleet told to come back in 10 s comes back over 10-15 s, not all in the same second.
+
+When: the sampling loop cuts and seals a batch at every upload round and tells the uploader the
+round's time (``send_at``, jittered per agent: ``schedule.py``), or "now" after a health event.
+Without such a request the spool is looked at every ``interval_s`` (leftovers, retries).
+Transport: one kept-alive connection, gzip bodies (``transport.py``).
 """
 
 from __future__ import annotations
 
 import email.utils
 import enum
+import http.client
 import json
 import math
 import random
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC
@@ -30,6 +34,7 @@ from metering_agent.logs import Log
 from metering_agent.metrics import Metrics
 from metering_agent.protocol import INGEST_PATH
 from metering_agent.spool import Spool, read_batch
+from metering_agent.transport import Transport
 
 log = Log("metering_agent.uploader")
 RETRYABLE_4XX = {408, 429}
@@ -102,6 +107,8 @@ class Uploader:
         backoff: Backoff | None = None,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        compress: bool = True,
     ) -> None:
         self.spool = spool
         self.url = server.rstrip("/") + INGEST_PATH
@@ -109,35 +116,45 @@ class Uploader:
         self.timeout_s, self.interval_s = timeout_s, interval_s
         self.backoff = backoff or Backoff()
         self._metrics = metrics or Metrics()
-        self._clock = clock
-        self._wake = threading.Event()
+        self._clock, self._wall = clock, wall
+        self.transport = Transport(self.url, timeout_s=timeout_s, compress=compress)
+        self._due: float | None = None  # wall-clock time a sealed batch should be sent at
+        self._cond = threading.Condition()
 
     def post(self, path: Path) -> Reply:
-        request = urllib.request.Request(
-            self.url,
-            data=json.dumps(read_batch(path)).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self._token}"},
-        )
+        raw = json.dumps(read_batch(path)).encode()
+        body, headers = self.transport.encode(raw)
+        headers["Authorization"] = f"Bearer {self._token}"
+        opened = self.transport.connections_opened
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                response.read()
-                return Reply(Outcome.STORED)
-        except urllib.error.HTTPError as e:
-            body = e.read()[:2000].decode(errors="replace")
-            if 400 <= e.code < 500 and e.code not in RETRYABLE_4XX:
-                log.error("batch_rejected", batch=path.name, status=e.code, detail=body)
-                return Reply(Outcome.REJECTED)
-            wait = retry_after_seconds(e.headers.get("Retry-After"), time.time())
-            if e.code in THROTTLED:
-                self._metrics.inc("gpumeter_agent_upload_throttled_total")
-            log.warning(
-                "upload_failed", batch=path.name, status=e.code, retry_after_s=wait, detail=body
-            )
-            return Reply(Outcome.RETRY, wait)
-        except (OSError, TimeoutError) as e:  # URLError, connection reset, socket timeout
+            response = self.transport.post(body, headers)
+        except (OSError, http.client.HTTPException) as e:  # refused, reset, timeout, garbage
             log.warning("upload_failed", batch=path.name, error=repr(e))
-        return Reply(Outcome.RETRY)
+            return Reply(Outcome.RETRY)
+        finally:
+            opened = self.transport.connections_opened - opened
+            if opened:
+                self._metrics.inc("gpumeter_agent_upload_connections_total", opened)
+        self._metrics.inc("gpumeter_agent_upload_bytes_total", len(body))
+        self._metrics.inc("gpumeter_agent_upload_uncompressed_bytes_total", len(raw))
+        return self._judge(path, response.status, response.headers, response.body)
+
+    def _judge(
+        self, path: Path, status: int, headers: http.client.HTTPMessage, data: bytes
+    ) -> Reply:
+        if 200 <= status < 300:
+            return Reply(Outcome.STORED)
+        detail = data[:2000].decode(errors="replace")
+        if 400 <= status < 500 and status not in RETRYABLE_4XX:
+            log.error("batch_rejected", batch=path.name, status=status, detail=detail)
+            return Reply(Outcome.REJECTED)
+        wait = retry_after_seconds(headers.get("Retry-After"), time.time())
+        if status in THROTTLED:
+            self._metrics.inc("gpumeter_agent_upload_throttled_total")
+        log.warning(
+            "upload_failed", batch=path.name, status=status, retry_after_s=wait, detail=detail
+        )
+        return Reply(Outcome.RETRY, wait)
 
     def upload_pending(self, stop: threading.Event, deadline: float | None = None) -> bool:
         """Send every sealed batch; return True when the spool's batches are all sent."""
@@ -169,16 +186,36 @@ class Uploader:
                 stop.wait(delay)
         return False
 
+    def send_at(self, when: float) -> None:
+        """Upload what is sealed at wall-clock time ``when`` (at once if it has passed)."""
+        with self._cond:
+            if self._due is None or when < self._due:
+                self._due = when
+            self._cond.notify()
+
     def wake(self) -> None:
-        """Look at the spool now rather than after ``interval_s`` (used at shutdown)."""
-        self._wake.set()
+        """Look at the spool now (a health event, shutdown)."""
+        self.send_at(-math.inf)
+
+    def _wait_for_due(self, stop: threading.Event) -> None:
+        """Until a requested send time, or ``interval_s`` without any request, or stop."""
+        with self._cond:
+            while not stop.is_set():
+                now = self._wall()
+                if self._due is not None and self._due <= now:
+                    self._due = None
+                    return
+                wait = self.interval_s if self._due is None else self._due - now
+                notified = self._cond.wait(min(wait, self.interval_s))
+                if not notified and self._due is None:
+                    return  # a quiet interval: look for leftovers anyway
 
     def run(self, stop: threading.Event) -> None:
-        """The uploader thread: drain the spool, then look again every ``interval_s``."""
+        """The uploader thread: send when asked (or every ``interval_s``) until stopped."""
         while not stop.is_set():
             try:
                 self.upload_pending(stop)
             except Exception as e:  # keep uploading whatever one batch does
                 log.error("uploader_error", error=repr(e))
-            self._wake.wait(self.interval_s)
-            self._wake.clear()
+            self._wait_for_due(stop)
+        self.transport.close()

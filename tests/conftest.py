@@ -28,13 +28,17 @@ from app.core.db import transaction
 from app.core.embedded_pg import embedded_postgres
 from app.core.scratch_db import scratch_database
 from app.main import create_app
-from app.settings import sqlalchemy_url
+from app.settings import get_settings, sqlalchemy_url
 from app.wiring import install as install_subscribers
 from tests.harness import Console
 
 SERVER_URL_ENV = "GPUMETER_DATABASE_URL"
 # The run's signing secret, random like a deployment's; the servers tests start inherit it.
 os.environ.setdefault("GPUMETER_SECRET_KEY", secrets.token_urlsafe(32))
+# No signup credit unless a test grants one (tests/balances): every other test's invoice
+# figures are written for customers without a prepaid balance. The servers tests start inherit it.
+os.environ.setdefault("GPUMETER_TRIAL_CREDIT", "0")
+get_settings.cache_clear()  # the imports above may have read the settings already
 
 # Properties check values, not speed: on a loaded CI machine hypothesis's default 200 ms
 # deadline per example fails them spuriously.

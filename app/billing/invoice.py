@@ -1,15 +1,20 @@
-"""Invoice assembly: rental lines, then vouchers, then one tax line.
+"""Invoice assembly: rental lines, then vouchers, then one tax line, then the prepaid balance.
 
 API:
     build_invoice(invoice_id, customer_id, currency, rated_rentals, vouchers, as_of, tax_rate,
-                  adjustments=()) -> Invoice
+                  adjustments=(), balance=0) -> Invoice
     credit_note_lines(lines, currency) -> list[InvoiceLine]
 
 Rules: adjustment lines (late data for earlier periods) follow the rental lines; vouchers
 apply to the sum of both (never below zero) and each application is its own negative line;
 tax = tax_rate x (sum of lines after vouchers), rounded once; total = sum of all lines
-including tax. The voucher ledger entries the invoice implies come
+including tax and the prepaid balance. The voucher ledger entries the invoice implies come
 back with it, for the caller to persist in the same transaction.
+
+Prepaid balance last (app.balances explains why): after tax, ``min(balance, sum so far)`` is
+one negative ``prepaid_balance`` line, so the total is what is left to pay, never below zero,
+and the balance pays tax as money would; vouchers, being discounts, lower the taxable amount
+first.
 
 No negative invoices: when negative adjustments take the sum of rental and adjustment lines
 below zero, the excess becomes credit notes, one per corrected invoice, taken from the most
@@ -52,6 +57,7 @@ def build_invoice(
     as_of: int,
     tax_rate: Decimal,
     adjustments: Iterable[InvoiceLine] = (),
+    balance: Decimal = Decimal(0),
 ) -> Invoice:
     lines = [line for rated in rated_rentals for line in rated.lines]
     lines += adjustments
@@ -67,6 +73,8 @@ def build_invoice(
     ]
     tax = round_money(sum_amounts(lines, currency) * tax_rate, currency)
     lines.append(InvoiceLine(LineKind.TAX, tax, currency, rate=tax_rate))
+    if (paid := min(balance, sum_amounts(lines, currency))) > 0:
+        lines.append(InvoiceLine(LineKind.PREPAID_BALANCE, -paid, currency))
     return Invoice(
         invoice_id, customer_id, currency, tuple(lines), tuple(applications), tuple(expirations)
     )

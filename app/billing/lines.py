@@ -42,6 +42,7 @@ class LineKind(StrEnum):
     CREDIT_NOTE = "credit_note"  # the part of negative adjustments issued as a credit note
     VOUCHER = "voucher"
     TAX = "tax"
+    PREPAID_BALANCE = "prepaid_balance"  # paid from the prepaid balance, after tax (negative)
 
 
 _CREDIT_KIND = {

@@ -57,6 +57,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
+from itertools import pairwise
 from typing import NamedTuple
 
 from app.billing.domain import (
@@ -121,6 +122,13 @@ class Timeline:
 def build_timeline(segments: Iterable[Segment], maintenance: Iterable[Span]) -> Timeline:
     """Sweep-line over segment and maintenance boundaries: O(n log n)."""
     nonempty = [s for s in segments if s.start < s.end]
+    maintenance = list(maintenance)
+    if not maintenance and _disjoint_in_order(nonempty):
+        return _plain_timeline(nonempty)
+    return _swept_timeline(nonempty, maintenance)
+
+
+def _swept_timeline(nonempty: list[Segment], maintenance: Iterable[Span]) -> Timeline:
     events = [(s.start, 1, i) for i, s in enumerate(nonempty)]
     events += [(s.end, -1, i) for i, s in enumerate(nonempty)]
     items: list[Segment | None] = list(nonempty)
@@ -139,6 +147,19 @@ def build_timeline(segments: Iterable[Segment], maintenance: Iterable[Span]) -> 
         next_time = events[k + 1][0] if k + 1 < len(events) else time
         if next_time > time and active:
             _extend(cells, _cell(time, next_time, active.values()))
+    return Timeline(cells)
+
+
+def _disjoint_in_order(segments: Sequence[Segment]) -> bool:
+    return all(a.end <= b.start for a, b in pairwise(segments))
+
+
+def _plain_timeline(segments: Sequence[Segment]) -> Timeline:
+    """The sweep's result when segments neither overlap nor meet maintenance (most GPUs):
+    one cell per segment, fused as the sweep fuses them, without sorting events."""
+    cells: list[_Cell] = []
+    for s in segments:
+        _extend(cells, _Cell(s.start, s.end, s, False))
     return Timeline(cells)
 
 

@@ -33,6 +33,10 @@ Choices (documented where the design left room):
   today's data; each rental's difference to what was billed for it
   (its lines there plus adjustments already finalized elsewhere) becomes an adjustment line.
   Since the difference is taken against what was billed, nothing is ever billed twice.
+* Prepaid balance (app.balances): a draft shows the balance it would take, after vouchers and
+  tax, as one "prepaid balance applied" line, with the customer's ledger locked until the
+  transaction ends; finalization takes exactly that amount, once (keyed by the invoice), and
+  voiding gives it back.
 * Voiding returns the vouchers the invoice consumed as new vouchers with the same expiry
   (the ledger stays append-only); tier vouchers it issued stay, and re-finalizing the period
   cannot issue them twice (their ids are per rental and period).
@@ -51,6 +55,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
+from app.balances import service as balances_service
 from app.billing import repository
 from app.billing.intervals import Span
 from app.billing.invoice import Invoice as BuiltInvoice
@@ -178,6 +183,8 @@ def finalize_invoice(
     tier = issue_tier_vouchers(draft.rated, span, epoch(now))
     entries = [*built.voucher_applications, *built.voucher_expirations, *tier]
     repository.insert_entries(session, [_entry_row(e, invoice) for e in entries])
+    if prepaid := _sum_of(built, LineKind.PREPAID_BALANCE):
+        balances_service.apply_to_invoice(session, customer, invoice.id, invoice.number, -prepaid)
     _publish(session, "invoice.finalized", invoice)
     for voucher in tier:
         _publish_voucher(session, voucher, invoice.currency)
@@ -302,6 +309,9 @@ def void_invoice(session: Session, invoice: Invoice, now: datetime, reason: str)
         for e in applied
     ]
     repository.insert_entries(session, returned)
+    customer = session.get_one(Customer, invoice.customer_id)
+    assert invoice.number is not None  # a finalized invoice is numbered
+    balances_service.return_from_invoice(session, customer, invoice.id, invoice.number)
     _publish(session, "invoice.voided", invoice, reason=reason)
     return invoice
 
@@ -458,14 +468,15 @@ def _build(
             as_of,
             customer.tax_rate or Decimal(0),
             adjustments,
+            balances_service.available(session, customer),
         )
 
 
 def _write_draft(
     session: Session, invoice: Invoice, built: BuiltInvoice, tax_rate: Decimal, now: datetime
 ) -> None:
-    tax = sum((line.amount for line in built.lines if line.kind is LineKind.TAX), Decimal(0))
-    invoice.total, invoice.tax, invoice.subtotal = built.total, tax, built.total - tax
+    tax, prepaid = _sum_of(built, LineKind.TAX), _sum_of(built, LineKind.PREPAID_BALANCE)
+    invoice.total, invoice.tax, invoice.subtotal = built.total, tax, built.total - tax - prepaid
     invoice.tax_rate, invoice.generated_at = tax_rate, now
     session.add(invoice)
     session.flush()
@@ -473,6 +484,10 @@ def _write_draft(
     rows = [_line_row(invoice, i, line) for i, line in enumerate(built.lines)]
     repository.replace_lines(session, invoice.id, rows)
     session.expire(invoice, ["lines"])
+
+
+def _sum_of(built: BuiltInvoice, kind: LineKind) -> Decimal:
+    return sum((line.amount for line in built.lines if line.kind is kind), Decimal(0))
 
 
 def _changed_since_finalized(session: Session, customer: Customer, earlier: Invoice) -> bool:

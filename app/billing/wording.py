@@ -31,6 +31,7 @@ KIND_LABELS = {
     "credit_note": "Issued as a credit note",
     "voucher": "Voucher",
     "tax": "Tax",
+    "prepaid_balance": "Prepaid balance applied",
 }
 
 

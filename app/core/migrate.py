@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from alembic import command
 from alembic.config import Config
@@ -15,10 +18,16 @@ import migrations
 # The job queue's own tables (procrastinate's schema, built by a migration from the library's
 # SQL) have no models; autogenerate must not take them for tables to drop.
 FOREIGN_TABLE_PREFIX = "procrastinate_"
+# Partitions of a partitioned table (app.metering.retention: <table>_pYYYYMM, <table>_default)
+# and their indexes are the parent's model, not tables of their own.
+PARTITION_NAME = re.compile(r"_(p\d{6}|default)$")
 
 
-def ours(name: str | None, type_: str, _parents: object) -> bool:
+def ours(name: str | None, type_: str, parents: Mapping[Any, str | None]) -> bool:
     """Alembic's ``include_name`` hook: compare only objects gpumeter's models own."""
+    table = name if type_ == "table" else parents.get("table_name")
+    if table is not None and PARTITION_NAME.search(table):
+        return False
     return not (type_ == "table" and (name or "").startswith(FOREIGN_TABLE_PREFIX))
 
 

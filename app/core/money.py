@@ -89,3 +89,16 @@ def time_amount(seconds: int, price_per_hour: Decimal, currency: str) -> Decimal
 
 def zero(currency: str) -> Decimal:
     return round_money(0, currency)
+
+
+def to_minor(amount: Decimal, currency: str) -> int:
+    """``amount`` as a whole number of the currency's minor units (USD 12.34 -> 1234); an
+    amount the currency cannot bill exactly (USD 0.001, KWD 1.235) is a ValueError."""
+    if round_money(amount, currency) != amount:
+        raise ValueError(f"{amount} is not a whole amount of {currency} (step {quantum(currency)})")
+    return int(amount.scaleb(minor_units(currency)))
+
+
+def from_minor(units: int, currency: str) -> Decimal:
+    """A count of minor units as the currency's Decimal amount (1234 USD cents -> 12.34)."""
+    return Decimal(units).scaleb(-minor_units(currency))

@@ -56,11 +56,16 @@ def scratch_database(
 
 
 def table_bytes(url: str, tables: Sequence[str]) -> dict[str, int]:
-    """Each table's pg_total_relation_size: heap, indexes, TOAST, free and dead space."""
+    """Each table's pg_total_relation_size: heap, indexes, TOAST, free and dead space; of a
+    partitioned table, the sum over its partitions (its own size is zero)."""
     with psycopg.connect(libpq_dsn(url)) as conn:
         sizes: dict[str, int] = {}
         for table in tables:
-            row = conn.execute("SELECT pg_total_relation_size(%s)", (table,)).fetchone()
+            row = conn.execute(
+                "SELECT coalesce((SELECT sum(pg_total_relation_size(relid))::bigint "
+                "FROM pg_partition_tree(%s)), pg_total_relation_size(%s))",
+                (table, table),
+            ).fetchone()
             assert row is not None, "an aggregate query returns one row"
             sizes[table] = row[0]
         return sizes

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from sqlalchemy import select
@@ -22,11 +23,25 @@ def get_customer(session: Session, customer_id: uuid.UUID, principal: Principal)
     return customer
 
 
+# What runs when a customer is created, registered by the composition root (app.wiring): e.g.
+# the balances package's trial credit, which sits above customers and so cannot be called here.
+CreatedHook = Callable[[Session, Customer], None]
+_created_hooks: list[CreatedHook] = []
+
+
+def add_created_hook(hook: CreatedHook) -> None:
+    """Run ``hook`` in the transaction of every customer's creation; idempotent."""
+    if hook not in _created_hooks:
+        _created_hooks.append(hook)
+
+
 def create_customer(session: Session, data: CustomerCreate) -> Customer:
     _check_stripe_id_free(session, data.stripe_customer_id, None)
     customer = Customer(**data.model_dump())
     session.add(customer)
     session.flush()
+    for hook in _created_hooks:
+        hook(session, customer)
     return customer
 
 

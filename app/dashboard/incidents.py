@@ -10,6 +10,12 @@ What is measured, and what is not: the failure second comes from the node; "repo
 is when the service received that event (``received_at``), so it includes the agent's upload
 delay and, for back-filled history, the whole backfill delay. How long the node took to notice
 the failure is not recorded, so it is never shown as a number.
+
+A failure the service acted on (a failover, ``app.failover``) carries its timeline: failed (the
+first failed second, per telemetry), detected (the service learned of it), requested (a spare
+reserved and the orchestrator asked), resumed (the job runs on the spare), credited (the
+invoice's credit lines over the incident). The times are the failover's own, as its API gives
+them; "after" counts from the failed second.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from pydantic import Field
 from sqlalchemy.orm import Session
 
 from app.billing.lines import LineKind
@@ -32,11 +39,27 @@ from app.core.schemas import Schema
 from app.customers.models import Customer
 from app.dashboard import exports, repository, wording
 from app.dashboard.formatting import Formatter, duration
+from app.failover.models import Failover
 from app.rentals.models import Migration
 from app.rentals.service import customer_migrations
 
 MAX_INCIDENTS = 1000  # per period: a page lists them all; a fleet-wide storm is cut here
 _CREDIT_KINDS = {LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT}
+
+
+class TimelineStep(Schema):
+    step: str  # failed, detected, requested, resumed, credited
+    at: datetime | None
+    after_s: float | None = Field(description="Seconds after the first failed second.")
+    after: str | None = Field(description="after_s for a person: 0.4 s, 3 min 5 s.")
+    text: str
+
+
+class FailoverTimeline(Schema):
+    failover_id: uuid.UUID
+    state: str
+    spare_gpu_uuid: str | None
+    steps: list[TimelineStep]
 
 
 class IncidentRead(Schema):
@@ -51,6 +74,8 @@ class IncidentRead(Schema):
     resumed_at: datetime | None
     downtime_s: int | None  # failure to resumption on the new GPU
     credited: str | None  # None: no invoice drafted for the period yet
+    credited_s: int | None
+    failover: FailoverTimeline | None = None  # None: the service opened no failover for it
     summary: str
 
 
@@ -74,7 +99,14 @@ def incidents(
     failures = [_failure(e) for e in reversed(events)]  # oldest first
     migrations = customer_migrations(session, customer.id, from_epoch(lo), from_epoch(hi))
     invoice = exports.find_invoice(session, customer, period)
-    return [_read(f, m, invoice, customer.currency, fmt) for f, m in _pair(failures, migrations)]
+    failovers = {
+        (fo.rental_id, fo.failed_gpu_uuid, epoch(fo.failed_at)): fo
+        for fo in repository.failovers_of(session, customer.id, lo, hi, MAX_INCIDENTS)
+    }
+    return [
+        _read(f, m, failovers.get((f.rental_id, f.gpu_uuid, f.at)), invoice, customer.currency, fmt)
+        for f, m in _pair(failures, migrations)
+    ]
 
 
 def _failure(event: dict[str, Any]) -> _Failure:
@@ -121,12 +153,17 @@ def _pair(
 
 
 def _read(
-    f: _Failure, m: Migration | None, invoice: Invoice | None, currency: str, fmt: Formatter
+    f: _Failure,
+    m: Migration | None,
+    fo: Failover | None,
+    invoice: Invoice | None,
+    currency: str,
+    fmt: Formatter,
 ) -> IncidentRead:
     resumed = None if m is None else epoch(m.resumed_at)
-    credited = None if invoice is None else _credited(invoice, f, resumed)
+    credited, credited_s = (None, None) if invoice is None else _credited(invoice, f, resumed)
     reported = None if f.received_s is None else max(0, f.received_s - f.at)
-    return IncidentRead(
+    read = IncidentRead(
         gpu_uuid=f.gpu_uuid,
         rental_id=f.rental_id,
         failed_at=from_epoch(f.at),
@@ -138,24 +175,62 @@ def _read(
         resumed_at=None if resumed is None else from_epoch(resumed),
         downtime_s=None if resumed is None else resumed - f.at,
         credited=None if credited is None else money(credited, currency),
+        credited_s=credited_s,
         summary=_summary(f, m, reported, credited, fmt),
     )
+    if fo is not None:
+        read.failover = _timeline(fo, read, fmt)
+    return read
 
 
-def _credited(invoice: Invoice, f: _Failure, resumed: int | None) -> Decimal:
-    """The credit lines for this GPU that start within the incident (failure to resumption)."""
+def _credited(invoice: Invoice, f: _Failure, resumed: int | None) -> tuple[Decimal, int]:
+    """The credit lines for this GPU that start within the incident (failure to resumption):
+    their amount (positive) and seconds."""
     until = f.at + 1 if resumed is None else max(resumed, f.at + 1)
-    return -sum(
-        (
-            line.amount
-            for line in invoice.lines
-            if line.kind in _CREDIT_KINDS
-            and line.gpu_uuid == f.gpu_uuid
-            and line.start_at is not None
-            and f.at <= epoch(line.start_at) < until
-        ),
-        Decimal(0),
+    lines = [
+        line
+        for line in invoice.lines
+        if line.kind in _CREDIT_KINDS
+        and line.gpu_uuid == f.gpu_uuid
+        and line.start_at is not None
+        and f.at <= epoch(line.start_at) < until
+    ]
+    amount = -sum((line.amount for line in lines), Decimal(0))
+    return amount, sum(line.seconds or 0 for line in lines)
+
+
+def _after(fo: Failover, at: datetime) -> float:
+    """Seconds from the failover's first failed second to ``at``, to a tenth."""
+    return round((at - fo.failed_at).total_seconds(), 1)
+
+
+def _timeline(fo: Failover, incident: IncidentRead, fmt: Formatter) -> FailoverTimeline:
+    """The failover's steps, each with its time and how long after the failed second."""
+
+    def step(name: str, at: datetime, text: str) -> TimelineStep:
+        after = _after(fo, at)
+        spoken = f"{after:g} s" if after < 60 else duration(int(after))
+        return TimelineStep(step=name, at=at, after_s=after, after=spoken, text=text)
+
+    spare = fo.spare_gpu_uuid
+    requested = f"spare {spare} reserved, failover requested" if spare else _no_spare(fo)
+    steps = [
+        step("failed", fo.failed_at, f"{fo.failed_gpu_uuid} failed"),
+        step("detected", fo.detected_at, "the service learned of it"),
+        step("requested", fo.requested_at, requested),
+    ]
+    if fo.resumed_at is not None:
+        steps.append(step("resumed", fo.resumed_at, f"the job runs on {spare}"))
+    if incident.credited is not None:
+        credit = f"{fmt.money(incident.credited)} for {duration(incident.credited_s or 0)}"
+        steps.append(TimelineStep(step="credited", at=None, after_s=None, after=None, text=credit))
+    return FailoverTimeline(
+        failover_id=fo.id, state=str(fo.state), spare_gpu_uuid=spare, steps=steps
     )
+
+
+def _no_spare(fo: Failover) -> str:
+    return fo.reason or "no spare was free: credited as failure until the GPU is repaired"
 
 
 def _summary(
@@ -173,7 +248,7 @@ def _summary(
         )
     else:
         parts.append(f"reported after {duration(reported)}" if reported is not None else "")
-    parts.append("detection time unknown")
+    parts.append("detection time unknown")  # the node's; a failover's timeline shows ours
     if m is not None:
         parts.append(f"moved to {m.to_gpu_uuid} in {duration(epoch(m.resumed_at) - f.at)}")
     else:

@@ -7,6 +7,13 @@ own detection time, which is not recorded) and ``resumed after`` (failure to the
 resumption on its new GPU, when a migration followed within a day). The spare target is
 ``SPARE_TARGET`` of each model and datacenter's GPUs, rounded up (DESIGN: about 5 %).
 
+Failover latency: the failover package's own p50/p99 per datacenter and model, so detection
+(first failed second to the service knowing) is shown where a failover measured it.
+
+Spare pool: each datacenter and model's hot spares now (available, reserved, preemptibly
+rented, target) and the spare GPU-hours sold preemptibly this UTC month, as the failover
+package counts them (``GET /v1/spare-pool`` gives the same).
+
 Revenue: per month and currency, the sums of the non-void invoices' lines by kind.
 """
 
@@ -15,7 +22,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from pydantic import Field
@@ -26,6 +33,9 @@ from app.billing.schemas import money
 from app.core.epoch import epoch, from_epoch
 from app.core.schemas import Schema
 from app.dashboard import repository, wording
+from app.failover.schemas import SiteLatency, SparePoolRead
+from app.failover.service import pool_view
+from app.failover.service import summary as failover_summary
 
 SPARE_TARGET = Decimal("0.05")
 FAILURE_WINDOW_S = 86_400
@@ -67,6 +77,11 @@ class FleetRead(Schema):
     failures_24h: list[FailureRead]
     reported_after: LatencyRead
     resumed_after: LatencyRead
+    spare_pools: list[SparePoolRead]
+    failover_latency: list[SiteLatency] = Field(
+        description="Per datacenter and model, from the failovers: detection (first failed "
+        "second -> the service knows), request and resume p50/p99 (GET /v1/failovers/summary)."
+    )
     detection: str = "unknown: the node's time to notice a failure is not recorded"
 
 
@@ -87,7 +102,15 @@ def fleet(session: Session, now: datetime) -> FleetRead:
         failures_24h=failures,
         reported_after=_latency([f.reported_after_s for f in failures]),
         resumed_after=_latency([f.resumed_after_s for f in failures]),
+        spare_pools=_spare_pools(session, now),
+        failover_latency=failover_summary(session).sites,
     )
+
+
+def _spare_pools(session: Session, now: datetime) -> list[SparePoolRead]:
+    """This UTC month to now (at least a second: the pool view wants a window)."""
+    start = now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    return pool_view(session, start, max(now, start + timedelta(seconds=1)))
 
 
 def _groups(

@@ -13,6 +13,7 @@ from sqlalchemy import BigInteger, cast, extract, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from app.core.epoch import from_epoch
+from app.failover.models import Failover
 from app.metering.models import HealthEventRow
 from app.rentals.visibility import served
 
@@ -99,3 +100,21 @@ def failures_between(session: Session, since: int, until: int, limit: int) -> li
 
 def revenue_by_period(session: Session, first: str, last: str) -> list[dict[str, Any]]:
     return [dict(r._mapping) for r in session.execute(_REVENUE, {"first": first, "last": last})]
+
+
+def failovers_of(
+    session: Session, customer_id: uuid.UUID, lo: int, hi: int, limit: int
+) -> list[Failover]:
+    """The customer's failovers whose failure fell in [lo, hi), oldest first (the rental
+    page's failover timeline)."""
+    query = (
+        select(Failover)
+        .where(
+            Failover.customer_id == customer_id,
+            Failover.failed_at >= from_epoch(lo),
+            Failover.failed_at < from_epoch(hi),
+        )
+        .order_by(Failover.failed_at)
+        .limit(limit)
+    )
+    return list(session.scalars(query))

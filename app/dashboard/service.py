@@ -17,6 +17,8 @@ from urllib.parse import urlencode
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
+from app.balances import service as balances
+from app.balances.schemas import BalanceRead
 from app.billing import repository as billing_repository
 from app.billing import schemas as billing_schemas
 from app.billing import service as billing
@@ -95,6 +97,7 @@ class Overview:
     events: list[dict[str, Any]]
     incidents: list[incidents.IncidentRead]
     budgets: list[BudgetStatus]
+    balance: BalanceRead  # the prepaid balance (app.balances), as GET .../balance has it
 
     @property
     def idle_share(self) -> Decimal | None:
@@ -112,7 +115,14 @@ def overview(session: Session, v: Viewer, period: BillingPeriod, now: datetime) 
     events = repository.latest_events(session, v.customer.id, period.span[0], hi, LATEST_EVENTS)
     found = incidents.incidents(session, v.customer, period, now, v.fmt)
     spend = budgets.status(budgets.budgets_of(session, v.customer), usage)
-    return Overview(usage, events, found, spend)
+    currency = v.customer.currency
+    prepaid = BalanceRead.of(
+        v.customer.id,
+        currency,
+        balances.balance(session, v.customer),
+        balances.low_threshold(currency),
+    )
+    return Overview(usage, events, found, spend, prepaid)
 
 
 # --- rental -------------------------------------------------------------------------------

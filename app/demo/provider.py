@@ -1,8 +1,9 @@
 """The demo provider, created through the console API as an operator would create it.
 
 Two nodes of four simulated H100s (the agents' UUID scheme, so the live agents report these
-GPUs), one spare; three customers on a plan with long-rental voucher tiers and a monthly cap;
-rentals that began last month, so last month's invoices have content and vouchers.
+GPUs), one spare (after the backfill, whichever GPUs no rental holds); three customers on a
+plan with long-rental voucher tiers and a monthly cap; rentals that began last month, so last
+month's invoices have content and vouchers.
 """
 
 from __future__ import annotations
@@ -133,3 +134,19 @@ def _rent(
         assignment = {"gpu_uuid": gpu, "start_at": start.isoformat()}
         api.post(f"/v1/rentals/{rental['id']}/assignments", assignment)
     provider.rentals[customer] = rental["id"]
+
+
+def pool_idle_gpus(api: Api, provider: Provider) -> list[str]:
+    """Put every GPU no rental holds now into the spare pool, so the live failure has a spare:
+    the backfill's migrations may have moved a rental onto the first one (a repaired GPU
+    returns to the pool, as a provider's policy would have it). The spares, in order."""
+    held = {
+        a["gpu_uuid"]
+        for rental in api.get("/v1/rentals", limit=100)["items"]
+        for a in rental["assignments"]
+        if a["end_at"] is None
+    }
+    idle = [gpu for gpu in provider.gpus if gpu not in held]
+    for gpu in idle:
+        api.call("PATCH", f"/v1/gpus/{gpu}", {"pool": "spare"})
+    return idle

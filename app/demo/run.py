@@ -2,8 +2,9 @@
 
 Order: database -> migrations -> admin key -> ``gpumeter serve`` -> demo provider (console
 API) -> last month backfilled by the simulator -> last month's invoices finalized -> two
-``gpumeter-agent`` processes with simulated GPUs, one scripted to fail (XID 79) -> the demo,
-as the orchestrator, sees the failure in fleet health and migrates the rental to a spare ->
+``gpumeter-agent`` processes with simulated GPUs, one scripted to fail (XID 79) -> the service
+opens a failover to the spare and sends ``failover.requested`` as a signed webhook -> the demo's
+orchestrator (``app.demo.orchestrator``) answers it ``RESTART_S`` later with the job resumed ->
 at the end (``--duration`` or Ctrl-C): agents flushed, this month's draft invoices, a summary,
 and every process it started stopped, the embedded Postgres last.
 """
@@ -32,11 +33,12 @@ from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core import migrate
 from app.core.db import get_engine, transaction
-from app.core.epoch import epoch, from_epoch
+from app.core.epoch import epoch
 from app.core.local_service import NotReady, port_in_use, wait_until_ready
 from app.core.logging import configure_logging
+from app.demo.orchestrator import NO_SPARE, REQUESTED, Orchestrator
 from app.demo.processes import Child, Processes
-from app.demo.provider import Api, create_provider
+from app.demo.provider import Api, create_provider, pool_idle_gpus
 from app.demo.summary import PeriodSummary, summarise
 from app.settings import get_settings
 from app.simulate.history import SimGpu
@@ -84,7 +86,7 @@ def run_demo(options: DemoOptions, open_database: OpenDatabase) -> int:
         processes.extra_pids.update(postmaster_pid(directory))
         stack.callback(processes.stop_all)  # before the database stops
         demo = Demo(url, directory, processes, progress, options)
-        stack.callback(demo.api_close)
+        stack.callback(demo.close)
         demo.prepare()
         try:
             demo.live(options.duration)
@@ -139,6 +141,21 @@ def program(script: str, module: str) -> list[str]:
     return [str(path)] if path.exists() else [sys.executable, "-m", module]
 
 
+def second_of(moment: str) -> int:
+    return epoch(datetime.fromisoformat(moment))
+
+
+def failover_line(failover: dict[str, Any]) -> str:
+    """What the service did about a failure: detected after N s, which spare (or none)."""
+    failed, detected = (datetime.fromisoformat(failover[k]) for k in ("failed_at", "detected_at"))
+    after = (detected - failed).total_seconds()  # from the first failed second
+    head = f"GPU {failover['failed_gpu_uuid']} failed: detected after {after:.1f} s"
+    spare = failover.get("spare_gpu_uuid")
+    if spare is None:
+        return f"{head}, no spare free ({failover.get('reason') or 'none'}): credited as failure"
+    return f"{head}, spare {spare} chosen"
+
+
 def month_start(moment: datetime, back: int = 0) -> datetime:
     month = moment.year * 12 + moment.month - 1 - back
     return datetime(month // 12, month % 12 + 1, 1, tzinfo=UTC)
@@ -158,13 +175,19 @@ class Demo:
         self.base = f"http://127.0.0.1:{options.port}"
         # The demo's own signing secret: a served database needs one (`gpumeter serve`).
         secret = os.environ.get("GPUMETER_SECRET_KEY") or secrets.token_urlsafe(32)
-        self.env = {**os.environ, "GPUMETER_DATABASE_URL": url, "GPUMETER_SECRET_KEY": secret}
+        self.env = {
+            **os.environ,
+            "GPUMETER_DATABASE_URL": url,
+            "GPUMETER_SECRET_KEY": secret,
+            "GPUMETER_WEBHOOK_ALLOW_PRIVATE": "true",  # the orchestrator listens on 127.0.0.1
+        }
         self.started = datetime.now(UTC)
         self.api: Api | None = None
+        self.orchestrator: Orchestrator | None = None
         self.agents: list[Child] = []
         self.target = ""  # the GPU the fault script fails
-        self.failed_at: int | None = None
-        self.migrated = False
+        self.failover: dict[str, Any] | None = None  # the live failure's requested failover
+        self.resumed_at: int | None = None
 
     # --- preparation ---------------------------------------------------------------------
 
@@ -177,12 +200,19 @@ class Demo:
         with step(f"starting the service on {self.base}"):
             self._serve()
         self.api = Api(self.base, self.admin_key)
+        with step("starting the orchestrator (receives the failover webhooks)"):
+            self.orchestrator = Orchestrator(self.api, RESTART_S)
+            self.orchestrator.start()
+            self.orchestrator.register()
         tag = datetime.now(UTC).strftime("%H%M%S")
         last_month = month_start(self.started, 1)
         with step("creating the demo provider through the API (plan, customers, nodes)"):
             self.provider = create_provider(self.api, tag, last_month)
         with step(f"backfilling history since {last_month:%Y-%m-%d} with the simulator"):
             self._backfill(last_month)
+        with step("putting the GPUs no rental holds into the hot-spare pool"):
+            spares = pool_idle_gpus(self.api, self.provider)
+        self.progress.say(f"  {len(spares)} hot spares: {', '.join(spares)}")
         with step(f"generating and finalizing {last_month:%Y-%m} invoices"):
             body = {"period": f"{last_month:%Y-%m}", "finalize": True, "force": True}
             self.api.post("/v1/invoices/runs", body)
@@ -259,8 +289,8 @@ class Demo:
             f"  admin key:                {self.admin_key}\n"
             f"  API docs:                 {self.base}/docs\n"
             f"  processes:                {pids} (in {self.directory / 'state.json'})\n"
-            f"  in ~{FAIL_AFTER_S} s GPU {self.target} fails (XID 79); the demo then moves "
-            "Acme AI's rental to a spare\n"
+            f"  in ~{FAIL_AFTER_S} s GPU {self.target} fails (XID 79); the service requests a "
+            f"failover to a spare, the orchestrator resumes the job there {RESTART_S} s later\n"
             f"  the demo {stop}\n"
         )
 
@@ -270,7 +300,7 @@ class Demo:
         deadline = None if duration is None else time.monotonic() + duration
         while deadline is None or time.monotonic() < deadline:
             self._check_children()
-            self._orchestrate()
+            self._report_failover()
             time.sleep(1)
 
     def _check_children(self) -> None:
@@ -278,49 +308,34 @@ class Demo:
             if child.process.poll() is not None:
                 raise RuntimeError(f"{child.name} exited early; see {child.log_path}")
 
-    def _orchestrate(self) -> None:
-        """Play the orchestrator: spot the failed GPU, restart the job on a spare."""
-        if self.migrated:
+    def _report_failover(self) -> None:
+        """Say what the service and the orchestrator did about the live failure, once each:
+        the failover requested (or no spare), then the job resumed on the spare."""
+        assert self.orchestrator is not None
+        if self.failover is None:
+            self.failover = self._failover_event(self.orchestrator)
+            if self.failover is not None:
+                self.progress.say(failover_line(self.failover))
             return
-        if self.failed_at is None:
-            health = self.api_get("/v1/fleet/health")
-            for failed in health["recently_failed"]:
-                since = epoch(datetime.fromisoformat(failed["since"]))
-                if failed["gpu_uuid"] == self.target and since >= self.agents_started:
-                    self.failed_at = since
-                    rule = (failed["evidence"] or {}).get("rule", "failed")
-                    self.progress.say(f"GPU {self.target} failed ({rule}); restarting the job")
-            return
-        if time.time() >= self.failed_at + RESTART_S:
-            self._migrate()
+        resume = self.orchestrator.resumed().get(str(self.failover["failover_id"]))
+        if resume is not None and self.resumed_at is None:
+            self.resumed_at = resume.resumed_at
+            self.progress.say(
+                f"Acme AI's rental resumed on GPU {self.failover['spare_gpu_uuid']} after "
+                f"{self._resumed_after()} s (failure to resumption); those seconds are credited"
+            )
 
-    def _migrate(self) -> None:
-        spare = self._free_gpu()
-        rental = self.provider.rentals["Acme AI"]
-        self.api_post(
-            f"/v1/rentals/{rental}/migrations",
-            {
-                "from_gpu_uuid": self.target,
-                "to_gpu_uuid": spare,
-                "failed_at": from_epoch(self.failed_at or 0).isoformat(),
-                "resumed_at": from_epoch(int(time.time())).isoformat(),
-                "reason": "XID 79: GPU fell off the bus",
-            },
-        )
-        self.migrated = True
-        self.progress.say(f"Acme AI's rental resumed on GPU {spare}; the downtime is credited")
+    def _resumed_after(self) -> int | None:
+        if self.failover is None or self.resumed_at is None:
+            return None
+        return self.resumed_at - second_of(self.failover["failed_at"])
 
-    def _free_gpu(self) -> str:
-        held = {
-            a["gpu_uuid"]
-            for rental in self.api_get("/v1/rentals", limit=100)["items"]
-            for a in rental["assignments"]
-            if a["end_at"] is None
-        }
-        free = [g for g in self.provider.gpus if g not in held and g != self.target]
-        if not free:
-            raise RuntimeError("no free GPU to migrate to")
-        return free[0]
+    def _failover_event(self, orchestrator: Orchestrator) -> dict[str, Any] | None:
+        for event_type in (REQUESTED, NO_SPARE):
+            for arrival in orchestrator.events(event_type):
+                if arrival.data["failed_gpu_uuid"] == self.target:
+                    return arrival.data
+        return None
 
     # --- end ------------------------------------------------------------------------------
 
@@ -340,11 +355,20 @@ class Demo:
 
     def _print_summary(self, summaries: list[PeriodSummary]) -> None:
         live = sum((s.credited_on(self.target, self.agents_started) for s in summaries), Decimal(0))
+        seconds = sum(s.credited_seconds_on(self.target, self.agents_started) for s in summaries)
         lines = ["", "summary"] + [f"  {s.line()}" for s in summaries]
         lines.append(f"  live failure credit (GPU {self.target}): USD {live:.2f}")
+        lines.append(f"  live failure: {self._live_story()}, credited {seconds} s (USD {live:.2f})")
         lines.append(f"  backfill: {self.backfill.failures} simulated failures, "
                      f"{self.backfill.migrations} migrations to spares")  # fmt: skip
         self.progress.say("\n".join(lines) + "\n")
+
+    def _live_story(self) -> str:
+        if self.failover is None:
+            return "no failover was requested"
+        story = failover_line(self.failover)
+        after = self._resumed_after()
+        return story + ("" if after is None else f", resumed after {after} s")
 
     # --- API --------------------------------------------------------------------------------
 
@@ -356,6 +380,8 @@ class Demo:
         assert self.api is not None
         return self.api.post(path, body)
 
-    def api_close(self) -> None:
+    def close(self) -> None:
+        if self.orchestrator is not None:
+            self.orchestrator.stop()
         if self.api is not None:
             self.api.close()

@@ -31,12 +31,18 @@ class PeriodSummary:
 
     def credited_on(self, gpu: str, since: int) -> Decimal:
         """Credits for one GPU's downtime from ``since`` on (the live, scripted failure)."""
-        lines = [
+        lines = self._credits_on(gpu, since)
+        return -sum((Decimal(line["amount"]) for line in lines), Decimal(0))
+
+    def credited_seconds_on(self, gpu: str, since: int) -> int:
+        return sum(line["seconds"] or 0 for line in self._credits_on(gpu, since))
+
+    def _credits_on(self, gpu: str, since: int) -> list[dict[str, Any]]:
+        return [
             line
             for line in self._kinds(CREDIT_KINDS)
             if line["gpu_uuid"] == gpu and _epoch(line["end_at"]) > since
         ]
-        return -sum((Decimal(line["amount"]) for line in lines), Decimal(0))
 
     def line(self) -> str:
         status = "/".join(sorted(set(self.statuses))) or "none"

@@ -23,12 +23,14 @@ FAILED = "failed"
 
 
 def available(gpu: SiteGpu, reserved: dict[str, Failover]) -> bool:
-    """A spare a failover may take: in the spare pool, not failed, not reserved, and idle or
-    held by a preemptible rental (which the failover then preempts)."""
+    """A spare a failover may take: in the spare pool, not failed, not reserved, not booked
+    for later (the job could not stay), and idle or held by a preemptible rental (which the
+    failover then preempts)."""
     return (
         gpu.pool == Pool.SPARE
         and gpu.last_state != FAILED
         and gpu.uuid not in reserved
+        and gpu.booked_from is None
         and (gpu.rental_id is None or bool(gpu.rental_preemptible))
     )
 

@@ -103,7 +103,9 @@ def gpus_of_pool_site(session: Session, model: str, datacenter: str, at: datetim
     rows = session.execute(
         text("""
         SELECT g.uuid, g.pool::text, g.last_state, n.id, n.topology_group,
-               a.rental_id, r.preemptible, a.start_at
+               a.rental_id, r.preemptible, a.start_at,
+               (SELECT min(later.start_at) FROM gpu_assignments later
+                WHERE later.gpu_uuid = g.uuid AND later.start_at > :at)
         FROM gpus g JOIN nodes n ON n.id = g.node_id
         LEFT JOIN gpu_assignments a ON a.gpu_uuid = g.uuid AND a.start_at <= :at
              AND (a.end_at IS NULL OR a.end_at > :at)

@@ -95,3 +95,4 @@ class SiteGpu:
     rental_id: UUID | None  # the rental holding it at the time asked
     rental_preemptible: bool | None
     held_since: datetime | None
+    booked_from: datetime | None  # the first assignment that begins after that time

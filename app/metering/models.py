@@ -1,7 +1,10 @@
 """Metering tables: state segments (billing), packed minute metrics (charts), health events.
 
 Time columns are integer UTC epoch seconds (BIGINT). See ``app.metering.service`` for how
-ingest writes them and how late data is marked for billing.
+ingest writes them and how late data is marked for billing. The tables that grow with time are
+partitioned by month on their time column, which every primary key therefore includes
+(``app.metering.retention`` creates and drops the partitions; migration 0012). Storage options
+(fillfactor, toast_tuple_target) are each partition's: a partitioned parent takes none.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ class StateSegment(Base):
 
     ``received_at`` moves whenever telemetry creates or changes the row: billing re-rates a
     finalized period when a segment overlapping it was received after the finalization.
-    Fillfactor leaves room on each page so extending ``end`` is a HOT update (no index write).
+    Fillfactor 70 (per partition) leaves room on each page so extending ``end`` is a HOT
+    update (no index write). Partitioned by ``start``: a segment stays in its start's month.
     """
 
     __tablename__ = "gpu_state_segments"
@@ -45,7 +49,7 @@ class StateSegment(Base):
         Index(
             "ix_gpu_state_segments_failed_start", "start", postgresql_where=text("state = 'failed'")
         ),
-        {"postgresql_with": {"fillfactor": 70}},
+        {"postgresql_partition_by": "RANGE (start)"},
     )
 
     gpu_uuid: Mapped[str] = mapped_column(
@@ -65,11 +69,13 @@ class MinuteMetrics(Base):
 
     Rewriting a 1.2 KB row on every batch in one big table left ~7 KB per GPU-hour of dead
     versions (measured), hence the split. Late data for a closed hour updates it in place.
-    Slots are compressed (lz4, ``toast_tuple_target`` 128; set by migration 0005).
+    Slots are deflated by ``packing.stored`` (Postgres leaves values of rows under ~2 KB
+    uncompressed) and kept in the row (``STORAGE MAIN``, migration 0012). Partitioned by
+    ``hour``.
     """
 
     __tablename__ = "gpu_minute_metrics"
-    __table_args__ = ({"postgresql_with": {"toast_tuple_target": 128}},)
+    __table_args__ = ({"postgresql_partition_by": "RANGE (hour)"},)
 
     gpu_uuid: Mapped[str] = mapped_column(
         String(GPU_UUID_LENGTH), ForeignKey("gpus.uuid"), primary_key=True
@@ -86,7 +92,8 @@ class OpenMinuteMetrics(Base):
 
     Keyed by GPU alone, so that moving to the next hour (the old one goes to the closed table)
     changes no indexed column: every rewrite is a HOT update into the page's free space, which
-    pruning reclaims without VACUUM, and the table stays at its working set.
+    pruning reclaims without VACUUM, and the table stays at its working set. Slots stay raw
+    and in the row (``STORAGE MAIN``).
     """
 
     __tablename__ = "gpu_minute_metrics_open"
@@ -104,16 +111,21 @@ class HealthEventRow(Base):
     """A health event as the agent reported it (XID, counter jump, state change, clock jump).
 
     Keyed by GPU and the agent's event id: an id is only unique on its own GPU, so another
-    node sending the same id can never suppress this GPU's event."""
+    node sending the same id can never suppress this GPU's event. Partitioned by ``at``, so
+    the key includes it: an id re-sent with another ``at`` is a second row, which ingest's
+    content check (same GPU and id, other content) refuses as a conflict."""
 
     __tablename__ = "health_events"
-    __table_args__ = (Index("ix_health_events_gpu_at", "gpu_uuid", "at"),)
+    __table_args__ = (
+        Index("ix_health_events_gpu_at", "gpu_uuid", "at"),
+        {"postgresql_partition_by": "RANGE (at)"},
+    )
 
     gpu_uuid: Mapped[str] = mapped_column(
         String(GPU_UUID_LENGTH), ForeignKey("gpus.uuid"), primary_key=True
     )
     event_id: Mapped[str] = mapped_column(String(200), primary_key=True)
-    at: Mapped[int]
+    at: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
     kind: Mapped[str] = mapped_column(String(16))
     code: Mapped[int | None] = mapped_column(Integer)
     state: Mapped[str | None] = mapped_column(String(16))

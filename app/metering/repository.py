@@ -161,7 +161,7 @@ _EVENT_INSERT = text(f"""
 INSERT INTO health_events (event_id, gpu_uuid, at, kind, code, state, rule, detail)
 SELECT event_id, gpu_uuid, at, kind, code, state, rule, detail FROM ({_SENT_EVENTS}) s
 ORDER BY n
-ON CONFLICT (gpu_uuid, event_id) DO NOTHING
+ON CONFLICT (gpu_uuid, event_id, at) DO NOTHING
 RETURNING 1
 """)
 _EVENT_CONFLICTS = text(f"""
@@ -230,7 +230,7 @@ def stored_metrics(rows: Iterable[Sequence[Any]]) -> StoredMetrics:
         if is_open:
             stored.open[gpu] = (hour, bytes(slots), mem_total)
         else:
-            stored.closed[(gpu, hour)] = bytes(slots)
+            stored.closed[(gpu, hour)] = packing.loaded(bytes(slots))
     return stored
 
 
@@ -263,7 +263,7 @@ def metric_rows_write_statement(
         "u": [g for g, _ in keys],
         "h": [h for _, h in keys],
         "t": [rows[k][1] for k in keys],
-        "d": [rows[k][0] for k in keys],
+        "d": [packing.stored(rows[k][0]) if closed else rows[k][0] for k in keys],
     }
     if closed:
         params["m"] = [idle.util_floor_tenths(rows[k][0]) for k in keys]
@@ -321,7 +321,7 @@ def _metric_rows(
             "idle": idle_below_tenths,
         },
     )
-    return ((gpu, hour, bytes(slots)) for gpu, hour, slots in rows)
+    return ((gpu, hour, packing.loaded(bytes(slots))) for gpu, hour, slots in rows)
 
 
 def minute_rows(

@@ -86,7 +86,9 @@ class StripeWebhookEvent(Base):
     stripe_object_id: Mapped[str | None] = mapped_column(String(255))
     invoice_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("invoices.id"), index=True)
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
-    outcome: Mapped[str] = mapped_column(String(32))  # applied | ignored | unknown_invoice
+    outcome: Mapped[str] = mapped_column(
+        String(32)
+    )  # applied | ignored | unknown_invoice | unknown_customer | wrong_currency
     received_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
 

@@ -19,10 +19,12 @@ from sqlalchemy import func
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
+from app.balances import service as balances_service
 from app.billing import service as billing_service
 from app.billing.models import Invoice, InvoiceStatus
 from app.core.epoch import from_epoch
 from app.core.errors import ApiError, Conflict, not_found
+from app.customers.models import Customer
 from app.events.models import DomainEvent
 from app.payments import repository
 from app.payments.jobs import wake_sync
@@ -135,9 +137,13 @@ def receive_webhook(session: Session, payload: bytes, signature: str | None) -> 
         return event.id, True
     row = session.get_one(StripeWebhookEvent, event.id)
     obj = body.get("data", {}).get("object", {})
+    row.stripe_object_id = obj.get("id")
+    if event.type == TOP_UP_EVENT:
+        row.outcome = _top_up(session, obj)
+        session.flush()
+        return event.id, False
     handler = _HANDLERS.get(event.type)
     invoice = _our_invoice(session, obj) if handler else None
-    row.stripe_object_id = obj.get("id")
     row.invoice_id = invoice.id if invoice else None
     if handler is None:
         row.outcome = "ignored"
@@ -148,6 +154,32 @@ def receive_webhook(session: Session, payload: bytes, signature: str | None) -> 
         row.outcome = "applied"
     session.flush()
     return event.id, False
+
+
+# A prepaid top-up is a PaymentIntent created with metadata gpumeter_top_up_customer=<our
+# customer id> (a Checkout Session in payment mode passes it on via payment_intent_data).
+TOP_UP_EVENT = "payment_intent.succeeded"
+META_TOP_UP_CUSTOMER = "gpumeter_top_up_customer"
+
+
+def _top_up(session: Session, obj: dict[str, Any]) -> str:
+    """Record a succeeded top-up payment on the customer's prepaid balance (app.balances),
+    once per payment; the webhook row's outcome says what became of any other payment."""
+    tagged = (obj.get("metadata") or {}).get(META_TOP_UP_CUSTOMER)
+    if tagged is None:
+        return "ignored"  # an invoice's payment: invoice.paid reports it
+    try:
+        customer = session.get(Customer, uuid.UUID(tagged))
+    except ValueError:
+        customer = None
+    if customer is None:
+        return "unknown_customer"
+    currency = str(obj.get("currency", "")).upper()
+    if currency != customer.currency:
+        return "wrong_currency"  # kept on the row for an operator: refund or convert by hand
+    amount = from_stripe_amount(int(obj.get("amount_received", 0)), currency)
+    balances_service.top_up_from_payment(session, customer, obj["id"], amount, currency)
+    return "applied"
 
 
 def _our_invoice(session: Session, obj: dict[str, Any]) -> Invoice | None:

@@ -8,8 +8,8 @@ automatic credits" column, which bills every downtime incident for at least the 
 recovery time (47 min). Effective GPU-hours come from ``effective_usage`` with idle minutes
 measured from the stored minute metrics (``idle_by_gpu``), as the usage page measures them.
 
-Only the GPU-hours idle time is read from get minute metrics stored (see ``store.hour_rows``): a
-60-day month of 3,000 GPUs would otherwise be 4.3 M rows (~5 GB) that no figure here reads.
+Minute metrics are stored only for the GPU-hours idle time is read from (``store.hour_rows``):
+60 days of 3,000 GPUs would otherwise be 4.5 M rows (~5 GB) that no figure here reads.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from sqlalchemy import Engine
 
 from app.billing.models import CreditNote
 from app.core.db import transaction
+from app.failover import service as failover_service
 from tests.harness import Console, bearer
 
 
@@ -111,6 +112,11 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/customers/{customer_id}/usage"): Case(Expect.HIDDEN, query="?period=2026-11"),
     ("GET", "/v1/customers/{customer_id}/what-if"): Case(Expect.HIDDEN, query="?period=2026-11"),
     ("GET", "/v1/customers/{customer_id}/vouchers"): Case(Expect.HIDDEN),
+    ("GET", "/v1/customers/{customer_id}/balance"): Case(Expect.HIDDEN),
+    ("GET", "/v1/customers/{customer_id}/balance/entries"): Case(Expect.HIDDEN),
+    ("POST", "/v1/customers/{customer_id}/balance/top-ups"): Case(
+        Expect.ADMIN_ONLY, body={"amount": "1", "reason": "x"}
+    ),
     ("POST", "/v1/customers/{customer_id}/vouchers"): Case(
         Expect.ADMIN_ONLY, body={"amount": "1", "reason": "x"}
     ),
@@ -141,6 +147,19 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/webhooks/endpoints/{endpoint_id}/deliveries"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/webhooks/deliveries/{delivery_id}/resend"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/scheduled-invoice-runs"): Case(Expect.ADMIN_ONLY),
+    # failover (app.failover): the orchestrator's answers and the spare pool are operators'.
+    ("GET", "/v1/failovers"): Case(Expect.SCOPED, query="?rental_id={rental_id}"),
+    ("GET", "/v1/failovers/{failover_id}"): Case(Expect.HIDDEN),
+    ("GET", "/v1/failovers/summary"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/failovers/{failover_id}/resumed"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/failovers/{failover_id}/abandoned"): Case(
+        Expect.ADMIN_ONLY, body={"reason": "x"}
+    ),
+    ("GET", "/v1/spare-pool"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/spare-policies"): Case(Expect.ADMIN_ONLY),
+    ("PUT", "/v1/spare-policies"): Case(
+        Expect.ADMIN_ONLY, body={"datacenter": "fra1", "model": "H100", "target_percent": "5"}
+    ),
 }
 
 A_CONTRACT_PRICE = "1.2345678901"
@@ -189,6 +208,7 @@ def build_world(console: Console) -> World:
     invoice_run = {"period": "2026-11", "customer_id": a["id"]}
     [invoice_id] = console.post("/v1/invoices/runs", invoice_run, 200)["invoice_ids"]
     budget = console.post(f"/v1/customers/{a['id']}/budgets", {"amount": "100"})
+    console.post(f"/v1/customers/{a['id']}/balance/top-ups", {"amount": "5", "reason": "x"})
     a_key = console.post(f"/v1/customers/{a['id']}/keys", {"name": "a"})
     b_key = console.post(f"/v1/customers/{b['id']}/keys", {"name": "b"})
     ids = {
@@ -232,6 +252,7 @@ def test_every_route_has_a_tenancy_case(app: FastAPI) -> None:
 def world(console: Console, db: Engine) -> World:
     world = build_world(console)
     _credit_note(db, world.ids)
+    _failover(db, world.ids)
     return world
 
 
@@ -254,6 +275,16 @@ def _credit_note(db: Engine, ids: dict[str, str]) -> None:
                 issued_at=datetime(2026, 12, 1, tzinfo=UTC),
             )
         )
+
+
+def _failover(db: Engine, ids: dict[str, str]) -> None:
+    """A failover of A's rental (its GPU after the migration fails; no spare), for the
+    failover routes to hide from B."""
+    failed_at = datetime(2026, 11, 3, tzinfo=UTC)
+    with transaction(db) as session:
+        failover = failover_service.open_failover(session, "GPU-A-2", failed_at, failed_at, [])
+        assert failover is not None
+        ids["failover_id"] = str(failover.id)
 
 
 def call(client: TestClient, method: str, path: str, case: Case, key: str | None) -> Any:

@@ -1,10 +1,16 @@
 """Rating a month of 3,000 GPUs accounts for every rented second; its speed is a benchmark
 (bench/invoices.py), not a timed assertion that a busy machine would fail."""
 
+import gc
+import itertools
 import random
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from app.billing.domain import Assignment, GpuState, Migration, Segment
-from app.billing.rating import rate_rentals
+from app.billing.rating import _swept_timeline, build_timeline, rate_rentals
+from app.billing.run import rare_collections
 
 from .factories import MONTH, rental, usd_plan
 
@@ -34,3 +40,33 @@ def test_a_month_of_3000_gpus_accounts_for_every_rented_second() -> None:
     rentals, assignments, segments, maintenance, migrations = _fleet()
     rated = rate_rentals(rentals, assignments, segments, maintenance, migrations, MONTH)
     assert sum(r.rented_s for r in rated) == GPUS * MONTH[1]
+
+
+@st.composite
+def disjoint_segments(draw: st.DrawFn) -> list[Segment]:
+    """Segments of one GPU in time order, none overlapping; some touch, some leave gaps."""
+    cuts = sorted(set(draw(st.lists(st.integers(0, 200), min_size=0, max_size=12))))
+    out = []
+    for i, (start, end) in enumerate(itertools.pairwise(cuts)):
+        if draw(st.booleans()):  # else a gap: no telemetry
+            out.append(Segment("g", start, end, draw(st.sampled_from(list(GpuState))), {"n": i}))
+    return out
+
+
+@given(disjoint_segments())
+def test_the_plain_timeline_is_the_sweep_s_when_segments_are_disjoint(
+    segments: list[Segment],
+) -> None:
+    """Most GPUs take the shortcut (no overlap, no maintenance); it must be the same."""
+    swept = _swept_timeline(segments, [])
+    plain = build_timeline(segments, [])
+    assert list(plain.cells_in(0, 201)) == list(swept.cells_in(0, 201))
+
+
+def test_a_run_collects_garbage_rarely_and_restores_the_thresholds_after() -> None:
+    before = gc.get_threshold()
+    with rare_collections():
+        with rare_collections():  # an overlapping run in the same process
+            assert gc.get_threshold() == rare_collections.THRESHOLD
+        assert gc.get_threshold() == rare_collections.THRESHOLD
+    assert gc.get_threshold() == before

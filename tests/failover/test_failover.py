@@ -213,13 +213,14 @@ def test_a_spare_whose_preemptible_rental_cannot_end_now_is_passed_over(fleet: F
     fleet.gpu("node-1", "GPU-1")
     fleet.gpu("node-1", "S-1", "spare")
     fleet.gpu("node-2", "S-2", "spare")
-    fleet.gpu("node-2", "Z-LATER", "spare")
+    fleet.gpu("node-2", "LATER", "spare")
     spot = fleet.console.rental(
         fleet.customer_id, fleet.plan_id, gpu_count=2, start_at=iso(fleet.t0), preemptible=True
     )["id"]
     fleet.console.assign(spot, "S-1", iso(fleet.t0))
-    # The spot rental also booked a GPU for later: it cannot end now, so S-1 is not free.
-    fleet.console.assign(spot, "Z-LATER", iso(fleet.t0 + 3600))
+    # The spot rental also booked a GPU for later: it cannot end now, so S-1 is not free;
+    # LATER, booked for later, is not free either.
+    fleet.console.assign(spot, "LATER", iso(fleet.t0 + 3600))
     fleet.rental("GPU-1")
     fleet.fail("GPU-1")
     [failover] = fleet.failovers(state="requested")

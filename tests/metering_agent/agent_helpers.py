@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import os
@@ -48,7 +49,8 @@ class Sink:
 
     Script items: an HTTP status (``500``, ``400``, ...), ``(status, {header: value})``, a
     callable returning one of those (evaluated when the request arrives), or
-    ``("sleep", seconds)`` to answer 200 only after sleeping (past the client's timeout). Once
+    ``("sleep", seconds)`` to answer 200 only after sleeping (past the client's timeout), or
+    ``"drop_after"`` to answer 200 and then close the kept-alive connection unannounced. Once
     the script is used up: ``down`` (a status) while it is set, else 200.
     """
 
@@ -59,6 +61,9 @@ class Sink:
     requests: int = 0
     request_times: list[float] = field(default_factory=list)  # monotonic, on arrival
     tokens: set[str] = field(default_factory=set)
+    connections: int = 0  # TCP connections the agent opened (kept alive: HTTP/1.1)
+    encodings: list[str] = field(default_factory=list)  # each request's Content-Encoding
+    arrivals: list[float] = field(default_factory=list)  # wall clock, per stored batch
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def next_reply(self) -> Any:
@@ -86,14 +91,27 @@ def serve_sink() -> tuple[Sink, ThreadingHTTPServer]:
     state = Sink()
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keeps connections alive, like the service
+
+        def setup(self) -> None:
+            super().setup()
+            with state.lock:
+                state.connections += 1
+
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
+            encoding = self.headers.get("Content-Encoding", "identity")
+            if encoding == "gzip":
+                body = gzip.decompress(body)
             with state.lock:
                 state.tokens.add(self.headers.get("Authorization", ""))
+                state.encodings.append(encoding)
             action, headers = state.next_reply(), {}
             if isinstance(action, tuple) and action[0] == "sleep":
                 time.sleep(action[1])
                 action = 200
+            elif action == "drop_after":  # answer, then close without saying so (idle timeout)
+                self.close_connection, action = True, 200
             elif isinstance(action, tuple):
                 action, headers = action
             if self.path != INGEST_PATH:
@@ -101,9 +119,11 @@ def serve_sink() -> tuple[Sink, ThreadingHTTPServer]:
             if action == 200:
                 with state.lock:
                     state.stored.append(json.loads(body))
+                    state.arrivals.append(time.time())
             reply = json.dumps({"detail": "scripted"} if action != 200 else {"ok": True})
             self.send_response(action)
             self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
             for name, value in headers.items():
                 self.send_header(name, value)
             self.end_headers()

@@ -1,0 +1,43 @@
+"""Balance ledger queries; only app.balances writes ``balance_entries``."""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import Select, select, text
+from sqlalchemy.orm import Session
+
+from app.auth.service import Principal
+from app.auth.tenancy import readable_by
+from app.balances.models import BalanceEntry
+
+
+def readable_entries(principal: Principal) -> Select[BalanceEntry]:
+    """Every ledger entry the principal may read; the API's ledger lists start here."""
+    return select(BalanceEntry).where(readable_by(principal, BalanceEntry.customer_id))
+
+
+def entries_query(readable: Select[BalanceEntry], customer_id: uuid.UUID) -> Select[BalanceEntry]:
+    """A customer's ledger, newest first."""
+    query = readable.where(BalanceEntry.customer_id == customer_id)
+    return query.order_by(BalanceEntry.seq.desc())
+
+
+def lock_ledger(session: Session, customer_id: uuid.UUID) -> None:
+    """Serialise every movement of one customer's balance until the transaction ends, so each
+    entry's running balance follows the one before it and nothing is spent twice."""
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+        {"key": f"balance:{customer_id}"},
+    )
+
+
+def latest(session: Session, customer_id: uuid.UUID, currency: str) -> BalanceEntry | None:
+    query = select(BalanceEntry).where(
+        BalanceEntry.customer_id == customer_id, BalanceEntry.currency == currency
+    )
+    return session.scalar(query.order_by(BalanceEntry.seq.desc()).limit(1))
+
+
+def by_key(session: Session, key: str) -> BalanceEntry | None:
+    return session.scalar(select(BalanceEntry).where(BalanceEntry.key == key))

@@ -1,0 +1,182 @@
+"""Prepaid balance and trial credit: a ledger per customer in integer minor units.
+
+Money comes in as the signup trial credit (``GPUMETER_TRIAL_CREDIT``, once per customer,
+granted when the customer is created) and as top-ups (an admin through the API, or a Stripe
+payment through app.payments). It goes out only to invoices: billing applies the balance when
+it finalizes one, and gives it back when that invoice is voided.
+
+Order on the invoice (DESIGN): rental lines, adjustments, credit notes, caps and vouchers
+first, then tax, then the prepaid balance. A voucher is a discount that expires and lowers the
+taxable amount; a prepaid balance is money the customer already paid, which never expires and
+pays what is due, tax included. Spending the balance first would let vouchers lapse unused and
+would tax less than the supply was worth, so vouchers come first and the balance last. The
+invoice shows the "prepaid balance applied" amount as its own line; its total is what is due.
+
+Rules: every movement is idempotent by its key (``trial:<customer>``, ``stripe:<payment>``,
+``invoice:<invoice>``, ``void:<invoice>``); the balance never goes below zero (refused here,
+and by a check on each entry's running balance); a debit that takes it from at or above
+``GPUMETER_BALANCE_LOW_THRESHOLD`` to below publishes ``balance.low``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from sqlalchemy.orm import Session
+
+from app.balances import repository
+from app.balances.models import BalanceEntry, EntryKind
+from app.core.errors import Conflict, Unprocessable
+from app.core.money import from_minor, round_money, to_minor
+from app.customers.models import Customer
+from app.events.service import publish
+from app.settings import get_settings
+
+BALANCE_LOW = "balance.low"
+
+
+def balance(session: Session, customer: Customer) -> Decimal:
+    """The customer's balance now, in its currency (zero when it never had one)."""
+    return from_minor(_balance_minor(session, customer), customer.currency)
+
+
+def available(session: Session, customer: Customer) -> Decimal:
+    """The balance an invoice may take, with the ledger locked until the transaction ends, so
+    the amount a draft shows is still there when that draft is finalized."""
+    repository.lock_ledger(session, customer.id)
+    return balance(session, customer)
+
+
+def low_threshold(currency: str) -> Decimal:
+    """Below this the balance is low (the setting, in the customer's currency)."""
+    return round_money(get_settings().balance_low_threshold, currency)
+
+
+def grant_trial_credit(session: Session, customer: Customer) -> None:
+    """The signup credit, once per customer whatever calls it (the customer's creation)."""
+    amount = get_settings().trial_credit
+    if amount > 0:
+        units = _units(amount, customer.currency, ("settings", "trial_credit"))
+        _post(session, customer, EntryKind.TRIAL, units, f"trial:{customer.id}", "signup credit")
+
+
+def top_up(
+    session: Session,
+    customer: Customer,
+    amount: Decimal,
+    reason: str,
+    *,
+    key: str | None = None,
+    created_by: uuid.UUID | None = None,
+) -> BalanceEntry:
+    """Money paid in advance: by an admin (``created_by``), or a payment (its ``key``)."""
+    units = _units(amount, customer.currency, ("body", "amount"))
+    key = key or f"admin:{uuid.uuid4()}"
+    return _post(session, customer, EntryKind.TOP_UP, units, key, reason, created_by=created_by)
+
+
+def top_up_from_payment(
+    session: Session, customer: Customer, payment_id: str, amount: Decimal, currency: str
+) -> BalanceEntry:
+    """A Stripe payment's top-up; a redelivered payment finds its entry and adds nothing."""
+    if currency != customer.currency:
+        raise Unprocessable(
+            f"payment {payment_id} is in {currency}; the customer is billed in {customer.currency}",
+            ("body", "currency"),
+        )
+    reason = f"Stripe payment {payment_id}"
+    key = f"stripe:{payment_id}"
+    return top_up(session, customer, amount, reason, key=key)
+
+
+def apply_to_invoice(
+    session: Session, customer: Customer, invoice_id: uuid.UUID, number: str, amount: Decimal
+) -> BalanceEntry:
+    """Take ``amount`` (what the draft showed) for the invoice being finalized; once only."""
+    units = -_units(amount, customer.currency, ("invoice", str(invoice_id)))
+    reason = f"applied to invoice {number}"
+    return _post(
+        session, customer, EntryKind.APPLIED, units, f"invoice:{invoice_id}", reason, invoice_id
+    )
+
+
+def return_from_invoice(
+    session: Session, customer: Customer, invoice_id: uuid.UUID, number: str
+) -> None:
+    """Give back what a voided invoice took, once."""
+    applied = repository.by_key(session, f"invoice:{invoice_id}")
+    if applied is not None:
+        reason = f"returned from voided invoice {number}"
+        key = f"void:{invoice_id}"
+        units = -applied.amount_minor
+        _post(session, customer, EntryKind.RETURNED, units, key, reason, invoice_id)
+
+
+def _units(amount: Decimal, currency: str, loc: tuple[str, ...]) -> int:
+    try:
+        return to_minor(amount, currency)
+    except ValueError as error:
+        raise Unprocessable(str(error), loc) from None
+
+
+def _balance_minor(session: Session, customer: Customer) -> int:
+    last = repository.latest(session, customer.id, customer.currency)
+    return 0 if last is None else last.balance_minor
+
+
+def _post(
+    session: Session,
+    customer: Customer,
+    kind: EntryKind,
+    units: int,
+    key: str,
+    reason: str,
+    invoice_id: uuid.UUID | None = None,
+    *,
+    created_by: uuid.UUID | None = None,
+) -> BalanceEntry:
+    """Append one movement under the ledger lock; the same key again returns its entry."""
+    repository.lock_ledger(session, customer.id)
+    if (done := repository.by_key(session, key)) is not None:
+        if done.amount_minor != units:
+            raise Conflict(f"balance entry {key} was recorded with another amount", ("body",))
+        return done
+    before = _balance_minor(session, customer)
+    after = before + units
+    if after < 0:
+        raise Conflict(
+            f"the balance is {from_minor(before, customer.currency)} {customer.currency}: "
+            f"{from_minor(-units, customer.currency)} cannot be taken from it",
+            ("body", "amount"),
+        )
+    entry = BalanceEntry(
+        key=key,
+        customer_id=customer.id,
+        kind=kind.value,
+        amount_minor=units,
+        balance_minor=after,
+        currency=customer.currency,
+        invoice_id=invoice_id,
+        reason=reason,
+        created_by=created_by,
+        at=datetime.now(UTC),
+    )
+    session.add(entry)
+    session.flush()
+    threshold = to_minor(low_threshold(customer.currency), customer.currency)
+    if before >= threshold > after:
+        _publish_low(session, customer, after, threshold)
+    return entry
+
+
+def _publish_low(session: Session, customer: Customer, units: int, threshold: int) -> None:
+    currency = customer.currency
+    data = {
+        "customer_id": customer.id,
+        "currency": currency,
+        "balance": str(from_minor(units, currency)),
+        "threshold": str(from_minor(threshold, currency)),
+    }
+    publish(session, BALANCE_LOW, data, subject=f"balance/{customer.id}", customer_id=customer.id)

@@ -1,5 +1,6 @@
 """Live views for the dashboard: cost to date with buckets and effective GPU-hours, a month-end
-forecast, the voucher ledger, and the what-if table. Read-only; nothing here is stored.
+forecast, the voucher ledger, and the what-if table. Closed days come from their stored
+rollups (``rollups``: re-rated first when their inputs changed), the open day is rated live.
 
 Cost to date is rated as the invoice would be (credits and the cap included), with the cap
 prorated over the whole billing period's seconds, not the days so far: the allowance earned

@@ -130,6 +130,9 @@ _CATEGORY = {
     LineKind.ADJUSTMENT: "Usage",
     LineKind.VOUCHER: "Credit",
     LineKind.TAX: "Tax",
+    # Paid from the prepaid balance: lowers what is billed, as a credit does, so the export
+    # still sums to the invoice's total.
+    LineKind.PREPAID_BALANCE: "Credit",
 }
 _DESCRIPTION = {
     LineKind.CHARGE: "GPU time",
@@ -140,6 +143,7 @@ _DESCRIPTION = {
     LineKind.ADJUSTMENT: "Correction of an earlier period",
     LineKind.VOUCHER: "Long-rental voucher applied",
     LineKind.TAX: "Tax",
+    LineKind.PREPAID_BALANCE: "Paid from the prepaid balance",
 }
 _USAGE_KINDS = {LineKind.CHARGE, LineKind.ADJUSTMENT}
 _TIMED_KINDS = _USAGE_KINDS | {

@@ -212,8 +212,10 @@ def revenue(session: Session, first: str, last: str) -> RevenueRead:
     for row in repository.revenue_by_period(session, first, last):
         key = (str(row["period"]), str(row["currency"]))
         cells = sums.setdefault(key, defaultdict(Decimal))
-        cells[_COLUMNS[LineKind(row["kind"])]] += row["amount"]
         invoices[key] = max(invoices.get(key, 0), int(row["invoices"]))
+        if (kind := LineKind(row["kind"])) is LineKind.PREPAID_BALANCE:
+            continue  # how the customer paid (its prepaid balance), not revenue
+        cells[_COLUMNS[kind]] += row["amount"]
     months = []
     for (period, currency), cells in sorted(sums.items(), reverse=True):
         fields = {column: money(cells[column], currency) for column in set(_COLUMNS.values())}

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from app.billing import rollups
 from app.billing.domain import Assignment, GpuState, Migration, PlanTerms, Segment
 from app.billing.effective import effective_usage
-from app.billing.intervals import Span, clip
+from app.billing.intervals import Span, clip, merge
 from app.billing.loader import BillingPeriod, PeriodInputs
 from app.billing.rating import RatedRental, rate_rentals
 from app.billing.whatif import DEFAULT_INCREMENTS, what_if, what_if_rated
@@ -172,7 +172,8 @@ def test_rollups_plus_the_open_day_equal_rating_the_span(
 ) -> None:
     ids = {r: str(uuid.uuid4()) for r in ("r0", "r1", "r2")}
     world = _stretch(world, ids)
-    read_idle = _idle_reader({g: sorted(spans) for g, spans in idle.items()})
+    # Idle minutes come merged and disjoint (``minute_spans``), as overlap counting expects.
+    read_idle = _idle_reader({g: merge(spans) for g, spans in idle.items()})
     later = max(first, later)
     with Session(db) as session:  # rolled back at the end: each example starts empty
         # A first read stores the days closed by then ...

@@ -69,7 +69,9 @@ def pool_counts(session: Session, datacenter: str, model: str) -> dict[str, Any]
         "target_percent": policy.target_percent,
         "min_count": policy.min_count,
         "below_target": len(free) < target,
-        "spare_uuids": [g.uuid for g in spares],
+        # Preemptible hours are counted on every GPU of the site: a spare a failover took has
+        # left the pool, but the hours it was sold before still were.
+        "site_uuids": [g.uuid for g in site],
     }
 
 
@@ -80,7 +82,7 @@ def check_pool(session: Session, datacenter: str, model: str) -> None:
     counts = pool_counts(session, datacenter, model)
     low = bool(counts["below_target"])
     if low and not row.below_target:
-        data = {k: v for k, v in counts.items() if k != "spare_uuids"}
+        data = {k: v for k, v in counts.items() if k != "site_uuids"}
         publish(session, "spare_pool.low", data, subject=f"spare_pool/{datacenter}/{model}")
     row.below_target = low
     session.flush()

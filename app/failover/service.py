@@ -361,7 +361,7 @@ def pool_view(session: Session, start: datetime, end: datetime) -> list[SparePoo
     pools = []
     for datacenter, model in fleet.pool_sites(session):
         counts = pool_counts(session, datacenter, model)
-        sold = rentals.preemptible_seconds(session, counts.pop("spare_uuids"), start, end)
+        sold = rentals.preemptible_seconds(session, counts.pop("site_uuids"), start, end)
         pools.append(
             SparePoolRead(
                 **counts,

@@ -110,3 +110,8 @@ def test_a_failover_preempts_a_preemptible_spare_billed_to_that_second(fleet: Fl
     sold = fleet.get("/v1/spare-pool")["pools"][0]
     assert sold["preemptible_gpu_seconds"] == rented
     assert (sold["available"], sold["reserved"]) == (0, 1)
+    # Once the job resumes on S-1 it leaves the spare pool; the hours sold before stay counted.
+    resumed = {"resumed_at": iso(preempted_at + 5)}
+    fleet.console.post(f"/v1/failovers/{failover['id']}/resumed", resumed, 200)
+    after = fleet.get("/v1/spare-pool")["pools"][0]
+    assert (after["spare_gpus"], after["preemptible_gpu_seconds"]) == (0, rented)

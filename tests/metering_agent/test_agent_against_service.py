@@ -36,6 +36,10 @@ def test_sigkill_loses_at_most_one_upload_interval_and_the_gap_is_explained(
     agent = fleet.agent("node-k", token, *options)
     gpus = [sim_uuid("node-k", i, "node-k") for i in range(2)]
     assert wait_until(lambda: all(stored_until(fleet, g, t0) >= t0 + 6 for g in gpus), 60)
+    # Kill half-way between two rounds, so the seconds since the last cut are really lost (a
+    # kill just after a cut, restarted within the second, would lose none and prove nothing).
+    mid_round = UploadSchedule.jittered(INTERVAL, 3).first_round_from(time.time()) + INTERVAL / 2
+    assert wait_until(lambda: time.time() >= mid_round, INTERVAL * 2)
     killed_at = time.time()
     agent.send_signal(signal.SIGKILL)
     agent.wait(timeout=10)

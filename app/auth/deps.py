@@ -26,35 +26,41 @@ def current_principal(
     session: DbSession,
     credentials: BearerCredentials,
 ) -> Principal:
-    # The dashboard signs customers in with a session cookie; it sets this for its requests.
-    cookie_principal: Principal | None = getattr(request.state, "principal", None)
+    cookie_principal = _cookie_principal(request)
     if cookie_principal is not None:
         return cookie_principal
-    if credentials is None:
-        raise Unauthorized(
-            "missing API key: send `Authorization: Bearer <key>`", ("header", "authorization")
-        )
-    principal = authenticate(session, credentials.credentials)
-    if principal is None:
-        raise Unauthorized("invalid or revoked API key", ("header", "authorization"))
-    return principal
+    return _known(authenticate(session, _bearer_key(credentials)))
 
 
 async def _principal(request: Request, credentials: BearerCredentials) -> Principal:
     """``current_principal`` for the routes: on the event loop, without the request's session,
     so a key found in memory (``app.auth.cache``) costs no thread hop and no query; a miss
     is looked up in a thread, in a short transaction of its own."""
-    cookie_principal: Principal | None = getattr(request.state, "principal", None)
+    cookie_principal = _cookie_principal(request)
     if cookie_principal is not None:
         return cookie_principal
+    key, engine = _bearer_key(credentials), request.app.state.engine
+    principal = authenticate_cached(engine, key)
+    if principal is None:
+        principal = await run_in_threadpool(_authenticate, engine, key)
+    return _known(principal)
+
+
+def _cookie_principal(request: Request) -> Principal | None:
+    # The dashboard signs customers in with a session cookie; it sets this for its requests.
+    principal: Principal | None = getattr(request.state, "principal", None)
+    return principal
+
+
+def _bearer_key(credentials: HTTPAuthorizationCredentials | None) -> str:
     if credentials is None:
         raise Unauthorized(
             "missing API key: send `Authorization: Bearer <key>`", ("header", "authorization")
         )
-    engine = request.app.state.engine
-    principal = authenticate_cached(engine, credentials.credentials)
-    if principal is None:
-        principal = await run_in_threadpool(_authenticate, engine, credentials.credentials)
+    return credentials.credentials
+
+
+def _known(principal: Principal | None) -> Principal:
     if principal is None:
         raise Unauthorized("invalid or revoked API key", ("header", "authorization"))
     return principal

@@ -125,6 +125,9 @@ def test_send_at_wakes_the_uploader_at_that_time_not_a_round_later(
     thread.start()
     try:
         for record in records(2):
+            # Seal only once the uploader waits for its time: a batch sealed while it is still
+            # draining the previous one is (rightly) sent at once, which is not the case here.
+            assert wait_until(lambda: _waiting(uploader), 5)
             spool.append([record], [])
             spool.flush()
             spool.seal(force=True)
@@ -139,3 +142,9 @@ def test_send_at_wakes_the_uploader_at_that_time_not_a_round_later(
         uploader.wake()
         thread.join(5)
     assert not thread.is_alive()
+
+
+def _waiting(uploader: Uploader) -> bool:
+    """The uploader thread is blocked in its wait for a send time (CPython's Condition keeps
+    its waiters in ``_waiters``)."""
+    return len(uploader._cond._waiters) > 0  # type: ignore[attr-defined]

@@ -48,7 +48,6 @@ def exit_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 
-MAX_HEADER_BYTES = 64 * 1024
 CONNECTIONS_PER_WORKER = 2048
 
 
@@ -75,7 +74,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.core import migrate
-    from app.core.limits import BoundedH11Protocol
+    from app.core.limits import BoundedHttpToolsProtocol
 
     if not ensure_secret_key(args.data_dir):
         return 2
@@ -96,11 +95,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             workers=args.workers,
             log_config=None,
             access_log=False,
-            # Slow and idle connections are closed (headers: BoundedH11Protocol; bodies:
-            # app.core.limits); shedding is the app's (JSON 503), this is only a hard cap.
-            http=BoundedH11Protocol,
+            # Slow, oversized and idle connections are closed (headers: BoundedHttpToolsProtocol;
+            # bodies: app.core.limits); shedding is the app's (JSON 503), this is only a hard cap.
+            http=BoundedHttpToolsProtocol,
             timeout_keep_alive=settings.keep_alive_s,
-            h11_max_incomplete_event_size=MAX_HEADER_BYTES,
             limit_concurrency=CONNECTIONS_PER_WORKER,
             timeout_graceful_shutdown=settings.shutdown_timeout_s,
         )

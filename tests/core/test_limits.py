@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 from starlette.types import Message
 
+from app.core.limits import MAX_HEADER_BYTES
 from app.core.local_service import free_port, wait_until_ready
 from app.core.processes import stop_child
 from app.dashboard import sessions, tokens
@@ -164,6 +165,19 @@ def test_a_client_too_slow_with_its_headers_is_disconnected(served: tuple[str, i
         started = time.monotonic()
         assert sock.recv(1024) == b""  # closed by the server
     assert 1.5 < time.monotonic() - started < 8
+
+
+def test_headers_over_the_size_cap_lose_the_connection(served: tuple[str, int]) -> None:
+    host, port = served[0].removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: ")
+        try:
+            for _ in range(MAX_HEADER_BYTES // 4096 + 64):
+                sock.sendall(b"a" * 4096)
+            closed = sock.recv(1024) == b""  # closed by the server, without an answer
+        except ConnectionResetError:
+            closed = True  # closed while the rest was still arriving
+    assert closed
 
 
 def test_a_dashboard_session_gets_503_too_when_postgres_is_down() -> None:

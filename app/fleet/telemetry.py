@@ -7,6 +7,8 @@ of ``app.rentals.visibility``). The telemetry itself comes from metering's read 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
@@ -45,6 +47,34 @@ def timeline(
 ) -> schemas.Timeline:
     parts = visible(session, gpu_uuid, caller, start, end)
     return reads.timeline(session, gpu_uuid, parts, start, end)
+
+
+def timelines(
+    session: Session,
+    caller: Principal,
+    parts_by_gpu: Mapping[str, list[tuple[int, int]]],
+    start: int,
+    end: int,
+) -> dict[str, schemas.Timeline]:
+    """Many GPUs' timelines in one read, each part clipped to what the caller may see (the
+    rental page: one call for all of a rental's assignments)."""
+    if caller.customer_scope is not None:
+        query = served(customer_id=caller.customer_scope, gpu_uuids=list(parts_by_gpu))
+        rented: dict[str, list[tuple[int, int]]] = {gpu: [] for gpu in parts_by_gpu}
+        for a in session.execute(query.order_by("start_at")):
+            rented[a.gpu_uuid].append(
+                (epoch(a.start_at), _OPEN_END if a.end_at is None else epoch(a.end_at))
+            )
+        parts_by_gpu = {
+            gpu: [
+                (max(lo, a), min(hi, b))
+                for lo, hi in parts
+                for a, b in rented[gpu]
+                if max(lo, a) < min(hi, b)
+            ]
+            for gpu, parts in parts_by_gpu.items()
+        }
+    return reads.timelines(session, parts_by_gpu, start, end)
 
 
 def metrics(

@@ -6,7 +6,7 @@ decides which parts of the window a principal may see and passes them in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -65,6 +65,43 @@ def timeline(
         unmetered=unmetered,
         events=events,
     )
+
+
+def timelines(
+    session: Session, parts_by_gpu: Mapping[str, list[tuple[int, int]]], start: int, end: int
+) -> dict[str, schemas.Timeline]:
+    """``timeline`` for many GPUs at once: two queries in all, not two per part."""
+    gpus = list(parts_by_gpu)
+    rows = repository.segments_between(session, gpus, start, end)
+    events = repository.events_of(session, gpus, start, end)
+    out = {}
+    for gpu, parts in parts_by_gpu.items():
+        segments, unmetered, reads_ = [], [], []
+        for lo, hi in parts:
+            spans = [
+                Span(max(r.start, lo), min(r.end, hi), r.state, r.evidence)
+                for r in rows[gpu]
+                if r.start < hi and r.end > lo
+            ]
+            segments += [
+                schemas.SegmentRead.of(s.start, s.end, state=s.state, evidence=s.evidence)
+                for s in spans
+            ]
+            unmetered += [schemas.GapRead.of(a, b, seconds=b - a) for a, b in gaps(spans, lo, hi)]
+            reads_ += [
+                schemas.EventRead(at=from_epoch(e["at"]), at_s=e["at"], **_without(e, "at"))
+                for e in events[gpu]
+                if lo <= e["at"] < hi
+            ]
+        out[gpu] = schemas.Timeline(
+            gpu_uuid=gpu,
+            start=from_epoch(start),
+            end=from_epoch(end),
+            segments=segments,
+            unmetered=unmetered,
+            events=reads_,
+        )
+    return out
 
 
 def failed_since(session: Session, since: int) -> list[dict[str, Any]]:

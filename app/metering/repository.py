@@ -374,6 +374,24 @@ def events_between(session: Session, gpu_uuid: str, start: int, end: int) -> lis
     return [dict(row._mapping) for row in rows]
 
 
+def events_of(
+    session: Session, gpu_uuids: Sequence[str], start: int, end: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Each GPU's health events in ``[start, end)`` in one query (the rental page's bands)."""
+    rows = session.execute(
+        text("""
+        SELECT gpu_uuid, event_id, at, kind, code, state, rule, detail FROM health_events
+        WHERE gpu_uuid = ANY(:u) AND at >= :start AND at < :end ORDER BY at, event_id
+        """),
+        {"u": list(gpu_uuids), "start": start, "end": end},
+    )
+    out: dict[str, list[dict[str, Any]]] = {gpu: [] for gpu in gpu_uuids}
+    for row in rows:
+        event = dict(row._mapping)
+        out[event.pop("gpu_uuid")].append(event)
+    return out
+
+
 def failed_since(session: Session, since: int) -> list[dict[str, Any]]:
     """Failed segments that began at or after ``since``, newest first (at most 1000)."""
     rows = session.execute(

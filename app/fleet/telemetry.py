@@ -7,6 +7,7 @@ of ``app.rentals.visibility``). The telemetry itself comes from metering's read 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 
 from sqlalchemy.orm import Session
@@ -31,15 +32,28 @@ def visible(
         raise not_found("GPU", gpu_uuid, ("path", "gpu_uuid"))
     if caller.customer_scope is None:
         return [(start, end)]
-    query = served(customer_id=caller.customer_scope, gpu_uuids=[gpu_uuid])
-    rented = [
-        (epoch(a.start_at), _OPEN_END if a.end_at is None else epoch(a.end_at))
-        for a in session.execute(query.order_by("start_at"))
-    ]
+    rented = _rented(session, caller.customer_scope, [gpu_uuid])[gpu_uuid]
     if not rented:
         raise not_found("GPU", gpu_uuid, ("path", "gpu_uuid"))
-    clipped = [(max(a, start), min(b, end)) for a, b in rented]
-    return [(a, b) for a, b in clipped if a < b]
+    return _clip([(start, end)], rented)
+
+
+def _rented(
+    session: Session, customer_id: uuid.UUID, gpu_uuids: list[str]
+) -> dict[str, list[tuple[int, int]]]:
+    """Each GPU's intervals serving this customer's rentals, in start order."""
+    query = served(customer_id=customer_id, gpu_uuids=gpu_uuids)
+    rented: dict[str, list[tuple[int, int]]] = {gpu: [] for gpu in gpu_uuids}
+    for a in session.execute(query.order_by("start_at")):
+        end = _OPEN_END if a.end_at is None else epoch(a.end_at)
+        rented[a.gpu_uuid].append((epoch(a.start_at), end))
+    return rented
+
+
+def _clip(parts: list[tuple[int, int]], rented: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The non-empty overlaps of ``parts`` with ``rented``."""
+    overlaps = [(max(lo, a), min(hi, b)) for lo, hi in parts for a, b in rented]
+    return [(a, b) for a, b in overlaps if a < b]
 
 
 def timeline(
@@ -59,21 +73,8 @@ def timelines(
     """Many GPUs' timelines in one read, each part clipped to what the caller may see (the
     rental page: one call for all of a rental's assignments)."""
     if caller.customer_scope is not None:
-        query = served(customer_id=caller.customer_scope, gpu_uuids=list(parts_by_gpu))
-        rented: dict[str, list[tuple[int, int]]] = {gpu: [] for gpu in parts_by_gpu}
-        for a in session.execute(query.order_by("start_at")):
-            rented[a.gpu_uuid].append(
-                (epoch(a.start_at), _OPEN_END if a.end_at is None else epoch(a.end_at))
-            )
-        parts_by_gpu = {
-            gpu: [
-                (max(lo, a), min(hi, b))
-                for lo, hi in parts
-                for a, b in rented[gpu]
-                if max(lo, a) < min(hi, b)
-            ]
-            for gpu, parts in parts_by_gpu.items()
-        }
+        rented = _rented(session, caller.customer_scope, list(parts_by_gpu))
+        parts_by_gpu = {gpu: _clip(parts, rented[gpu]) for gpu, parts in parts_by_gpu.items()}
     return reads.timelines(session, parts_by_gpu, start, end)
 
 

@@ -44,27 +44,7 @@ def timeline(
     session: Session, gpu_uuid: str, parts: list[tuple[int, int]], start: int, end: int
 ) -> schemas.Timeline:
     """Segments, unmetered gaps and health events of ``parts`` of [start, end)."""
-    segments, unmetered, events = [], [], []
-    for lo, hi in parts:
-        rows = repository.segments_between(session, [gpu_uuid], lo, hi)[gpu_uuid]
-        spans = [Span(r.start, r.end, r.state, r.evidence) for r in rows]
-        segments += [
-            schemas.SegmentRead.of(s.start, s.end, state=s.state, evidence=s.evidence)
-            for s in spans
-        ]
-        unmetered += [schemas.GapRead.of(a, b, seconds=b - a) for a, b in gaps(spans, lo, hi)]
-        events += [
-            schemas.EventRead(at=from_epoch(e["at"]), at_s=e["at"], **_without(e, "at"))
-            for e in repository.events_between(session, gpu_uuid, lo, hi)
-        ]
-    return schemas.Timeline(
-        gpu_uuid=gpu_uuid,
-        start=from_epoch(start),
-        end=from_epoch(end),
-        segments=segments,
-        unmetered=unmetered,
-        events=events,
-    )
+    return timelines(session, {gpu_uuid: parts}, start, end)[gpu_uuid]
 
 
 def timelines(
@@ -74,34 +54,46 @@ def timelines(
     gpus = list(parts_by_gpu)
     rows = repository.segments_between(session, gpus, start, end)
     events = repository.events_of(session, gpus, start, end)
-    out = {}
-    for gpu, parts in parts_by_gpu.items():
-        segments, unmetered, reads_ = [], [], []
-        for lo, hi in parts:
-            spans = [
-                Span(max(r.start, lo), min(r.end, hi), r.state, r.evidence)
-                for r in rows[gpu]
-                if r.start < hi and r.end > lo
-            ]
-            segments += [
-                schemas.SegmentRead.of(s.start, s.end, state=s.state, evidence=s.evidence)
-                for s in spans
-            ]
-            unmetered += [schemas.GapRead.of(a, b, seconds=b - a) for a, b in gaps(spans, lo, hi)]
-            reads_ += [
-                schemas.EventRead(at=from_epoch(e["at"]), at_s=e["at"], **_without(e, "at"))
-                for e in events[gpu]
-                if lo <= e["at"] < hi
-            ]
-        out[gpu] = schemas.Timeline(
-            gpu_uuid=gpu,
-            start=from_epoch(start),
-            end=from_epoch(end),
-            segments=segments,
-            unmetered=unmetered,
-            events=reads_,
-        )
-    return out
+    return {
+        gpu: _timeline(gpu, parts, rows[gpu], events[gpu], start, end)
+        for gpu, parts in parts_by_gpu.items()
+    }
+
+
+def _timeline(
+    gpu_uuid: str,
+    parts: list[tuple[int, int]],
+    rows: list[repository.SegmentRow],
+    events: list[dict[str, Any]],
+    start: int,
+    end: int,
+) -> schemas.Timeline:
+    """One GPU's timeline from its rows over the whole window, cut to ``parts``."""
+    segments, unmetered, reads_ = [], [], []
+    for lo, hi in parts:
+        spans = [
+            Span(max(r.start, lo), min(r.end, hi), r.state, r.evidence)
+            for r in rows
+            if r.start < hi and r.end > lo
+        ]
+        segments += [
+            schemas.SegmentRead.of(s.start, s.end, state=s.state, evidence=s.evidence)
+            for s in spans
+        ]
+        unmetered += [schemas.GapRead.of(a, b, seconds=b - a) for a, b in gaps(spans, lo, hi)]
+        reads_ += [
+            schemas.EventRead(at=from_epoch(e["at"]), at_s=e["at"], **_without(e, "at"))
+            for e in events
+            if lo <= e["at"] < hi
+        ]
+    return schemas.Timeline(
+        gpu_uuid=gpu_uuid,
+        start=from_epoch(start),
+        end=from_epoch(end),
+        segments=segments,
+        unmetered=unmetered,
+        events=reads_,
+    )
 
 
 def failed_since(session: Session, since: int) -> list[dict[str, Any]]:

@@ -363,17 +363,6 @@ def late_segments_since(
     )
 
 
-def events_between(session: Session, gpu_uuid: str, start: int, end: int) -> list[dict[str, Any]]:
-    rows = session.execute(
-        text("""
-        SELECT event_id, at, kind, code, state, rule, detail FROM health_events
-        WHERE gpu_uuid = :u AND at >= :start AND at < :end ORDER BY at, event_id
-        """),
-        {"u": gpu_uuid, "start": start, "end": end},
-    )
-    return [dict(row._mapping) for row in rows]
-
-
 def events_of(
     session: Session, gpu_uuids: Sequence[str], start: int, end: int
 ) -> dict[str, list[dict[str, Any]]]:

@@ -212,7 +212,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             start_http_server(args.metrics_port, addr=args.metrics_host)
         # SIGTERM/SIGINT: stop taking jobs, give running ones worker_shutdown_s, then exit.
         engine, name = get_engine(url), f"worker-{os.getpid()}"
-        asyncio.run(run_worker(engine, get_settings(), name=name, install_signal_handlers=True))
+        asyncio.run(run_worker(engine, get_settings(), name=name, stop_on_signals=True))
     return 0
 
 

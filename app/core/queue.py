@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -118,23 +119,44 @@ async def opened(engine: Engine, settings: Settings) -> AsyncIterator[procrastin
 
 
 async def run_worker(
-    engine: Engine, settings: Settings, *, name: str, install_signal_handlers: bool
+    engine: Engine, settings: Settings, *, name: str, stop_on_signals: bool
 ) -> None:
-    """Work jobs until stopped: by SIGTERM/SIGINT (when it installs the handlers) or by
-    cancellation. Stopping waits ``worker_shutdown_s`` for running jobs, then aborts them."""
-    async with opened(engine, settings) as app:
-        await app.run_worker_async(
-            name=name,
-            concurrency=settings.worker_concurrency,
-            install_signal_handlers=install_signal_handlers,
-            shutdown_graceful_timeout=settings.worker_shutdown_s,
-            update_heartbeat_interval=settings.worker_heartbeat_s,
-            stalled_worker_timeout=settings.worker_stalled_s,
-            fetch_job_polling_interval=settings.worker_poll_s,
-            delete_jobs="successful",
-            additional_context={"engine": engine, "settings": settings},
-            worker_middleware=[_measure],
-        )
+    """Work jobs until stopped: by SIGTERM/SIGINT (with ``stop_on_signals``) or by cancellation.
+    Stopping waits ``worker_shutdown_s`` for running jobs, then aborts them."""
+    signalled = _cancel_on_signals() if stop_on_signals else None
+    try:
+        async with opened(engine, settings) as app:
+            await app.run_worker_async(
+                name=name,
+                concurrency=settings.worker_concurrency,
+                install_signal_handlers=False,  # ours, from before the worker registers
+                shutdown_graceful_timeout=settings.worker_shutdown_s,
+                update_heartbeat_interval=settings.worker_heartbeat_s,
+                stalled_worker_timeout=settings.worker_stalled_s,
+                fetch_job_polling_interval=settings.worker_poll_s,
+                delete_jobs="successful",
+                additional_context={"engine": engine, "settings": settings},
+                worker_middleware=[_measure],
+            )
+    except asyncio.CancelledError:
+        if signalled is None or not signalled.is_set():
+            raise  # cancelled by its caller, not stopped by a signal
+
+
+def _cancel_on_signals() -> asyncio.Event:
+    """SIGTERM/SIGINT cancel the running task, which procrastinate turns into a graceful stop.
+    Its own handlers come only after it registers the worker, so a signal in between killed the
+    process outright; these are in place from the start. The event says a signal did it."""
+    loop, task, signalled = asyncio.get_running_loop(), asyncio.current_task(), asyncio.Event()
+    assert task is not None
+
+    def stop() -> None:
+        signalled.set()
+        task.cancel()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop)
+    return signalled
 
 
 async def _keep_working(engine: Engine, settings: Settings) -> None:
@@ -143,7 +165,7 @@ async def _keep_working(engine: Engine, settings: Settings) -> None:
     delay = 1.0
     while True:
         try:
-            await run_worker(engine, settings, name="in-process", install_signal_handlers=False)
+            await run_worker(engine, settings, name="in-process", stop_on_signals=False)
             return
         except Exception:
             log.exception("the in-process worker failed; restarting it", extra={"in_s": delay})

@@ -251,7 +251,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from app.demo.run import DemoOptions, run_demo
 
     options = DemoOptions(
-        data_dir=args.data_dir, duration=args.duration, port=args.port, verbose=args.verbose
+        data_dir=args.data_dir,
+        duration=args.duration,
+        port=args.port,
+        fail_after_s=args.fail_after,
+        restart_s=args.restart_after,
+        verbose=args.verbose,
     )
     return run_demo(options, database_url)
 
@@ -281,6 +286,16 @@ def _aware_time(text: str) -> datetime:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(f"give the zone too, e.g. {text}Z")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value < 3600:
+        raise argparse.ArgumentTypeError(f"give seconds between 0 and 3600, not {text}")
     return value
 
 
@@ -408,6 +423,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to run once ready, then print the summary and exit (default: until Ctrl-C)",
     )
     demo.add_argument("--port", type=int, default=8000, help="port to serve on (default 8000)")
+    demo.add_argument(
+        "--fail-after",
+        type=_positive_seconds,
+        default=20,
+        help="seconds after the agents start that the scripted GPU fails (default 20)",
+    )
+    demo.add_argument(
+        "--restart-after",
+        type=_positive_seconds,
+        default=20,
+        help="seconds the orchestrator takes to resume the job on the spare: the credited "
+        "migration window (default 20)",
+    )
     demo.add_argument(
         "--data-dir",
         type=Path,

@@ -4,7 +4,7 @@ Order: database -> migrations -> admin key -> ``gpumeter serve`` -> demo provide
 API) -> last month backfilled by the simulator -> last month's invoices finalized -> two
 ``gpumeter-agent`` processes with simulated GPUs, one scripted to fail (XID 79) -> the service
 opens a failover to the spare and sends ``failover.requested`` as a signed webhook -> the demo's
-orchestrator (``app.demo.orchestrator``) answers it ``RESTART_S`` later with the job resumed ->
+orchestrator (``app.demo.orchestrator``) answers it ``--restart-after`` s later, the job resumed ->
 at the end (``--duration`` or Ctrl-C): agents flushed, this month's draft invoices, a summary,
 and every process it started stopped, the embedded Postgres last.
 """
@@ -46,8 +46,6 @@ from app.simulate.progress import Progress
 from app.simulate.run import Options, simulate
 from metering_agent.nvml.simulated import DEFAULT_MODEL
 
-FAIL_AFTER_S = 20  # the scripted XID 79, seconds after the agents start
-RESTART_S = 20  # the orchestrator's job restart on the spare: the credited migration window
 BACKFILL_FAILURE_RATE = 0.03  # per GPU-day: enough that a small fleet shows failures
 READY_TIMEOUT_S = 90
 
@@ -60,6 +58,8 @@ class DemoOptions:
     duration: float | None
     port: int
     seed: int = 7
+    fail_after_s: float = 20  # the scripted XID 79, seconds after the agents start
+    restart_s: float = 20  # the orchestrator's job restart on the spare: the credited window
     verbose: bool = False  # stream the demo's and its children's JSON logs to the terminal
 
 
@@ -201,7 +201,7 @@ class Demo:
             self._serve()
         self.api = Api(self.base, self.admin_key)
         with step("starting the orchestrator (receives the failover webhooks)"):
-            self.orchestrator = Orchestrator(self.api, RESTART_S)
+            self.orchestrator = Orchestrator(self.api, self.options.restart_s)
             self.orchestrator.start()
             self.orchestrator.register()
         tag = datetime.now(UTC).strftime("%H%M%S")
@@ -250,7 +250,7 @@ class Demo:
         target_node, index = self.provider.locate(self.target)
         faults = self.directory / "faults.json"
         faults.write_text(
-            json.dumps([{"at": FAIL_AFTER_S, "gpu": index, "fault": "xid", "xid": 79}])
+            json.dumps([{"at": self.options.fail_after_s, "gpu": index, "fault": "xid", "xid": 79}])
         )
         for i, node in enumerate(self.provider.nodes):
             token = self.directory / f"{node.hostname}.token"
@@ -280,7 +280,11 @@ class Demo:
         acme = self.provider.customers["Acme AI"]
         link = self.api_post(f"/v1/customers/{acme}/portal-links", {"ttl_s": 86_400})["url"]
         pids = ", ".join(f"{name} {pid}" for name, pid in self.processes.pids().items())
-        duration = self.options.duration
+        duration, fail_after, restart = (
+            self.options.duration,
+            self.options.fail_after_s,
+            self.options.restart_s,
+        )
         stop = f"stops after {duration:g} s" if duration else "runs until Ctrl-C"
         self.progress.say(
             "\n"
@@ -289,8 +293,8 @@ class Demo:
             f"  admin key:                {self.admin_key}\n"
             f"  API docs:                 {self.base}/docs\n"
             f"  processes:                {pids} (in {self.directory / 'state.json'})\n"
-            f"  in ~{FAIL_AFTER_S} s GPU {self.target} fails (XID 79); the service requests a "
-            f"failover to a spare, the orchestrator resumes the job there {RESTART_S} s later\n"
+            f"  in ~{fail_after:g} s GPU {self.target} fails (XID 79); the service requests a "
+            f"failover to a spare, the orchestrator resumes the job there {restart:g} s later\n"
             f"  the demo {stop}\n"
         )
 

@@ -280,12 +280,8 @@ class Demo:
         acme = self.provider.customers["Acme AI"]
         link = self.api_post(f"/v1/customers/{acme}/portal-links", {"ttl_s": 86_400})["url"]
         pids = ", ".join(f"{name} {pid}" for name, pid in self.processes.pids().items())
-        duration, fail_after, restart = (
-            self.options.duration,
-            self.options.fail_after_s,
-            self.options.restart_s,
-        )
-        stop = f"stops after {duration:g} s" if duration else "runs until Ctrl-C"
+        options = self.options
+        stop = f"stops after {options.duration:g} s" if options.duration else "runs until Ctrl-C"
         self.progress.say(
             "\n"
             "gpumeter demo is running\n"
@@ -293,8 +289,9 @@ class Demo:
             f"  admin key:                {self.admin_key}\n"
             f"  API docs:                 {self.base}/docs\n"
             f"  processes:                {pids} (in {self.directory / 'state.json'})\n"
-            f"  in ~{fail_after:g} s GPU {self.target} fails (XID 79); the service requests a "
-            f"failover to a spare, the orchestrator resumes the job there {restart:g} s later\n"
+            f"  in ~{options.fail_after_s:g} s GPU {self.target} fails (XID 79); the service "
+            f"requests a failover to a spare, the orchestrator resumes the job there "
+            f"{options.restart_s:g} s later\n"
             f"  the demo {stop}\n"
         )
 

@@ -24,9 +24,10 @@ pytestmark = pytest.mark.e2e
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 GPUMETER = Path(sys.executable).parent / "gpumeter"
-# The GPU fails 4 s after the agents start, its job resumes 4 s later; the agents upload every
-# 2 s, so 16 s leaves the credit's close a few uploads to arrive.
-SHORT_RUN = ["--duration", "16", "--fail-after", "4", "--restart-after", "4"]
+# The GPU fails 4 s after the agents start, its job resumes RESTART_S later; the agents upload
+# every 2 s, so 16 s leaves the credit's close a few uploads to arrive.
+RESTART_S = 4
+SHORT_RUN = ["--duration", "16", "--fail-after", "4", "--restart-after", str(RESTART_S)]
 LINK = re.compile(r"dashboard link \(Acme AI\): (\S+)")
 LIVE_STORY = re.compile(r"live failure: .* resumed after (\d+) s, credited (\d+) s \(USD [\d.]+\)")
 LAST_MONTH = re.compile(r"\d{4}-\d{2}: (\d+) invoices \(finalized\), GPU-hours billed ([\d,.]+)")
@@ -112,7 +113,7 @@ def test_demo_runs_shows_the_dashboard_and_leaves_nothing_behind(
     assert story, output
     resumed_after, credited = map(int, story.groups())
     # At least the orchestrator's restart is credited; the failure is cut within a second.
-    assert resumed_after >= 4 and credited >= 4, output
+    assert resumed_after >= RESTART_S and credited >= RESTART_S, output
     last_month = LAST_MONTH.search(output)
     assert last_month, output
     invoices, billed = last_month.groups()

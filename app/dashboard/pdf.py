@@ -3,13 +3,15 @@ tax and totals, with the same wording and amounts as the dashboard's invoice pag
 
 from __future__ import annotations
 
-from fpdf import FPDF
-from fpdf.fonts import FontFace
+from typing import TYPE_CHECKING
 
 from app.billing.schemas import InvoiceRead
 from app.customers.models import Customer
 from app.dashboard import invoices
 from app.dashboard.formatting import Formatter, duration
+
+if TYPE_CHECKING:
+    from fpdf import FPDF
 
 # The core PDF fonts speak cp1252 (it has €, £, ¥); anything else prints as "?".
 _ENCODING = "windows-1252"
@@ -17,6 +19,10 @@ _WIDTHS = (30, 90, 28, 32)  # mm: item, detail, time, amount
 
 
 def render(invoice: InvoiceRead, customer: Customer, fmt: Formatter) -> bytes:
+    # Imported here: fpdf2 and its fontTools take 0.4 s to import, a cost every service,
+    # worker and CLI process would pay at start for the few requests that want a PDF.
+    from fpdf import FPDF
+
     pdf = FPDF(format="A4")
     pdf.core_fonts_encoding = _ENCODING
     pdf.set_title(_safe(f"Invoice {_title(invoice)}"))
@@ -55,6 +61,8 @@ def _header(pdf: FPDF, invoice: InvoiceRead, customer: Customer, fmt: Formatter)
 
 
 def _lines(pdf: FPDF, invoice: InvoiceRead, fmt: Formatter) -> None:
+    from fpdf.fonts import FontFace
+
     pdf.set_font("helvetica", "", 9)
     heading = FontFace(emphasis="BOLD", fill_color=(235, 238, 242))
     with pdf.table(

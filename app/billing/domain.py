@@ -181,8 +181,10 @@ class Session:
     start: int
     end: int
     billed_s: int  # seconds in billed buckets, before rounding
-    charged_s: int  # after rounding up to the increment and raising to the minimum
-    last_billed_at: int | None  # the extra seconds are priced at this second
+    # billed_s plus the rounding of billed and credited seconds together up to the increment
+    # and the minimum (0 when nothing is billed)
+    charged_s: int
+    extra_priced_at: int | None  # the rounding's seconds are priced at this second
 
     @property
     def extra_s(self) -> int:

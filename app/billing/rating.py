@@ -434,13 +434,19 @@ def _classify(
 
 
 def _session(gpu: str, run: Span, pieces: Sequence[Piece], plan: PlanTerms) -> Session:
+    """The increment and the minimum round the billed and the credited seconds together, and
+    the credited ones then come off: a credit is refunded to the second, never rounded away,
+    so a failure never raises what a session pays (rounding only the billed seconds let a
+    credit in a cheap price period come back as rounding priced in a dearer one)."""
     billed = [p for p in pieces if is_billed(p.bucket, plan)]
     billed_s = sum(p.seconds for p in billed)
-    charged_s = 0
-    if billed_s > 0:
-        charged_s = max(-(-billed_s // plan.increment_s) * plan.increment_s, plan.minimum_s)
-    last = billed[-1].end - 1 if billed else None
-    return Session(gpu, run[0], run[1], billed_s, charged_s, last)
+    if billed_s == 0:
+        return Session(gpu, run[0], run[1], 0, 0, None)
+    counted = billed + [p for p in pieces if p.bucket in CREDIT_BUCKETS]
+    counted_s = sum(p.seconds for p in counted)
+    rounded_s = max(-(-counted_s // plan.increment_s) * plan.increment_s, plan.minimum_s)
+    extra_at = max(p.end for p in counted) - 1
+    return Session(gpu, run[0], run[1], billed_s, billed_s + rounded_s - counted_s, extra_at)
 
 
 class _PeriodTally:
@@ -471,8 +477,8 @@ def _lines(
             if credited:
                 tally[index].credited.append(replace(piece, start=start, end=end))
     for session in sessions:
-        if session.last_billed_at is not None:
-            tally[book.index_at(session.last_billed_at)].charged_s += session.extra_s
+        if session.extra_priced_at is not None:
+            tally[book.index_at(session.extra_priced_at)].charged_s += session.extra_s
     charges: list[InvoiceLine] = []
     credits: list[InvoiceLine] = []
     for i, t in sorted(tally.items()):

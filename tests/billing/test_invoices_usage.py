@@ -55,14 +55,16 @@ def test_what_if_at_1_60_and_3600_s_with_and_without_credits(
         )
         for r in table["rows"]
     ]
-    # Sessions: GPU-A 820,800 s billed (whole minutes and hours), GPU-B 1,854,750 s, which
-    # rounds up by 30 s to the minute and by 2,850 s to the hour. The failure plus the
-    # migration window (2,850 s) already exceed the 47-minute manual recovery: no top-up.
+    # Sessions: GPU-A 820,800 s billed and 2,820 s failed, rounded together: 823,620 s is whole
+    # minutes and 780 s short of an hour. GPU-B 1,854,750 s rounds up by 30 s to the minute
+    # and by 2,850 s to the hour. So at every increment the credits take off exactly the
+    # downtime, 2,850 s. It already exceeds the 47-minute manual recovery: no top-up.
     assert rows == [
         (1, "1850.59", 2_675_550, "1852.56", 2_678_400),
         (60, "1850.61", 2_675_580, "1852.58", 2_678_430),
-        (3600, "1852.56", 2_678_400, "1854.53", 2_681_250),
+        (3600, "1853.10", 2_679_180, "1855.07", 2_682_030),
     ]
+    assert all(without - with_ == 2850 for _, _, with_, _, without in rows)
 
 
 CAPPED = {

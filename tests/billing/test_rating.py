@@ -121,15 +121,41 @@ def test_session_without_billed_seconds_costs_no_minimum() -> None:
     assert rated.net == Decimal("0.00")
 
 
-def test_rounding_extra_is_priced_at_the_last_billed_second() -> None:
-    plan = PlanTerms(
-        prices=(PricePoint("H100", 0, Decimal("3.60")), PricePoint("H100", 100, Decimal("7.20"))),
+def _cheap_then_dear(change_at: int) -> PlanTerms:
+    return PlanTerms(
+        prices=(
+            PricePoint("H100", 0, Decimal("3.60")),  # 0.001 $/s
+            PricePoint("H100", change_at, Decimal("7.20")),
+        ),
         increment_s=60,
     )
+
+
+def test_rounding_extra_is_priced_at_the_last_billed_second() -> None:
     segments = {"A": [healthy("A", 50, 161)]}
-    rated = rate_rental(rental(plan), [Assignment("r1", "A", 50, 161)], segments, {}, [], MONTH)
+    rated = rate_rental(
+        rental(_cheap_then_dear(100)), [Assignment("r1", "A", 50, 161)], segments, {}, [], MONTH
+    )
     charges = [(x.seconds, x.amount) for x in rated.lines if x.kind is LineKind.CHARGE]
     assert charges == [(50, Decimal("0.05")), (61 + 9, Decimal("0.14"))]
+
+
+@pytest.mark.parametrize(("fails", "net"), [(False, "0.07"), (True, "0.06")])
+def test_a_credit_in_a_cheap_price_period_does_not_come_back_as_dearer_rounding(
+    fails: bool, net: str
+) -> None:
+    """Session [10, 61), the price doubles at 60. Rounding billed seconds alone, the 8 failed
+    seconds at 0.001 $/s came back as 8 more seconds of rounding at 0.002 $/s (0.08 > 0.07)."""
+    head = failed("A", 10, 18) if fails else healthy("A", 10, 18)
+    segments = {"A": [head, healthy("A", 18, 61)]}
+    rated = rate_rental(
+        rental(_cheap_then_dear(60)), [Assignment("r1", "A", 10, 61)], segments, {}, [], MONTH
+    )
+    charges = [(x.seconds, x.amount) for x in rated.lines if x.kind is LineKind.CHARGE]
+    assert charges == [(50, Decimal("0.05")), (1 + 9, Decimal("0.02"))]  # 51 s rounds up by 9
+    assert _amounts(rated, LineKind.FAILURE_CREDIT) == ([Decimal("-0.01")] if fails else [])
+    assert rated.net == Decimal(net)
+    assert [s.charged_s for s in rated.sessions] == [(43 if fails else 51) + 9]
 
 
 def test_maintenance_unmetered_and_degraded_rules() -> None:

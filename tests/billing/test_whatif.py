@@ -38,11 +38,12 @@ def test_47_minute_failure_exceeds_manual_recovery_so_no_top_up() -> None:
 
 def test_coarser_increments_round_each_session_up() -> None:
     rows = {row.increment_s: row for row in _table(2820, 30).rows}
-    # Sessions: A bills 864000 s (a whole number of hours); B bills 1725150 s.
+    # Sessions round billed and credited seconds together: A bills 864,000 s and fails 2,820 s
+    # (866,820 s: whole minutes, 780 s short of an hour); B bills 1,725,150 s.
     assert rows[60].with_credits.billed_s == 864000 + 1725180
-    assert rows[3600].with_credits.billed_s == 864000 + 1728000
-    assert rows[3600].with_credits.amount == Decimal("1792.80")  # 720 h charged - 1.97 credit
-    assert rows[3600].without_credits.amount == Decimal("1794.77")
+    assert rows[3600].with_credits.billed_s == 864000 + 780 + 1728000
+    assert rows[3600].with_credits.amount == Decimal("1793.34")  # 2,592,780 s x 2.49 / 3600
+    assert rows[3600].without_credits.amount == Decimal("1795.31")  # + the 2,850 s: 1.97
 
 
 def test_short_incident_is_billed_at_least_the_manual_recovery_time() -> None:

@@ -94,9 +94,21 @@ TRUNCATE_ATTEMPTS = 5
 
 @pytest.fixture
 def db(engine: Engine) -> Engine:
-    """The run's database, emptied before the test (schema and migrations stay).
+    """The run's database, emptied before the test (schema and migrations stay)."""
+    return _emptied(engine)
 
-    The previous test's processes (a server or queue worker still finishing its last
+
+@pytest.fixture(scope="module")
+def module_db(engine: Engine) -> Engine:
+    """The run's database, emptied once for a module whose tests share what it seeds (many
+    read-only cases over one world). Such a module is one xdist group
+    (``pytest.mark.xdist_group``, CI runs ``--dist loadgroup``), so no other module's test
+    empties the database between its tests, and its tests do not use ``db``."""
+    return _emptied(engine)
+
+
+def _emptied(engine: Engine) -> Engine:
+    """The previous test's processes (a server or queue worker still finishing its last
     transaction) can hold a table the TRUNCATE also locks: Postgres then ends one side as a
     deadlock victim. That side is this TRUNCATE, rolled back whole, so trying again is safe.
     """
@@ -166,3 +178,12 @@ def admin_key(db: Engine) -> str:
 @pytest.fixture
 def console(client: TestClient, admin_key: str) -> Console:
     return Console(client, admin_key)
+
+
+@pytest.fixture(scope="module")
+def module_console(module_db: Engine) -> Iterator[Console]:
+    """``console`` over ``module_db``: one app, client and admin key for the module."""
+    with TestClient(create_app(module_db, worker=False)) as test_client:
+        with transaction(module_db) as session:
+            key = issue_key(session, KeyKind.ADMIN, "test admin").secret
+        yield Console(test_client, key)

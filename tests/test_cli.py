@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine
 
-from app.cli import main
+from app.cli import build_parser, main
 from app.core.db import transaction
 from app.core.local_service import free_port, wait_until_ready
 from app.core.processes import wait_for_exit
@@ -30,17 +32,26 @@ def env_without_database() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "GPUMETER_DATABASE_URL"}
 
 
-def test_help_is_available_for_every_command() -> None:
-    for args in (
-        ["--help"],
-        ["serve", "--help"],
-        ["db", "upgrade", "--help"],
-        ["admin", "create-key", "--help"],
-    ):
-        result = subprocess.run(
-            [BIN / "gpumeter", *args], capture_output=True, text=True, check=True
-        )
-        assert "usage: gpumeter" in result.stdout
+def _commands(parser: argparse.ArgumentParser) -> Iterator[list[str]]:
+    """Every command and subcommand of ``parser``, as the words that name it."""
+    yield []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from ([name, *words] for words in _commands(sub))
+
+
+def test_help_is_available_for_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    commands = list(_commands(build_parser()))
+    assert ["invoices", "run"] in commands and ["admin", "create-key"] in commands
+    for words in commands:
+        with pytest.raises(SystemExit) as exited:
+            main([*words, "--help"])
+        assert exited.value.code == 0, words
+        assert f"usage: gpumeter {' '.join(words)}".strip() in capsys.readouterr().out
+    # The installed entry point answers too (once: each process costs a second of imports).
+    result = subprocess.run([BIN / "gpumeter", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "usage: gpumeter" in result.stdout
 
 
 def test_version_is_the_installed_package_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,7 +27,8 @@ from app.settings import get_settings
 from tests.dashboard.world import PERIOD, World
 from tests.harness import Console
 
-pytestmark = pytest.mark.e2e
+# One xdist group: the module's service and Chromium start once, not on every worker.
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("browser")]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 if not Path(CHROMIUM).exists() and os.environ.get("CI") != "true":
@@ -343,4 +344,27 @@ def test_budget_banner(server: str, browser: Browser, console: Console, seeded: 
     # October is closed: the hard limit speaks of the current month, so it is not said here.
     expect(banner).not_to_contain_text("no new rentals")
     shoot(page, "budget-banner")
+    context.close()
+
+
+def test_prepaid_balance_card(
+    server: str, browser: Browser, console: Console, seeded: World
+) -> None:
+    """The overview's prepaid balance is the balance API's, low until a top-up lifts it."""
+    customer = seeded.acme.customer["id"]
+    context = browser.new_context(base_url=server, viewport=SIZES["laptop"])
+    page = context.new_page()
+    page.goto(portal_path(console, customer))
+    card = page.locator(".card", has=page.get_by_role("heading", name="Prepaid balance"))
+    for top_up, low in (("1.50", True), ("10.00", False)):
+        console.post(f"/v1/customers/{customer}/balance/top-ups", {"amount": top_up, "reason": "t"})
+        page.goto(f"/dashboard?period={PERIOD}")
+        api = context.request.get(f"/v1/customers/{customer}/balance").json()
+        assert api["low"] is low
+        expect(card.locator('[data-api="balance"]')).to_have_attribute("data-raw", api["balance"])
+        expect(card.locator('[data-api="balance"]')).to_have_text(euros(api["balance"]))
+        low_text = card.get_by_text(f"Low: below {euros(api['low_threshold'])}")
+        expect(low_text).to_have_count(1 if low else 0)
+        shoot(page, f"prepaid-balance-{'low' if low else 'topped-up'}")
+    assert api["balance"] == "11.50"
     context.close()

@@ -25,6 +25,8 @@ from app.core.local_service import free_port, wait_until_ready
 from app.core.processes import stop_child
 
 BIN = Path(sys.executable).parent
+# One xdist group: both runs share the module's service.
+pytestmark = pytest.mark.xdist_group("schemathesis")
 # Examples per operation and key: CI's budget is the default, GPUMETER_SCHEMATHESIS_EXAMPLES=<n>
 # sets both for a longer run.
 EXAMPLES_PER_OPERATION = {"admin": 5, "customer": 3}

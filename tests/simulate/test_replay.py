@@ -27,6 +27,9 @@ from app.simulate.replay import Replay, replay
 from app.simulate.replay_report import figures, render
 from app.simulate.scenarios import LLAMA3, SEED, expected
 
+# One xdist group: the module's replay (``stored``) runs once, not on every worker.
+pytestmark = pytest.mark.xdist_group("replay")
+
 SCALE = 0.01  # 30 A100s for 60 days: ~13 failures expected
 Span = tuple[int, int]
 

@@ -25,6 +25,3 @@ class Principal:
     def customer_scope(self) -> uuid.UUID | None:
         """The only customer whose data this caller may read; None for an admin (all)."""
         return None if self.is_admin else self.customer_id
-
-    def may_read_customer(self, customer_id: uuid.UUID) -> bool:
-        return self.is_admin or (self.kind == KeyKind.CUSTOMER and self.customer_id == customer_id)

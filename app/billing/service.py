@@ -107,8 +107,9 @@ def get_invoice(
     session: Session, invoice_id: uuid.UUID, principal: Principal, *, lock: bool = False
 ) -> Invoice:
     """The invoice, if the caller may see it; 404 otherwise, so existence never leaks."""
-    invoice = session.get(Invoice, invoice_id, with_for_update=lock)
-    if invoice is None or not principal.may_read_customer(invoice.customer_id):
+    statement = repository.readable_invoices(principal).where(Invoice.id == invoice_id)
+    invoice = session.scalars(statement.with_for_update() if lock else statement).one_or_none()
+    if invoice is None:
         raise not_found("invoice", invoice_id)
     return invoice
 

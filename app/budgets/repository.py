@@ -8,7 +8,14 @@ from sqlalchemy import Select, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from app.auth.service import Principal
+from app.auth.tenancy import readable_by
 from app.budgets.models import Budget, BudgetCrossing
+
+
+def readable_budgets(principal: Principal) -> Select[Budget]:
+    """Every budget the principal may read; a get by id starts here."""
+    return select(Budget).where(readable_by(principal, Budget.customer_id))
 
 
 def budgets_query(customer_id: uuid.UUID | None = None) -> Select[Budget]:

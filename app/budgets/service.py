@@ -62,8 +62,9 @@ def create_budget(
 
 def get_budget(session: Session, budget_id: uuid.UUID, caller: Principal) -> Budget:
     """The budget, if the caller may see its customer; 404 otherwise (existence never leaks)."""
-    budget = session.get(Budget, budget_id)
-    if budget is None or not caller.may_read_customer(budget.customer_id):
+    statement = repository.readable_budgets(caller).where(Budget.id == budget_id)
+    budget = session.scalars(statement).one_or_none()
+    if budget is None:
         raise not_found("budget", budget_id)
     return budget
 

@@ -341,3 +341,21 @@ def rollup_pieces(
         params,
     )
     return list(summed), list(single)
+
+
+def rollup_day_seconds(session: Session, customer_id: uuid.UUID, days: Sequence[int]) -> list[Any]:
+    """The stored parts of the days ``days`` (bounds: n days, n + 1 entries) summed per
+    (rental, day, bucket) as (rental, day index, bucket, seconds, idle s)."""
+    if len(days) < 2:
+        return []
+    rows = session.execute(
+        text("""
+        SELECT rental_id, width_bucket(start, CAST(:days AS bigint[])) - 1, bucket,
+               CAST(sum("end" - start) AS bigint), CAST(sum(idle_s) AS bigint)
+        FROM usage_rollups
+        WHERE customer_id = :c AND start >= :lo AND start < :hi
+        GROUP BY 1, 2, 3
+        """),
+        {"c": customer_id, "days": list(days), "lo": days[0], "hi": days[-1]},
+    )
+    return list(rows)

@@ -84,6 +84,18 @@ class Part:
 
 
 @dataclass(frozen=True)
+class DaySeconds:
+    """A rental's seconds in one bucket on one day of the period (an index into
+    ``day_bounds``), and the idle seconds among them (billable seconds in idle minutes)."""
+
+    rental_id: str
+    day: int
+    bucket: Bucket
+    seconds: int
+    idle_s: int
+
+
+@dataclass(frozen=True)
 class ToDate:
     """The period to date rated from rollups and the open day; idle seconds per rental."""
 
@@ -91,6 +103,7 @@ class ToDate:
     idle_s: dict[str, int]
     pieces: dict[str, list[Piece]]  # per rental, for re-rating at other plan terms
     runs: dict[str, dict[str, list[Span]]]
+    by_day: list[DaySeconds]  # the stored days' sums and the open day's, for a day-by-day view
 
     def rerated(self, increment_s: int) -> list[RatedRental]:
         """The same pieces rated at another increment (the what-if)."""
@@ -219,7 +232,10 @@ def rated_to_date(
         live = _rate(inputs, customer_id, (open_start, as_of), period)
         live_idle = read_idle(inputs.gpus, (open_start, as_of))
     live_of = {r.rental.rental_id: r for r in live}
-    out = ToDate([], {}, {}, {})
+    stored_days = repository.rollup_day_seconds(session, customer_id, days) if closed else []
+    out = ToDate(
+        [], {}, {}, {}, [DaySeconds(str(r), d, Bucket(b), s, i) for r, d, b, s, i in stored_days]
+    )
     for rental in rentals:
         rid = rental.rental_id
         bounds = rental_bounds(rental, (period.span[0], as_of))
@@ -229,12 +245,13 @@ def rated_to_date(
         pieces = sorted([*stored.get(rid, ()), *now_pieces], key=lambda p: (p.gpu_uuid, p.start))
         period_s = period.span[1] - period.span[0]
         out.rated.append(rate_pieces(rental, bounds, pieces, runs, period_s))
-        idle_now = sum(
-            overlap((p.start, p.end), live_idle.get(p.gpu_uuid, ()))
-            for p in now_pieces
-            if p.bucket is Bucket.BILLABLE
-        )
-        out.idle_s[rid] = stored_idle.get(rid, 0) + idle_now
+        today: dict[Bucket, list[int]] = defaultdict(lambda: [0, 0])  # seconds, idle s
+        for p in now_pieces:
+            today[p.bucket][0] += p.seconds
+            if p.bucket is Bucket.BILLABLE:
+                today[p.bucket][1] += overlap((p.start, p.end), live_idle.get(p.gpu_uuid, ()))
+        out.by_day.extend(DaySeconds(rid, closed, b, n, idle) for b, (n, idle) in today.items())
+        out.idle_s[rid] = stored_idle.get(rid, 0) + today.get(Bucket.BILLABLE, [0, 0])[1]
         out.pieces[rid], out.runs[rid] = pieces, runs
     return out
 

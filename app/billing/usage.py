@@ -54,7 +54,7 @@ from app.settings import get_settings
 
 def usage(session: Session, customer: Customer, period_name: str, now: datetime) -> UsageRead:
     period, span = _to_date(customer, period_name, now)
-    to_date = _rated_to_date(session, customer, period, span)
+    to_date = rated_to_date(session, customer, period, span)
     rated = to_date.rated
     currency, zero = customer.currency, Decimal(0)
     forecasts = [_forecast(r, span[1], period.span[1], currency) for r in rated]
@@ -83,7 +83,7 @@ def what_if_table(
     session: Session, customer: Customer, period_name: str, now: datetime
 ) -> WhatIfRead:
     period, span = _to_date(customer, period_name, now)
-    to_date = _rated_to_date(session, customer, period, span)
+    to_date = rated_to_date(session, customer, period, span)
     recovery = get_settings().manual_recovery_s
     with core_errors(customer):
         table = what_if_rated(
@@ -114,7 +114,7 @@ def what_if_table(
     )
 
 
-def _rated_to_date(
+def rated_to_date(
     session: Session, customer: Customer, period: BillingPeriod, span: tuple[int, int]
 ) -> rollups.ToDate:
     """The period to date: closed days from their rollups, the open day rated live."""

@@ -1,19 +1,20 @@
 """Cost explorer: the period day by day (billed, credited and idle GPU-hours, billed and
 credited money) and each rental's cost broken down by invoice line kind.
 
-Read-only, from billing's own rating of the period to date (the same rating as the usage API
-and the invoice). Money per day is an allocation, documented here because a day is not a
-billing unit: each charge and cap line is spread over the days of its rental in proportion to
-the rental's rented seconds in each day, each credit line over the days of its own span, both
-by largest remainder (``exports.allocate``), so the days add up exactly to the rental's cost.
-Idle GPU-hours are billable seconds in minutes below the idle threshold (as the usage API's
-effective hours).
+Read-only, from the same rating of the period to date as the usage API (closed days from their
+stored rollups, the open day rated live; ``billing.usage.rated_to_date``), so its totals are the
+usage API's and, for a closed month, the invoice's. Money per day is an allocation, documented
+here because a day is not a billing unit: each charge and cap line is spread over the days of
+its rental in proportion to the rental's rented seconds in each day, each credit line over the
+days of its own span in proportion to its bucket's seconds there, both by largest remainder
+(``exports.allocate``), so the days add up exactly to the rental's cost. Idle GPU-hours are
+billable seconds in minutes below the idle threshold (the usage API's effective hours).
 """
 
 from __future__ import annotations
 
 import uuid
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,27 +27,31 @@ from sqlalchemy.orm import Session
 
 from app.billing.domain import CREDIT_BUCKETS, Bucket
 from app.billing.lines import InvoiceLine, LineKind
-from app.billing.loader import BillingPeriod, load_inputs
+from app.billing.loader import BillingPeriod
 from app.billing.rating import RatedRental
+from app.billing.rollups import day_bounds
 from app.billing.schemas import money
-from app.billing.service import core_errors, rate
-from app.billing.usage import idle_by_gpu
+from app.billing.usage import rated_to_date
 from app.core.epoch import epoch, from_epoch
 from app.core.schemas import Schema
 from app.customers.models import Customer
-from app.dashboard.exports import allocate, day_bounds
+from app.dashboard.exports import allocate
 
-Span = tuple[int, int]
 _BILLED = {Bucket.BILLABLE, Bucket.DEGRADED}
 KIND_ORDER = [kind.value for kind in LineKind]  # the columns of the per-rental table
-_CREDIT_LINES = {LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT, LineKind.DEGRADED_CREDIT}
+_CREDIT_BUCKET = {
+    LineKind.FAILURE_CREDIT: Bucket.FAILURE_CREDIT,
+    LineKind.MIGRATION_CREDIT: Bucket.MIGRATION_CREDIT,
+    LineKind.DEGRADED_CREDIT: Bucket.DEGRADED_CREDIT,
+}
+_CREDIT_LINES = set(_CREDIT_BUCKET)
 
 
 class DayRead(Schema):
     day: date
     billed_s: int  # billable and degraded seconds, idle ones included
     credited_s: int
-    idle_s: int  # of billed_s: minutes below the idle threshold
+    idle_s: int  # of billed_s: billable seconds in minutes below the idle threshold
     billed: str  # charges and cap, before credits
     credited: str  # negative
 
@@ -71,30 +76,27 @@ class CostsRead(Schema):
 
 def costs(session: Session, customer: Customer, period: BillingPeriod, now: datetime) -> CostsRead:
     span = (period.span[0], min(period.span[1], epoch(now)))
-    inputs = load_inputs(session, [customer.id], span)
-    with core_errors(customer):
-        rated = rate(inputs, customer.id, period.span)
-    idle = idle_by_gpu(session, inputs.gpus, span)
+    to_date = rated_to_date(session, customer, period, span)
     days = day_bounds(period)
     currency = customer.currency
-    seconds: dict[str, list[int]] = {
-        k: [0] * (len(days) - 1) for k in ("billed", "credited", "idle")
-    }
-    amounts: dict[str, list[Decimal]] = {
-        k: [Decimal(0)] * (len(days) - 1) for k in ("billed", "credited")
-    }
-    for r in rated:
-        rented = [0] * (len(days) - 1)
-        for piece in r.pieces:
-            for i, part in _by_day((piece.start, piece.end), days):
-                rented[i] += part[1] - part[0]
-                if piece.bucket in _BILLED:
-                    seconds["billed"][i] += part[1] - part[0]
-                    seconds["idle"][i] += _overlap(part, idle.get(piece.gpu_uuid, ()))
-                elif piece.bucket in CREDIT_BUCKETS:
-                    seconds["credited"][i] += part[1] - part[0]
+    n = len(days) - 1
+    seconds = {k: [0] * n for k in ("billed", "credited", "idle")}
+    amounts = {k: [Decimal(0)] * n for k in ("billed", "credited")}
+    per_rental: dict[str, dict[Bucket, list[int]]] = defaultdict(
+        lambda: defaultdict(lambda: [0] * n)
+    )
+    for part in to_date.by_day:
+        per_rental[part.rental_id][part.bucket][part.day] += part.seconds
+        seconds["idle"][part.day] += part.idle_s
+        if part.bucket in _BILLED:
+            seconds["billed"][part.day] += part.seconds
+        elif part.bucket in CREDIT_BUCKETS:
+            seconds["credited"][part.day] += part.seconds
+    for r in to_date.rated:
+        by_bucket = per_rental[r.rental.rental_id]
+        rented = [sum(day) for day in zip(*by_bucket.values(), strict=True)] if by_bucket else []
         for line in r.lines:
-            kind, shares = _spread(line, rented, days, currency)
+            kind, shares = _spread(line, rented, by_bucket, days, currency)
             for i, share in shares:
                 amounts[kind][i] += share
     today = [i for i, (a, _) in enumerate(pairwise(days)) if a < span[1]]
@@ -114,42 +116,39 @@ def costs(session: Session, customer: Customer, period: BillingPeriod, now: date
             )
             for i in today
         ],
-        rentals=[_rental(r, currency) for r in rated],
-        net=money(sum((r.net for r in rated), Decimal(0)), currency),
+        rentals=[_rental(r, currency) for r in to_date.rated],
+        net=money(sum((r.net for r in to_date.rated), Decimal(0)), currency),
     )
 
 
-def _by_day(span: Span, days: Sequence[int]) -> list[tuple[int, Span]]:
-    """``span`` cut at the day bounds: (day index, part) for each day it touches."""
-    lo, hi = span
-    first = max(bisect_right(days, lo) - 1, 0)
-    out = []
-    for i in range(first, len(days) - 1):
-        if days[i] >= hi:
-            break
-        part = (max(lo, days[i]), min(hi, days[i + 1]))
-        if part[0] < part[1]:
-            out.append((i, part))
-    return out
-
-
-def _overlap(span: Span, spans: Sequence[Span]) -> int:
-    return sum(max(0, min(b, span[1]) - max(a, span[0])) for a, b in spans if a < span[1])
-
-
 def _spread(
-    line: InvoiceLine, rented: list[int], days: Sequence[int], currency: str
+    line: InvoiceLine,
+    rented: list[int],
+    by_bucket: dict[Bucket, list[int]],
+    days: Sequence[int],
+    currency: str,
 ) -> tuple[str, list[tuple[int, Decimal]]]:
+    """A credit line over the days of its span, in proportion to its bucket's seconds there
+    (to the span's own length where the rating placed them elsewhere); any other line over
+    the rental's rented seconds per day."""
     if line.kind in _CREDIT_LINES and line.start is not None and line.end is not None:
-        parts = _by_day((line.start, max(line.end, line.start + 1)), days)
-        weights = [b - a for _, (a, b) in parts]
-        shares = allocate(line.amount, weights, currency)
-        return "credited", [(i, s) for (i, _), s in zip(parts, shares, strict=True)]
-    used = [i for i, s in enumerate(rented) if s]
-    if not used:
-        return "billed", []
-    shares = allocate(line.amount, [rented[i] for i in used], currency)
-    return "billed", list(zip(used, shares, strict=True))
+        start, end = line.start, max(line.end, line.start + 1)
+        touched = range(max(bisect_right(days, start) - 1, 0), bisect_left(days, end))
+        credited = by_bucket.get(_CREDIT_BUCKET[line.kind])
+        weights = [(i, credited[i]) for i in touched if credited and credited[i]]
+        if not weights:
+            weights = [(i, min(end, days[i + 1]) - max(start, days[i])) for i in touched]
+        return "credited", _shares(line.amount, weights, currency)
+    return "billed", _shares(line.amount, [(i, s) for i, s in enumerate(rented) if s], currency)
+
+
+def _shares(
+    amount: Decimal, weights: list[tuple[int, int]], currency: str
+) -> list[tuple[int, Decimal]]:
+    if not weights:
+        return []
+    shares = allocate(amount, [w for _, w in weights], currency)
+    return [(i, share) for (i, _), share in zip(weights, shares, strict=True)]
 
 
 def _rental(r: RatedRental, currency: str) -> RentalCostRead:

@@ -372,6 +372,33 @@ def test_costs_by_day_and_rental_add_up_to_the_usage_api_and_invoice(
     assert html.count('class="day"') == 31
 
 
+def test_costs_of_an_open_month_add_up_to_the_usage_api(
+    app: FastAPI, client: TestClient, seeded: World
+) -> None:
+    """Mid-month: the closed days come from their rollups and the open day (the failure's, 10
+    Oct in Berlin) is rated live; the days still add up to the usage API's cost to date."""
+    app.dependency_overrides[clock] = lambda: datetime(2026, 10, 10, 13, 0, tzinfo=UTC)
+    try:
+        headers = bearer(seeded.acme.key)
+        base = f"/v1/customers/{seeded.acme.customer['id']}"
+        api = client.get(f"{base}/costs?period={PERIOD}", headers=headers).json()
+        usage = client.get(f"{base}/usage?period={PERIOD}", headers=headers).json()
+    finally:
+        app.dependency_overrides.pop(clock)
+    days = api["days"]
+    assert [d["day"] for d in days][-2:] == ["2026-10-09", "2026-10-10"]
+    assert api["net"] == usage["cost_to_date"]
+    total = sum(Decimal(d["billed"]) + Decimal(d["credited"]) for d in days)
+    assert total == Decimal(usage["cost_to_date"])
+    buckets = usage["buckets_s"]
+    assert sum(d["billed_s"] for d in days) == buckets["billable"] + buckets["degraded"]
+    assert [d["credited_s"] for d in days if d["credited_s"]] == [
+        buckets["failure_credit"] + buckets["migration_credit"]
+    ]
+    assert days[-1]["credited_s"] and Decimal(days[-1]["credited"]) < 0
+    assert sum(d["idle_s"] for d in days) == usage["effective"]["idle_s"]
+
+
 def test_fleet_and_revenue_for_operators_equal_their_apis(
     app: FastAPI, client: TestClient, admin_key: str, seeded: World
 ) -> None:

@@ -21,6 +21,7 @@ and by a check on each entry's running balance); a debit that takes it from at o
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -45,8 +46,20 @@ def balance(session: Session, customer: Customer) -> Decimal:
 def available(session: Session, customer: Customer) -> Decimal:
     """The balance an invoice may take, with the ledger locked until the transaction ends, so
     the amount a draft shows is still there when that draft is finalized."""
-    repository.lock_ledger(session, customer.id)
-    return balance(session, customer)
+    return available_of(session, [customer])[customer.id]
+
+
+def available_of(session: Session, customers: Sequence[Customer]) -> dict[uuid.UUID, Decimal]:
+    """``available`` for many customers (an invoice run): their ledgers locked in one
+    statement, their balances read in another."""
+    ids = [c.id for c in customers]
+    repository.lock_ledgers(session, ids)
+    latest = repository.latest_of(session, ids)
+    out = {}
+    for c in customers:
+        entry = latest.get((c.id, c.currency))
+        out[c.id] = from_minor(0 if entry is None else entry.balance_minor, c.currency)
+    return out
 
 
 def low_threshold(currency: str) -> Decimal:

@@ -67,25 +67,35 @@ def invoices_query(
     return query
 
 
-def lock_customer_period(session: Session, customer_id: uuid.UUID, period: str) -> None:
-    """Serialise runs over one customer and period, so concurrent runs never duplicate."""
+def lock_customer_periods(
+    session: Session, customer_ids: Collection[uuid.UUID], period: str
+) -> None:
+    """Serialise runs over each customer and period, so concurrent runs never duplicate; in
+    one statement and a fixed order, so two runs over the same customers never deadlock."""
+    keys = sorted(f"invoice:{customer_id}:{period}" for customer_id in customer_ids)
     session.execute(
-        text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
-        {"key": f"invoice:{customer_id}:{period}"},
+        text(
+            "SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) "
+            "FROM unnest(CAST(:keys AS text[])) AS k"
+        ),
+        {"keys": keys},
     )
 
 
-def live_invoice(session: Session, customer_id: uuid.UUID, period: str) -> Invoice | None:
-    """The customer's non-void invoice for the period, locked for this transaction."""
-    return session.scalar(
+def live_invoices(
+    session: Session, customer_ids: Collection[uuid.UUID], period: str
+) -> dict[uuid.UUID, Invoice]:
+    """Each customer's non-void invoice for the period, locked for this transaction."""
+    rows = session.scalars(
         select(Invoice)
         .where(
-            Invoice.customer_id == customer_id,
+            Invoice.customer_id.in_(customer_ids),
             Invoice.period == period,
             Invoice.status != InvoiceStatus.VOID,
         )
         .with_for_update()
     )
+    return {invoice.customer_id: invoice for invoice in rows}
 
 
 # One statement per invoice: the lines travel as one JSON array (amounts as exact strings).
@@ -102,12 +112,16 @@ FROM jsonb_to_recordset(CAST(:rows AS jsonb)) AS r(invoice_id uuid, customer_id 
 """)
 
 
-def replace_lines(session: Session, invoice_id: uuid.UUID, rows: list[dict[str, Any]]) -> None:
-    # No session sync: scanning the identity map per delete would make a run quadratic.
-    session.execute(
-        delete(InvoiceLineRow).where(InvoiceLineRow.invoice_id == invoice_id),
-        execution_options={"synchronize_session": False},
-    )
+def replace_lines(
+    session: Session, invoice_id: uuid.UUID, rows: list[dict[str, Any]], is_new: bool = False
+) -> None:
+    """The invoice's lines become ``rows``; ``is_new``: it has none yet, so none to delete."""
+    if not is_new:
+        # No session sync: scanning the identity map per delete would make a run quadratic.
+        session.execute(
+            delete(InvoiceLineRow).where(InvoiceLineRow.invoice_id == invoice_id),
+            execution_options={"synchronize_session": False},
+        )
     if rows:
         # default=str: Decimal, UUID and datetime become their exact text forms.
         session.execute(_INSERT_LINES, {"rows": json.dumps(rows, default=str)})
@@ -130,6 +144,17 @@ def voucher_entries(
     if currency is not None:
         query = query.where(VoucherEntryRow.currency == currency)
     return session.scalars(query.order_by(VoucherEntryRow.at, VoucherEntryRow.id)).all()
+
+
+def voucher_entries_of(
+    session: Session, customer_ids: Collection[uuid.UUID]
+) -> dict[uuid.UUID, list[VoucherEntryRow]]:
+    """``voucher_entries`` of many customers in one statement, in every currency."""
+    query = select(VoucherEntryRow).where(VoucherEntryRow.customer_id.in_(customer_ids))
+    entries: dict[uuid.UUID, list[VoucherEntryRow]] = defaultdict(list)
+    for entry in session.scalars(query.order_by(VoucherEntryRow.at, VoucherEntryRow.id)):
+        entries[entry.customer_id].append(entry)
+    return entries
 
 
 def insert_entries(session: Session, rows: list[dict[str, Any]]) -> None:

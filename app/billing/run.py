@@ -28,10 +28,15 @@ from enum import StrEnum
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from app.billing import repository
-from app.billing.loader import PERIOD_PATTERN, BillingPeriod, load_inputs, started_period
+from app.billing.loader import PERIOD_PATTERN, BillingPeriod, started_period
 from app.billing.models import InvoiceStatus
-from app.billing.service import Draft, check_grace, finalize_invoice, lookback, refresh_draft
+from app.billing.service import (
+    Draft,
+    check_grace,
+    draft_batch,
+    finalize_invoice,
+    refresh_draft,
+)
 from app.core.errors import Unprocessable, not_found
 from app.customers.models import Customer
 
@@ -153,14 +158,10 @@ def _run_zone(
     summary: RunSummary,
     progress: Progress | None,
 ) -> None:
-    ids = [c.id for c in customers]
-    inputs = load_inputs(session, ids, period.span)
-    earlier = repository.earlier_finalized(session, ids, period.start, lookback(now))
+    batch = draft_batch(session, customers, period, now)
     for customer in customers:
         try:  # a customer the core rejects fails before anything of it is written
-            draft = refresh_draft(
-                session, customer, period, now, inputs, earlier.get(customer.id, [])
-            )
+            draft = refresh_draft(session, customer, period, now, batch)
             outcome = _outcome(draft)
             if draft is not None and finalize and outcome is Outcome.DRAFTED:
                 finalize_invoice(session, draft, now, force=force)

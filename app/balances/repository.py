@@ -5,12 +5,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection
 
-from sqlalchemy import Select, select, text
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.auth.tenancy import readable_by
 from app.balances.models import BalanceEntry
+from app.core.db import lock_keys
 
 
 def readable_entries(principal: Principal) -> Select[BalanceEntry]:
@@ -32,14 +33,7 @@ def lock_ledger(session: Session, customer_id: uuid.UUID) -> None:
 
 def lock_ledgers(session: Session, customer_ids: Collection[uuid.UUID]) -> None:
     """``lock_ledger`` for many customers in one statement, in a fixed order (no deadlock)."""
-    keys = sorted(f"balance:{customer_id}" for customer_id in customer_ids)
-    session.execute(
-        text(
-            "SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) "
-            "FROM unnest(CAST(:keys AS text[])) AS k"
-        ),
-        {"keys": keys},
-    )
+    lock_keys(session, (f"balance:{customer_id}" for customer_id in customer_ids))
 
 
 def latest(session: Session, customer_id: uuid.UUID, currency: str) -> BalanceEntry | None:

@@ -29,6 +29,7 @@ from app.billing.models import (
     VoucherEntryRow,
 )
 from app.billing.vouchers import EntryKind
+from app.core.db import lock_keys
 from app.rentals.visibility import served
 
 # What a rental cost on its invoice: everything but vouchers, tax and adjustments of others.
@@ -72,14 +73,7 @@ def lock_customer_periods(
 ) -> None:
     """Serialise runs over each customer and period, so concurrent runs never duplicate; in
     one statement and a fixed order, so two runs over the same customers never deadlock."""
-    keys = sorted(f"invoice:{customer_id}:{period}" for customer_id in customer_ids)
-    session.execute(
-        text(
-            "SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) "
-            "FROM unnest(CAST(:keys AS text[])) AS k"
-        ),
-        {"keys": keys},
-    )
+    lock_keys(session, (f"invoice:{customer_id}:{period}" for customer_id in customer_ids))
 
 
 def live_invoices(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import select
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, cast
@@ -98,6 +98,18 @@ def transaction(engine: Engine | None = None) -> Iterator[Session]:
             yield session
     finally:
         session.close()
+
+
+def lock_keys(session: Session, keys: Iterable[str]) -> None:
+    """Transaction-scoped advisory locks on ``keys``, in one statement and in sorted order, so
+    two transactions locking overlapping sets never deadlock on each other."""
+    session.execute(
+        text(
+            "SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) "
+            "FROM unnest(CAST(:keys AS text[])) AS k"
+        ),
+        {"keys": sorted(keys)},
+    )
 
 
 # A statement for ``pipelined``: SQL (``text()``, ``:name`` parameters) and its values.

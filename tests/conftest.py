@@ -89,7 +89,7 @@ def engine(database_url: str) -> Iterator[Engine]:
     engine.dispose()
 
 
-TRUNCATE_ATTEMPTS = 5
+EMPTYING_ATTEMPTS = 5
 
 
 @pytest.fixture
@@ -109,17 +109,17 @@ def module_db(engine: Engine) -> Engine:
 
 def _emptied(engine: Engine) -> Engine:
     """The previous test's processes (a server or queue worker still finishing its last
-    transaction) can hold a table the TRUNCATE also locks: Postgres then ends one side as a
-    deadlock victim. That side is this TRUNCATE, rolled back whole, so trying again is safe.
+    transaction) can hold a table the emptying also locks: Postgres then ends one side as a
+    deadlock victim. That side is this emptying, rolled back whole, so trying again is safe.
     """
     attempts = 0
     while True:
         attempts += 1
         try:
-            _truncate_all(engine)
+            _empty_tables(engine)
             return engine
         except OperationalError as error:
-            if not isinstance(error.orig, DeadlockDetected) or attempts == TRUNCATE_ATTEMPTS:
+            if not isinstance(error.orig, DeadlockDetected) or attempts == EMPTYING_ATTEMPTS:
                 raise
 
 
@@ -133,7 +133,7 @@ _RESTART_USED_SEQUENCES = text(
 _DELETE_UP_TO_ROWS = 5000
 
 
-def _truncate_all(engine: Engine) -> None:
+def _empty_tables(engine: Engine) -> None:
     """Empties every table that holds rows and restarts every sequence that moved: the rest
     already are as new. Small tables are DELETEd with triggers and foreign keys off (the
     session is a replica's for this transaction: no immutability trigger refuses, and order

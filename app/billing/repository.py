@@ -331,8 +331,9 @@ def rollup_pieces(
     gpus_as_stored: Sequence[str],
 ) -> tuple[list[Any], list[Any]]:
     """The stored parts starting in [start, end): summed per (rental, GPU, bucket, price
-    point) as (rental, GPU, bucket, seconds, last end, idle s); the parts in ``as_stored``
-    buckets or on ``gpus_as_stored`` one by one as (rental, GPU, bucket, start, end, idle s)."""
+    point) as (rental, GPU, bucket, seconds, last end); the parts in ``as_stored`` buckets or
+    on ``gpus_as_stored`` one by one as (rental, GPU, bucket, start, end). Their idle seconds
+    come from ``rollup_day_seconds``."""
     params = {
         "c": customer_id,
         "lo": start,
@@ -342,8 +343,7 @@ def rollup_pieces(
     }
     summed = session.execute(
         text("""
-        SELECT rental_id, gpu_uuid, bucket, CAST(sum("end" - start) AS bigint), max("end"),
-               CAST(sum(idle_s) AS bigint)
+        SELECT rental_id, gpu_uuid, bucket, CAST(sum("end" - start) AS bigint), max("end")
         FROM usage_rollups
         WHERE customer_id = :c AND start >= :lo AND start < :hi
           AND NOT (bucket = ANY(CAST(:b AS text[])) OR gpu_uuid = ANY(CAST(:g AS text[])))
@@ -353,7 +353,7 @@ def rollup_pieces(
     )
     single = session.execute(
         text("""
-        SELECT rental_id, gpu_uuid, bucket, start, "end", idle_s FROM usage_rollups
+        SELECT rental_id, gpu_uuid, bucket, start, "end" FROM usage_rollups
         WHERE customer_id = :c AND start >= :lo AND start < :hi
           AND (bucket = ANY(CAST(:b AS text[])) OR gpu_uuid = ANY(CAST(:g AS text[])))
         """),

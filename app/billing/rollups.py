@@ -36,6 +36,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from functools import cached_property
 from itertools import pairwise
 from zoneinfo import ZoneInfo
 
@@ -97,13 +98,22 @@ class DaySeconds:
 
 @dataclass(frozen=True)
 class ToDate:
-    """The period to date rated from rollups and the open day; idle seconds per rental."""
+    """The period to date rated from rollups and the open day, with each rental's seconds
+    per day and bucket."""
 
     rated: list[RatedRental]
-    idle_s: dict[str, int]
     pieces: dict[str, list[Piece]]  # per rental, for re-rating at other plan terms
     runs: dict[str, dict[str, list[Span]]]
-    by_day: list[DaySeconds]  # the stored days' sums and the open day's, for a day-by-day view
+    by_day: list[DaySeconds]  # the stored days' sums and the open day's
+
+    @cached_property  # read once per rental by the usage API: summed once
+    def idle_s(self) -> dict[str, int]:
+        """Idle seconds to date per rental."""
+        totals = {r.rental.rental_id: 0 for r in self.rated}
+        for part in self.by_day:
+            if part.rental_id in totals:
+                totals[part.rental_id] += part.idle_s
+        return totals
 
     def rerated(self, increment_s: int) -> list[RatedRental]:
         """The same pieces rated at another increment (the what-if)."""
@@ -225,7 +235,7 @@ def rated_to_date(
     if closed:
         _refresh_stale(session, customer_id, period, inputs, days, read_idle)
     rentals = inputs.rentals(customer_id)
-    stored, stored_idle = _stored_pieces(session, customer_id, rentals, inputs, period, open_start)
+    stored = _stored_pieces(session, customer_id, rentals, inputs, period, open_start)
     live: list[RatedRental] = []
     live_idle: Mapping[str, Sequence[Span]] = {}
     if open_start < as_of:
@@ -234,7 +244,7 @@ def rated_to_date(
     live_of = {r.rental.rental_id: r for r in live}
     stored_days = repository.rollup_day_seconds(session, customer_id, days) if closed else []
     out = ToDate(
-        [], {}, {}, {}, [DaySeconds(str(r), d, Bucket(b), s, i) for r, d, b, s, i in stored_days]
+        [], {}, {}, [DaySeconds(str(r), d, Bucket(b), s, i) for r, d, b, s, i in stored_days]
     )
     for rental in rentals:
         rid = rental.rental_id
@@ -251,7 +261,6 @@ def rated_to_date(
             if p.bucket is Bucket.BILLABLE:
                 today[p.bucket][1] += overlap((p.start, p.end), live_idle.get(p.gpu_uuid, ()))
         out.by_day.extend(DaySeconds(rid, closed, b, n, idle) for b, (n, idle) in today.items())
-        out.idle_s[rid] = stored_idle.get(rid, 0) + today.get(Bucket.BILLABLE, [0, 0])[1]
         out.pieces[rid], out.runs[rid] = pieces, runs
     return out
 
@@ -320,24 +329,21 @@ def _stored_pieces(
     inputs: PeriodInputs,
     period: BillingPeriod,
     end: int,
-) -> tuple[dict[str, list[Piece]], dict[str, int]]:
+) -> dict[str, list[Piece]]:
     """The stored days' pieces per rental: one summed piece per (GPU, bucket, price point)
     where the GPU has one session in the period, downtime and other GPUs' pieces as stored."""
     pieces: dict[str, list[Piece]] = defaultdict(list)
-    idle: dict[str, int] = defaultdict(int)
     if end <= period.span[0]:
-        return pieces, idle
+        return pieces
     several = _gpus_with_several_runs(rentals, inputs, customer_id, (period.span[0], end))
     summed, single = repository.rollup_pieces(
         session, customer_id, period.span[0], end, [b.value for b in DOWNTIME], several
     )
-    for rid, gpu, bucket, seconds, last_end, idle_s in summed:
+    for rid, gpu, bucket, seconds, last_end in summed:
         pieces[str(rid)].append(Piece(gpu, last_end - seconds, last_end, Bucket(bucket), None))
-        idle[str(rid)] += idle_s
-    for rid, gpu, bucket, start, stop, idle_s in single:
+    for rid, gpu, bucket, start, stop in single:
         pieces[str(rid)].append(Piece(gpu, start, stop, Bucket(bucket), None))
-        idle[str(rid)] += idle_s
-    return pieces, idle
+    return pieces
 
 
 def _gpus_with_several_runs(

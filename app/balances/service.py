@@ -43,23 +43,18 @@ def balance(session: Session, customer: Customer) -> Decimal:
     return from_minor(_balance_minor(session, customer), customer.currency)
 
 
-def available(session: Session, customer: Customer) -> Decimal:
-    """The balance an invoice may take, with the ledger locked until the transaction ends, so
-    the amount a draft shows is still there when that draft is finalized."""
-    return available_of(session, [customer])[customer.id]
-
-
-def available_of(session: Session, customers: Sequence[Customer]) -> dict[uuid.UUID, Decimal]:
-    """``available`` for many customers (an invoice run): their ledgers locked in one
-    statement, their balances read in another."""
+def available(session: Session, customers: Sequence[Customer]) -> dict[uuid.UUID, Decimal]:
+    """The balance an invoice may take, per customer, with the ledgers locked until the
+    transaction ends, so the amount a draft shows is still there when that draft is finalized.
+    For many customers at once (an invoice run): the locks in one statement, the balances read
+    in another."""
     ids = [c.id for c in customers]
     repository.lock_ledgers(session, ids)
     latest = repository.latest_of(session, ids)
-    out = {}
-    for c in customers:
-        entry = latest.get((c.id, c.currency))
-        out[c.id] = from_minor(0 if entry is None else entry.balance_minor, c.currency)
-    return out
+    return {
+        c.id: from_minor(_running_minor(latest.get((c.id, c.currency))), c.currency)
+        for c in customers
+    }
 
 
 def low_threshold(currency: str) -> Decimal:
@@ -135,7 +130,11 @@ def _units(amount: Decimal, currency: str, loc: tuple[str, ...]) -> int:
 
 
 def _balance_minor(session: Session, customer: Customer) -> int:
-    last = repository.latest(session, customer.id, customer.currency)
+    return _running_minor(repository.latest(session, customer.id, customer.currency))
+
+
+def _running_minor(last: BalanceEntry | None) -> int:
+    """The running balance after ``last``, in minor units (0 before any entry)."""
     return 0 if last is None else last.balance_minor
 
 

@@ -154,7 +154,7 @@ def draft_batch(
         earlier=repository.earlier_finalized(session, ids, period.start, lookback(now)),
         invoices=repository.live_invoices(session, ids, period.name),
         vouchers=repository.voucher_entries_of(session, ids),
-        balances=balances_service.available_of(session, customers),
+        balances=balances_service.available(session, customers),
     )
 
 

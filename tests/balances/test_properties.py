@@ -58,7 +58,7 @@ def _invoice(session: Session, customer: Customer, due_cents: int, tax: Decimal)
     """An invoice of ``due_cents`` before tax, built as billing builds it, then finalized."""
     invoice_id = uuid.uuid4()
     charge = InvoiceLine(LineKind.ADJUSTMENT, Decimal(due_cents).scaleb(-2), "USD")
-    available = service.available(session, customer)
+    available = service.available(session, [customer])[customer.id]
     built = build_invoice(str(invoice_id), "c", "USD", [], [], 0, tax, [charge], available)
     prepaid = [line.amount for line in built.lines if line.kind is LineKind.PREPAID_BALANCE]
     before_balance = sum_amounts(

@@ -168,8 +168,17 @@ def _empty_tables(engine: Engine) -> None:
 
 @pytest.fixture
 def app(db: Engine) -> FastAPI:
+    return _service(db)
+
+
+def _service(engine: Engine) -> FastAPI:
     """The service without its in-process queue worker (tests that need one start it)."""
-    return create_app(db, worker=False)
+    return create_app(engine, worker=False)
+
+
+def _admin_key(engine: Engine) -> str:
+    with transaction(engine) as session:
+        return issue_key(session, KeyKind.ADMIN, "test admin").secret
 
 
 @pytest.fixture
@@ -180,8 +189,7 @@ def client(app: FastAPI) -> Iterator[TestClient]:
 
 @pytest.fixture
 def admin_key(db: Engine) -> str:
-    with transaction(db) as session:
-        return issue_key(session, KeyKind.ADMIN, "test admin").secret
+    return _admin_key(db)
 
 
 @pytest.fixture
@@ -192,7 +200,5 @@ def console(client: TestClient, admin_key: str) -> Console:
 @pytest.fixture(scope="module")
 def module_console(module_db: Engine) -> Iterator[Console]:
     """``console`` over ``module_db``: one app, client and admin key for the module."""
-    with TestClient(create_app(module_db, worker=False)) as test_client:
-        with transaction(module_db) as session:
-            key = issue_key(session, KeyKind.ADMIN, "test admin").secret
-        yield Console(test_client, key)
+    with TestClient(_service(module_db)) as test_client:
+        yield Console(test_client, _admin_key(module_db))

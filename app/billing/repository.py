@@ -132,18 +132,9 @@ def delete_provisional_entries(session: Session, invoice_id: uuid.UUID) -> None:
 
 
 def voucher_entries(
-    session: Session, customer_id: uuid.UUID, currency: str | None = None
-) -> Sequence[VoucherEntryRow]:
-    query = select(VoucherEntryRow).where(VoucherEntryRow.customer_id == customer_id)
-    if currency is not None:
-        query = query.where(VoucherEntryRow.currency == currency)
-    return session.scalars(query.order_by(VoucherEntryRow.at, VoucherEntryRow.id)).all()
-
-
-def voucher_entries_of(
     session: Session, customer_ids: Collection[uuid.UUID]
 ) -> dict[uuid.UUID, list[VoucherEntryRow]]:
-    """``voucher_entries`` of many customers in one statement, in every currency."""
+    """Each customer's voucher ledger entries, in every currency, oldest first."""
     query = select(VoucherEntryRow).where(VoucherEntryRow.customer_id.in_(customer_ids))
     entries: dict[uuid.UUID, list[VoucherEntryRow]] = defaultdict(list)
     for entry in session.scalars(query.order_by(VoucherEntryRow.at, VoucherEntryRow.id)):

@@ -153,7 +153,7 @@ def draft_batch(
         inputs=load_inputs(session, ids, period.span),
         earlier=repository.earlier_finalized(session, ids, period.start, lookback(now)),
         invoices=repository.live_invoices(session, ids, period.name),
-        vouchers=repository.voucher_entries_of(session, ids),
+        vouchers=repository.voucher_entries(session, ids),
         balances=balances_service.available(session, customers),
     )
 

@@ -128,7 +128,8 @@ def rated_to_date(
 
 
 def voucher_ledger(session: Session, customer: Customer, now: datetime) -> VoucherLedgerRead:
-    rows = repository.voucher_entries(session, customer.id, customer.currency)
+    entries_of = repository.voucher_entries(session, [customer.id]).get(customer.id, [])
+    rows = [e for e in entries_of if e.currency == customer.currency]
     entries = ledger(rows)
     still_open = sorted(open_vouchers(entries), key=lambda v: (v.expires_at, v.voucher_id))
     usable = sum((v.remaining for v in still_open if v.expires_at > epoch(now)), Decimal(0))

@@ -131,7 +131,7 @@ def _cheap_then_dear(change_at: int) -> PlanTerms:
     )
 
 
-def test_rounding_extra_is_priced_at_the_last_billed_second() -> None:
+def test_rounding_extra_is_priced_at_the_sessions_last_billed_or_credited_second() -> None:
     segments = {"A": [healthy("A", 50, 161)]}
     rated = rate_rental(
         rental(_cheap_then_dear(100)), [Assignment("r1", "A", 50, 161)], segments, {}, [], MONTH

@@ -84,7 +84,8 @@ def _every_event_type(app: FastAPI, console: Console, db: Engine, receiver: Rece
     disabled = next(e for e in published if e["type"] == "webhook_endpoint.disabled")
     assert disabled["data"]["endpoint_id"] == dead["id"]
     # The worker records an attempt after the receiver answers, so the log can trail the receiver.
-    wait_for(lambda: {d["status"] for d in deliveries(console, endpoint)} == {"succeeded"}, "logged")
+    statuses = lambda: {d["status"] for d in deliveries(console, endpoint)}  # noqa: E731
+    wait_for(lambda: statuses() == {"succeeded"}, "every delivery logged as succeeded")
     log = deliveries(console, endpoint)
     assert all(d["log"][0]["status_code"] == 204 and d["log"][0]["duration_ms"] >= 0 for d in log)
     [failed] = deliveries(console, dead)

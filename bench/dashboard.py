@@ -14,6 +14,8 @@ requests; prints a line per page, the targets with pass/fail, and a final JSON l
   metering repository's writer: each GPU healthy, 0.72 % of GPU-days with a 47-min failure
   (~1,300), 20 of them moved to a spare. Minute metrics only for the open day's hours (a
   month of them would be 2 M rows): closed days' idle seconds are what their rollups hold.
+  The first read stores the closed days' rollups and is timed on its own; the pages are then
+  timed in steady state (the table analyzed, as autovacuum leaves it).
   Targets: overview and rental page < 500 ms, what-if < 1 s.
 """
 
@@ -29,7 +31,7 @@ import uuid
 from datetime import datetime
 
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, insert
+from sqlalchemy import Engine, create_engine, insert, text
 
 from app.auth.models import KeyKind
 from app.auth.service import issue_key
@@ -386,9 +388,23 @@ def run_case(case: str, runs: int) -> dict[str, dict[str, float]]:
             if case == "small":
                 results = time_pages(client, ids, PERIOD, runs)
             else:  # the big rental page alone takes seconds a request before rollups
+                _store_rollups(client, engine, ids)
                 results = time_pages(client, ids, BIG_PERIOD, min(runs, BIG_RUNS))
         engine.dispose()
     return results
+
+
+def _store_rollups(client: TestClient, engine: Engine, ids: dict[str, str]) -> None:
+    """The first read stores the closed days' rollups (84,000 rows here); ANALYZE then does
+    what autovacuum does soon after such a write. Timed right after the write, the reads plan
+    against an empty table's statistics (sorts spilled to disk: ~+250 ms a read)."""
+    path = f"/v1/customers/{ids['customer']}/usage?period={BIG_PERIOD}"
+    began = time.perf_counter()
+    assert client.get(path, headers={"Authorization": f"Bearer {ids['key']}"}).status_code == 200
+    print(f"big: first read, storing the closed days' rollups: {time.perf_counter() - began:.1f} s")
+    with engine.connect() as connection:
+        connection.execute(text("ANALYZE usage_rollups"))
+        connection.commit()
 
 
 def time_pages(

@@ -167,6 +167,11 @@ class Settings(BaseSettings):
         default="*/5 * * * *",
         description="When workers check for due monthly runs (cron; a 6th field is seconds).",
     )
+    rollup_schedule_cron: str = Field(
+        default="7 * * * *",
+        description="When workers store the closed days' usage rollups, so that no reader "
+        "rates a day that closed (cron; hourly reaches every zone's midnight).",
+    )
     nats_url: str | None = Field(
         default=None, description="NATS server; set: every event is published to JetStream too."
     )

@@ -228,12 +228,9 @@ def rated_to_date(
 ) -> ToDate:
     """The customer's rentals rated over [period start, ``as_of``) from ``inputs`` (loaded for
     that span): stored closed days (re-rated first where stale) plus the open day rated live."""
-    days = [d for d in day_bounds(period) if d <= as_of]
-    closed = _ended(days, as_of)
-    days = days[: closed + 1]
+    days = store_closed_days(session, customer_id, period, as_of, inputs, read_idle)
+    closed = len(days) - 1
     open_start = days[closed] if closed else period.span[0]
-    if closed:
-        _refresh_stale(session, customer_id, period, inputs, days, read_idle)
     rentals = inputs.rentals(customer_id)
     stored = _stored_pieces(session, customer_id, rentals, inputs, period, open_start)
     live: list[RatedRental] = []
@@ -263,6 +260,23 @@ def rated_to_date(
         out.by_day.extend(DaySeconds(rid, closed, b, n, idle) for b, (n, idle) in today.items())
         out.pieces[rid], out.runs[rid] = pieces, runs
     return out
+
+
+def store_closed_days(
+    session: Session,
+    customer_id: uuid.UUID,
+    period: BillingPeriod,
+    as_of: int,
+    inputs: PeriodInputs,
+    read_idle: IdleReader,
+) -> list[int]:
+    """Rate and store the period's days closed by ``as_of`` whose rollups are missing or stale
+    (what the first read after a day closes would do); the closed days' bounds."""
+    days = [d for d in day_bounds(period) if d <= as_of]
+    days = days[: _ended(days, as_of) + 1]
+    if len(days) > 1:
+        _refresh_stale(session, customer_id, period, inputs, days, read_idle)
+    return days
 
 
 def _rate(

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from app.billing import repository, rollups
 from app.billing.domain import Bucket
 from app.billing.effective import EffectiveUsage, effective_of, minute_spans
-from app.billing.loader import BillingPeriod, load_inputs, started_period
+from app.billing.loader import BillingPeriod, current_period, load_inputs, started_period
 from app.billing.rating import RatedRental
 from app.billing.schemas import (
     EffectiveRead,
@@ -119,12 +119,29 @@ def rated_to_date(
 ) -> rollups.ToDate:
     """The period to date: closed days from their rollups, the open day rated live."""
     inputs = load_inputs(session, [customer.id], span)
+    with core_errors(customer):
+        return rollups.rated_to_date(
+            session, customer.id, period, span[1], inputs, _idle_reader(session)
+        )
 
+
+def store_closed_days(session: Session, customer: Customer, now: datetime) -> int:
+    """Store the rollups of the customer's current period's closed days where missing or
+    stale, so that no reader pays for it; how many closed days the period has."""
+    period, span = _to_date(customer, current_period(customer.billing_timezone, now), now)
+    inputs = load_inputs(session, [customer.id], span)
+    with core_errors(customer):
+        days = rollups.store_closed_days(
+            session, customer.id, period, span[1], inputs, _idle_reader(session)
+        )
+    return len(days) - 1
+
+
+def _idle_reader(session: Session) -> rollups.IdleReader:
     def read_idle(gpus: Sequence[str], part: tuple[int, int]) -> dict[str, list[tuple[int, int]]]:
         return idle_by_gpu(session, gpus, part)
 
-    with core_errors(customer):
-        return rollups.rated_to_date(session, customer.id, period, span[1], inputs, read_idle)
+    return read_idle
 
 
 def voucher_ledger(session: Session, customer: Customer, now: datetime) -> VoucherLedgerRead:

@@ -1,4 +1,5 @@
-"""The scheduled invoice run's periodic job (``GPUMETER_INVOICE_SCHEDULE_CRON``)."""
+"""The periodic jobs: the scheduled invoice run (``GPUMETER_INVOICE_SCHEDULE_CRON``) and the
+usage rollups' store (``GPUMETER_ROLLUP_SCHEDULE_CRON``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from datetime import UTC, datetime
 import procrastinate
 from procrastinate import job_context
 
-from app.schedule.service import tick
+from app.schedule.service import store_rollups, tick
 from app.settings import get_settings
 
 tasks = procrastinate.Blueprint()
@@ -19,3 +20,10 @@ def invoice_schedule_tick(context: job_context.JobContext, timestamp: int) -> in
     """Run what became due; how many zone-months were worked."""
     engine = context.additional_context["engine"]
     return len(tick(engine, context.additional_context["settings"], datetime.now(UTC)))
+
+
+@tasks.periodic(cron=get_settings().rollup_schedule_cron)
+@tasks.task(name="rollups", queueing_lock="rollup_schedule", pass_context=True)
+def rollup_schedule_tick(context: job_context.JobContext, timestamp: int) -> int:
+    """Store the closed days' usage rollups; how many customers were stored."""
+    return store_rollups(context.additional_context["engine"], datetime.now(UTC))

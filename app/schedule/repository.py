@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import uuid
+
 from sqlalchemy import Select, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
@@ -10,6 +12,10 @@ from app.schedule.models import RunStatus, ScheduledRun
 
 def billing_zones(session: Session) -> list[str]:
     return list(session.scalars(select(Customer.billing_timezone).distinct()))
+
+
+def customer_ids(session: Session) -> list[uuid.UUID]:
+    return list(session.scalars(select(Customer.id).order_by(Customer.id)))
 
 
 def customers_in(session: Session, timezone: str) -> list[Customer]:

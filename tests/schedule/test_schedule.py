@@ -1,4 +1,5 @@
-"""The scheduled monthly invoice run: each zone's month once its grace time is over, once."""
+"""The scheduled monthly invoice run: each zone's month once its grace time is over, once.
+And the hourly store of the closed days' usage rollups."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from fastapi import FastAPI
+from sqlalchemy import Engine, select
 
-from app.schedule.service import closed_period, tick
+from app.billing.endpoints import clock
+from app.billing.models import UsageRollupDay
+from app.core.db import transaction
+from app.schedule.service import closed_period, store_rollups, tick
 from app.settings import get_settings
 from tests.billing.world import october_with_failure
 from tests.core.workers import workers
@@ -55,6 +60,29 @@ def test_a_tick_drafts_and_finalizes_the_closed_month_once(console: Console, db:
         "finalized",
         "GM-2026-000001",
     )
+
+
+def stored_days(db: Engine) -> list[tuple[datetime, datetime]]:
+    with transaction(db) as session:
+        rows = session.execute(select(UsageRollupDay.day, UsageRollupDay.rated_at)).all()
+    return sorted((datetime.fromtimestamp(day, UTC), rated_at) for day, rated_at in rows)
+
+
+def test_the_rollup_job_stores_every_closed_day_so_a_read_rates_only_the_open_one(
+    app: FastAPI, console: Console, db: Engine
+) -> None:
+    world = october_with_failure(console, db)
+    now = datetime(2026, 10, 20, 12, 0, tzinfo=UTC)
+    assert stored_days(db) == []
+    assert store_rollups(db, now) == 1
+    stored = stored_days(db)
+    assert [day for day, _ in stored] == [datetime(2026, 10, d, tzinfo=UTC) for d in range(1, 20)]
+    # A read, and the job's next run, find every closed day stored and current: no re-rating.
+    app.dependency_overrides[clock] = lambda: now
+    path = f"/v1/customers/{world.customer['id']}/usage?period=2026-10"
+    assert console.client.get(path, headers=console.headers).status_code == 200
+    assert store_rollups(db, now) == 1
+    assert stored_days(db) == stored
 
 
 @pytest.mark.e2e

@@ -104,7 +104,25 @@ class ToDate:
     rated: list[RatedRental]
     pieces: dict[str, list[Piece]]  # per rental, for re-rating at other plan terms
     runs: dict[str, dict[str, list[Span]]]
-    by_day: list[DaySeconds]  # the stored days' sums and the open day's
+    stored_days: list[DaySeconds]  # the stored days' sums
+    open_day: int  # the open day's index into ``day_bounds``
+    live_pieces: dict[str, Sequence[Piece]]  # per rental, the open day's
+    # The open day's idle spans per GPU, read when first needed: the what-if needs none.
+    read_live_idle: Callable[[], Mapping[str, Sequence[Span]]]
+
+    @cached_property
+    def by_day(self) -> list[DaySeconds]:
+        """The stored days' sums and the open day's."""
+        live_idle = self.read_live_idle()
+        out = list(self.stored_days)
+        for rid, now_pieces in self.live_pieces.items():
+            today: dict[Bucket, list[int]] = defaultdict(lambda: [0, 0])  # seconds, idle s
+            for p in now_pieces:
+                today[p.bucket][0] += p.seconds
+                if p.bucket is Bucket.BILLABLE:
+                    today[p.bucket][1] += overlap((p.start, p.end), live_idle.get(p.gpu_uuid, ()))
+            out.extend(DaySeconds(rid, self.open_day, b, n, i) for b, (n, i) in today.items())
+        return out
 
     @cached_property  # read once per rental by the usage API: summed once
     def idle_s(self) -> dict[str, int]:
@@ -233,15 +251,21 @@ def rated_to_date(
     open_start = days[closed] if closed else period.span[0]
     rentals = inputs.rentals(customer_id)
     stored = _stored_pieces(session, customer_id, rentals, inputs, period, open_start)
-    live: list[RatedRental] = []
-    live_idle: Mapping[str, Sequence[Span]] = {}
-    if open_start < as_of:
-        live = _rate(inputs, customer_id, (open_start, as_of), period)
-        live_idle = read_idle(inputs.gpus, (open_start, as_of))
+    live = _rate(inputs, customer_id, (open_start, as_of), period) if open_start < as_of else []
     live_of = {r.rental.rental_id: r for r in live}
     stored_days = repository.rollup_day_seconds(session, customer_id, days) if closed else []
+
+    def read_live_idle() -> Mapping[str, Sequence[Span]]:
+        return read_idle(inputs.gpus, (open_start, as_of)) if open_start < as_of else {}
+
     out = ToDate(
-        [], {}, {}, [DaySeconds(str(r), d, Bucket(b), s, i) for r, d, b, s, i in stored_days]
+        [],
+        {},
+        {},
+        [DaySeconds(str(r), d, Bucket(b), s, i) for r, d, b, s, i in stored_days],
+        closed,
+        {},
+        read_live_idle,
     )
     for rental in rentals:
         rid = rental.rental_id
@@ -252,13 +276,7 @@ def rated_to_date(
         pieces = sorted([*stored.get(rid, ()), *now_pieces], key=lambda p: (p.gpu_uuid, p.start))
         period_s = period.span[1] - period.span[0]
         out.rated.append(rate_pieces(rental, bounds, pieces, runs, period_s))
-        today: dict[Bucket, list[int]] = defaultdict(lambda: [0, 0])  # seconds, idle s
-        for p in now_pieces:
-            today[p.bucket][0] += p.seconds
-            if p.bucket is Bucket.BILLABLE:
-                today[p.bucket][1] += overlap((p.start, p.end), live_idle.get(p.gpu_uuid, ()))
-        out.by_day.extend(DaySeconds(rid, closed, b, n, idle) for b, (n, idle) in today.items())
-        out.pieces[rid], out.runs[rid] = pieces, runs
+        out.pieces[rid], out.runs[rid], out.live_pieces[rid] = pieces, runs, now_pieces
     return out
 
 

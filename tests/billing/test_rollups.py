@@ -208,3 +208,30 @@ def test_rollups_plus_the_open_day_equal_rating_the_span(
     )
     from_rollups = what_if_rated({i: to_date.rerated(i) for i in DEFAULT_INCREMENTS})
     assert from_rollups.rows == whole.rows
+
+
+@settings(
+    max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(world=worlds())
+def test_the_open_days_idle_is_read_only_when_something_shows_it(
+    db: Engine, customer: uuid.UUID, world: dict
+) -> None:
+    world = _stretch(world, {r: str(uuid.uuid4()) for r in ("r0", "r1", "r2")})
+    reads: list[Span] = []
+
+    def read_idle(gpus: Sequence[str], span: Span) -> dict[str, list[Span]]:
+        reads.append(span)
+        return {}
+
+    as_of = SPAN[1] - 5 * H  # three closed days and the open one
+    with Session(db) as session:
+        inputs = _inputs(world, customer, (0, as_of))
+        to_date = rollups.rated_to_date(session, customer, BILLING, as_of, inputs, read_idle)
+        session.rollback()
+    stored = list(reads)  # storing the closed days reads theirs: their rollups keep it
+    assert all(end <= 72 * H for _, end in stored)
+    to_date.rerated(60)  # the what-if: no idle read
+    assert reads == stored
+    assert set(to_date.idle_s) == {r.rental.rental_id for r in to_date.rated}
+    assert reads == [*stored, (72 * H, as_of)]  # the usage API's idle: the open day's, once

@@ -1,6 +1,8 @@
 """The rental page's state bands: one row per assigned GPU, read through the console's timeline.
 
 Geometry is computed here (x in a 0..1000 viewBox), so the template only draws rectangles.
+A rental with more GPUs than a page holds is paged (the GPUs in the order the rental got
+them): a 3,000-GPU rental's page reads and draws 64 timelines, not 3,000.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.core.epoch import epoch
+from app.core.errors import Unprocessable
 from app.dashboard import wording
 from app.dashboard.formatting import Formatter
 from app.fleet import telemetry
@@ -19,6 +22,7 @@ from app.rentals.models import Migration, Rental
 
 WIDTH = 1000
 ROW_H = 32
+GPUS_PER_PAGE = 64
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,14 @@ class BandChart:
     bands: list[Band]
     links: list[Link]
     ticks: list[tuple[float, str]]
+    page: int = 1
+    pages: int = 1
+    gpus: int = 0  # the rental's GPUs, on every page
+
+    @property
+    def first(self) -> int:
+        """The 1-based number of this page's first GPU."""
+        return (self.page - 1) * GPUS_PER_PAGE + 1
 
     @property
     def height(self) -> int:
@@ -95,23 +107,38 @@ class BandChart:
 
 
 def build(
-    session: Session, rental: Rental, caller: Principal, fmt: Formatter, window: tuple[int, int]
+    session: Session,
+    rental: Rental,
+    caller: Principal,
+    fmt: Formatter,
+    window: tuple[int, int],
+    page: int = 1,
 ) -> BandChart:
     lo, hi = window
-    rows: dict[str, Band] = {}
-    parts: dict[str, list[tuple[int, int]]] = {}
+    parts: dict[str, list[tuple[int, int]]] = {}  # every assigned GPU, in assignment order
+    last_start: dict[str, int] = {}
     for a in rental.assignments:
         start = max(lo, epoch(a.start_at))
         end = min(hi, hi if a.end_at is None else epoch(a.end_at))
-        band = rows.setdefault(a.gpu_uuid, Band(a.gpu_uuid, len(rows)))
+        gpu_parts = parts.setdefault(a.gpu_uuid, [])
         if start < end:
-            band.last_start = max(band.last_start, start)
-            parts.setdefault(a.gpu_uuid, []).append((start, end))
-    # One read for all the assignments (was one timeline call, ~4 queries, per assignment).
-    for gpu, timeline in telemetry.timelines(session, caller, parts, lo, hi).items():
+            last_start[a.gpu_uuid] = max(last_start.get(a.gpu_uuid, 0), start)
+            gpu_parts.append((start, end))
+    pages = max(1, -(-len(parts) // GPUS_PER_PAGE))
+    if page > pages:
+        raise Unprocessable(
+            f"gpu_page {page} is past the last page ({pages}) of GPUs in this rental",
+            ("query", "gpu_page"),
+        )
+    shown = list(parts)[(page - 1) * GPUS_PER_PAGE : page * GPUS_PER_PAGE]
+    rows = {g: Band(g, i, last_start=last_start.get(g, 0)) for i, g in enumerate(shown)}
+    # One read for the page's assignments (was one timeline call, ~4 queries, per assignment).
+    wanted = {g: parts[g] for g in shown if parts[g]}
+    for gpu, timeline in telemetry.timelines(session, caller, wanted, lo, hi).items():
         _add_timeline(rows[gpu], timeline, fmt, window)
     links = [link for m in rental.migrations if (link := _migration(m, rows, fmt, window))]
-    return BandChart(lo, hi, list(rows.values()), links, _ticks(lo, hi, fmt))
+    ticks = _ticks(lo, hi, fmt)
+    return BandChart(lo, hi, list(rows.values()), links, ticks, page, pages, len(parts))
 
 
 def _add_timeline(band: Band, timeline: Timeline, fmt: Formatter, window: tuple[int, int]) -> None:
@@ -137,12 +164,14 @@ def _migration(
     failed, resumed = epoch(m.failed_at), epoch(m.resumed_at)
     start, end = max(lo, failed), min(hi, max(resumed, failed + 1))
     source, target = rows.get(m.from_gpu_uuid), rows.get(m.to_gpu_uuid)
-    if start >= end or source is None or target is None:
+    if start >= end or source is None:
         return None
     moved = f"from {m.from_gpu_uuid} to {m.to_gpu_uuid}" + (f": {m.reason}" if m.reason else "")
     tip = _tip("migration", failed, resumed, fmt, moved)
     source.pieces.append(_piece(start, end, "migration", tip, window))
     source.incidents.append(_incident(start, end, "migration", tip, window))
+    if target is None:  # on another page of the rental's GPUs: the band, without the link
+        return None
     mid = ROW_H / 2
     return Link(_x(start, window), source.y + mid, _x(end, window), target.y + mid, tip)
 

@@ -385,9 +385,14 @@ def overview_page(p: CustomerPage, period: PeriodParam = None) -> Response:
 
 
 @pages.get("/rentals/{rental_id}", name="rental")
-def rental_page(p: CustomerPage, rental_id: uuid.UUID, period: PeriodParam = None) -> Response:
+def rental_page(
+    p: CustomerPage,
+    rental_id: uuid.UUID,
+    period: PeriodParam = None,
+    gpu_page: Annotated[int, Query(ge=1, le=100_000, description="Page of the GPU bands")] = 1,
+) -> Response:
     billing_period = p.period(period)
-    view = service.rental_page(p.session, p.v, rental_id, billing_period, p.now)
+    view = service.rental_page(p.session, p.v, rental_id, billing_period, p.now, gpu_page)
     return p.render("rental.html", period=billing_period, page=view)
 
 

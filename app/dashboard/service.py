@@ -137,7 +137,12 @@ class RentalPage:
 
 
 def rental_page(
-    session: Session, v: Viewer, rental_id: uuid.UUID, period: BillingPeriod, now: datetime
+    session: Session,
+    v: Viewer,
+    rental_id: uuid.UUID,
+    period: BillingPeriod,
+    now: datetime,
+    gpu_page: int = 1,
 ) -> RentalPage:
     rental = get_rental(session, rental_id, v.principal)
     if rental.customer_id != v.customer.id:  # an admin's link naming two customers
@@ -150,7 +155,7 @@ def rental_page(
     ]
     if window[0] >= window[1]:
         return RentalPage(rental, None, window, mine)
-    chart = bands.build(session, rental, v.principal, v.fmt, window)
+    chart = bands.build(session, rental, v.principal, v.fmt, window, gpu_page)
     return RentalPage(rental, chart, window, mine)
 
 

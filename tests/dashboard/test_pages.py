@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from pypdf import PdfReader
 
 from app.billing.endpoints import clock
-from app.dashboard import sessions, tokens
+from app.dashboard import bands, sessions, tokens
 from app.settings import get_settings
 from tests.dashboard import world
 from tests.dashboard.world import PERIOD, World, ts
@@ -95,6 +95,31 @@ def test_rental_page_shows_the_failure_band_with_its_evidence(
     # No tooltip shows internal fields (key=value, epoch seconds, rule identifiers).
     for tip in re.findall(r'data-tip="([^"]*)"', html):
         assert "=" not in tip and "_" not in tip.split(" · ", 1)[1], tip
+
+
+def test_a_rental_with_more_gpus_than_a_page_pages_its_bands(
+    client: TestClient, seeded: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(bands, "GPUS_PER_PAGE", 1)  # the seeded rental's two GPUs: two pages
+    path = f"/dashboard/rentals/{seeded.acme.rental['id']}?period={PERIOD}"
+    headers = bearer(seeded.acme.key)
+
+    def rows(html: str) -> list[str]:
+        return re.findall(r'<g data-gpu="([^"]+)"', html)
+
+    first = client.get(path, headers=headers).text
+    assert rows(first) == ["GPU-A-1"] and "GPUs 1\N{EN DASH}1 of 2" in first
+    rental = seeded.acme.rental["id"]
+    assert f'rel="next" href="/dashboard/rentals/{rental}?period={PERIOD}&amp;gpu_page=2"' in first
+    # GPU-A-1's migration band stays; the link to GPU-A-2, on the next page, is not drawn.
+    assert 'class="piece st-migration"' in first and 'class="link"' not in first
+    second = client.get(f"{path}&gpu_page=2", headers=headers).text
+    assert rows(second) == ["GPU-A-2"] and "GPUs 2\N{EN DASH}2 of 2" in second
+    assert 'rel="prev"' in second and 'rel="next"' not in second
+    past = client.get(f"{path}&gpu_page=3", headers=headers)
+    assert past.status_code == 422
+    assert "gpu_page 3 is past the last page (2) of GPUs in this rental" in past.text
+    assert client.get(f"{path}&gpu_page=0", headers=headers).status_code == 422
 
 
 def test_latest_events_show_the_failure_that_ended_the_assignment(

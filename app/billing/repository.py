@@ -320,37 +320,25 @@ def rollup_pieces(
     end: int,
     as_stored: Sequence[str],
     gpus_as_stored: Sequence[str],
-) -> tuple[list[Any], list[Any]]:
-    """The stored parts starting in [start, end): summed per (rental, GPU, bucket, price
-    point) as (rental, GPU, bucket, seconds, last end); the parts in ``as_stored`` buckets or
-    on ``gpus_as_stored`` one by one as (rental, GPU, bucket, start, end). Their idle seconds
-    come from ``rollup_day_seconds``."""
-    params = {
-        "c": customer_id,
-        "lo": start,
-        "hi": end,
-        "b": list(as_stored),
-        "g": list(gpus_as_stored),
-    }
-    summed = session.execute(
+) -> list[Any]:
+    """The stored parts starting in [start, end) as (rental, GPU, bucket, seconds, last end),
+    in one scan: summed per (rental, GPU, bucket, price point), except the parts in
+    ``as_stored`` buckets or on ``gpus_as_stored``, which come one by one (a part's seconds
+    and end give its start). Their idle seconds come from ``rollup_day_seconds``."""
+    rows = session.execute(
         text("""
         SELECT rental_id, gpu_uuid, bucket, CAST(sum("end" - start) AS bigint), max("end")
-        FROM usage_rollups
-        WHERE customer_id = :c AND start >= :lo AND start < :hi
-          AND NOT (bucket = ANY(CAST(:b AS text[])) OR gpu_uuid = ANY(CAST(:g AS text[])))
-        GROUP BY rental_id, gpu_uuid, bucket, price_from
+        FROM (
+            SELECT rental_id, gpu_uuid, bucket, price_from, start, "end",
+                   bucket = ANY(CAST(:b AS text[])) OR gpu_uuid = ANY(CAST(:g AS text[])) AS one
+            FROM usage_rollups
+            WHERE customer_id = :c AND start >= :lo AND start < :hi
+        ) AS parts
+        GROUP BY rental_id, gpu_uuid, bucket, price_from, one, CASE WHEN one THEN start END
         """),
-        params,
+        {"c": customer_id, "lo": start, "hi": end, "b": list(as_stored), "g": list(gpus_as_stored)},
     )
-    single = session.execute(
-        text("""
-        SELECT rental_id, gpu_uuid, bucket, start, "end" FROM usage_rollups
-        WHERE customer_id = :c AND start >= :lo AND start < :hi
-          AND (bucket = ANY(CAST(:b AS text[])) OR gpu_uuid = ANY(CAST(:g AS text[])))
-        """),
-        params,
-    )
-    return list(summed), list(single)
+    return list(rows)
 
 
 def rollup_day_seconds(session: Session, customer_id: uuid.UUID, days: Sequence[int]) -> list[Any]:

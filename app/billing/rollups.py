@@ -368,13 +368,11 @@ def _stored_pieces(
     if end <= period.span[0]:
         return pieces
     several = _gpus_with_several_runs(rentals, inputs, customer_id, (period.span[0], end))
-    summed, single = repository.rollup_pieces(
+    stored = repository.rollup_pieces(
         session, customer_id, period.span[0], end, [b.value for b in DOWNTIME], several
     )
-    for rid, gpu, bucket, seconds, last_end in summed:
+    for rid, gpu, bucket, seconds, last_end in stored:
         pieces[str(rid)].append(Piece(gpu, last_end - seconds, last_end, Bucket(bucket), None))
-    for rid, gpu, bucket, start, stop in single:
-        pieces[str(rid)].append(Piece(gpu, start, stop, Bucket(bucket), None))
     return pieces
 
 

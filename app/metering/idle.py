@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import struct
 
-from app.metering.packing import MINUTE, SLOT, SLOTS
+from app.metering.packing import MINUTE, SLOTS, planes
 
 # Byte offsets of the utilisation count (B) and sum (H) inside a slot, from SLOT's format.
 _UTIL_N_AT = struct.calcsize("<B")
@@ -23,12 +23,10 @@ MAX_SAMPLES_PER_MINUTE = 60  # the agent samples at 1 Hz
 
 
 def _util_fields(row: bytes) -> tuple[bytes, bytes, bytes]:
-    """Per minute: utilisation sample counts, and the low and high bytes of their sums."""
-    return (
-        row[_UTIL_N_AT :: SLOT.size],
-        row[_UTIL_SUM_AT :: SLOT.size],
-        row[_UTIL_SUM_AT + 1 :: SLOT.size],
-    )
+    """Per minute of a row (raw or as stored): utilisation sample counts, and the low and
+    high bytes of their sums."""
+    counts, lows, highs = planes(row, (_UTIL_N_AT, _UTIL_SUM_AT, _UTIL_SUM_AT + 1))
+    return counts, lows, highs
 
 
 @functools.lru_cache(maxsize=64)

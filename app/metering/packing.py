@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from metering_agent.protocol import MINUTE, UsageRecord
@@ -121,11 +122,19 @@ def loaded(data: bytes) -> bytes:
     before compression, the simulator's) is returned as it is."""
     if len(data) == ROW_BYTES:
         return data
-    planes = zlib.decompress(data, -15)
     row = bytearray(ROW_BYTES)
-    for i in range(SLOT.size):
-        row[i :: SLOT.size] = planes[i * SLOTS : (i + 1) * SLOTS]
+    for i, plane in enumerate(planes(data, range(SLOT.size))):
+        row[i :: SLOT.size] = plane
     return bytes(row)
+
+
+def planes(data: bytes, offsets: Iterable[int]) -> list[bytes]:
+    """For each byte offset within the slot, that byte of the 60 minutes, from a row as
+    ``stored`` made it or a raw one: what a reader of a few fields needs, not the whole row."""
+    if len(data) == ROW_BYTES:
+        return [data[i :: SLOT.size] for i in offsets]
+    grouped = zlib.decompress(data, -15)
+    return [grouped[i * SLOTS : (i + 1) * SLOTS] for i in offsets]
 
 
 def _opt(stored: int, scale: float = 1.0) -> float | None:

@@ -302,8 +302,9 @@ def _metric_rows(
     *,
     idle_below_tenths: int | None = None,
 ) -> Iterable[tuple[str, int, bytes]]:
-    """(GPU, hour, packed slots) of the hours overlapping ``[start, end)``, closed and open;
-    with ``idle_below_tenths``, only closed hours that hold a minute below that utilisation."""
+    """(GPU, hour, packed slots as stored) of the hours overlapping ``[start, end)``, closed
+    and open; with ``idle_below_tenths``, only closed hours holding a minute below that
+    utilisation."""
     rows = session.execute(
         text("""
         SELECT gpu_uuid, hour, slots FROM (
@@ -321,7 +322,7 @@ def _metric_rows(
             "idle": idle_below_tenths,
         },
     )
-    return ((gpu, hour, packing.loaded(bytes(slots))) for gpu, hour, slots in rows)
+    return ((gpu, hour, bytes(slots)) for gpu, hour, slots in rows)
 
 
 def minute_rows(
@@ -330,7 +331,8 @@ def minute_rows(
     """Each GPU's observed minutes whose start lies in ``[start, end)``, in time order."""
     out: dict[str, list[packing.Minute]] = {gpu: [] for gpu in gpu_uuids}
     for gpu, hour, slots in _metric_rows(session, gpu_uuids, start, end):
-        out[gpu].extend(m for m in packing.minutes(hour, slots) if start <= m.start < end)
+        minutes = packing.minutes(hour, packing.loaded(slots))
+        out[gpu].extend(m for m in minutes if start <= m.start < end)
     return out
 
 

@@ -57,11 +57,16 @@ def minute_spans(minute_starts: Iterable[int]) -> list[Span]:
     One linear pass: a month of idle minutes is tens of thousands of them per GPU.
     """
     spans: list[Span] = []
-    for minute in minute_starts:
-        if spans and spans[-1][1] == minute:
-            spans[-1] = (spans[-1][0], minute + 60)
-        else:
-            spans.append((minute, minute + 60))
+    minutes = iter(minute_starts)
+    start = last = next(minutes, None)
+    if start is None or last is None:
+        return spans
+    for minute in minutes:  # a span is written when its run ends, not rebuilt every minute
+        if minute != last + 60:
+            spans.append((start, last + 60))
+            start = minute
+        last = minute
+    spans.append((start, last + 60))
     return spans
 
 

@@ -345,7 +345,8 @@ def idle_minutes(
     rows = _metric_rows(session, gpu_uuids, start, end, idle_below_tenths=threshold_tenths)
     for gpu, hour, slots in rows:
         minutes = idle.idle_minutes(hour, slots, threshold_tenths)
-        out[gpu].extend(m for m in minutes if start <= m < end)
+        inside = start <= hour and hour + packing.HOUR <= end  # most hours: nothing to clip
+        out[gpu].extend(minutes if inside else (m for m in minutes if start <= m < end))
     return out
 
 

@@ -13,14 +13,11 @@ the run goes on. The caller owns the transaction (the CLI and the API: one per r
 
 from __future__ import annotations
 
-import gc
 import re
-import threading
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -38,6 +35,7 @@ from app.billing.service import (
     refresh_draft,
 )
 from app.core.errors import Unprocessable, not_found
+from app.core.memory import rare_collections
 from app.customers.models import Customer
 
 Progress = Callable[[int, int], None]  # (customers done, customers in the run)
@@ -78,43 +76,6 @@ def as_of_time(as_of: datetime | None, now: datetime, loc: tuple[str, ...]) -> d
     if as_of > now:
         raise Unprocessable(f"as_of {as_of.isoformat()} is in the future", loc)
     return as_of
-
-
-class _RareCollections:
-    """Let the cyclic garbage collector run rarely while invoices are rated.
-
-    A run allocates millions of objects that live until it ends (loaded rows, rated pieces,
-    lines), and each of the collector's older-generation passes walks everything alive: for
-    a 3,000-GPU customer they were 2.9 s of a 6.5 s invoice (measured with ``gc.callbacks``).
-    Nothing leaks: garbage is still collected, only after 100,000 new objects instead of 700.
-    Counted, so overlapping runs in one process restore the thresholds once, when the last
-    ends.
-    """
-
-    THRESHOLD = (100_000, 50, 1000)
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running = 0
-        self._before = gc.get_threshold()
-
-    @contextmanager
-    def __call__(self) -> Iterator[None]:
-        with self._lock:
-            if self._running == 0:
-                self._before = gc.get_threshold()
-                gc.set_threshold(*self.THRESHOLD)
-            self._running += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._running -= 1
-                if self._running == 0:
-                    gc.set_threshold(*self._before)
-
-
-rare_collections = _RareCollections()
 
 
 def run_invoices(

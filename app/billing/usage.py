@@ -46,6 +46,7 @@ from app.billing.service import core_errors, ledger
 from app.billing.vouchers import balance, open_vouchers
 from app.billing.whatif import DEFAULT_INCREMENTS, WhatIfCell, what_if_rated
 from app.core.epoch import epoch, from_epoch
+from app.core.memory import rare_collections
 from app.core.money import round_money
 from app.customers.models import Customer
 from app.metering.repository import idle_minutes
@@ -118,28 +119,31 @@ def rated_to_date(
     session: Session, customer: Customer, period: BillingPeriod, span: tuple[int, int]
 ) -> rollups.ToDate:
     """The period to date: closed days from their rollups, the open day rated live."""
-    inputs = load_inputs(session, [customer.id], span)
-    with core_errors(customer):
-        return rollups.rated_to_date(
-            session, customer.id, period, span[1], inputs, _idle_reader(session)
-        )
+    with rare_collections():  # the rating and the reads behind it allocate by the million
+        inputs = load_inputs(session, [customer.id], span)
+        with core_errors(customer):
+            return rollups.rated_to_date(
+                session, customer.id, period, span[1], inputs, _idle_reader(session)
+            )
 
 
 def store_closed_days(session: Session, customer: Customer, now: datetime) -> int:
     """Store the rollups of the customer's current period's closed days where missing or
     stale, so that no reader pays for it; how many closed days the period has."""
     period, span = _to_date(customer, current_period(customer.billing_timezone, now), now)
-    inputs = load_inputs(session, [customer.id], span)
-    with core_errors(customer):
-        days = rollups.store_closed_days(
-            session, customer.id, period, span[1], inputs, _idle_reader(session)
-        )
+    with rare_collections():
+        inputs = load_inputs(session, [customer.id], span)
+        with core_errors(customer):
+            days = rollups.store_closed_days(
+                session, customer.id, period, span[1], inputs, _idle_reader(session)
+            )
     return len(days) - 1
 
 
 def _idle_reader(session: Session) -> rollups.IdleReader:
     def read_idle(gpus: Sequence[str], part: tuple[int, int]) -> dict[str, list[tuple[int, int]]]:
-        return idle_by_gpu(session, gpus, part)
+        with rare_collections():  # also when called later, for the open day (``ToDate``)
+            return idle_by_gpu(session, gpus, part)
 
     return read_idle
 

@@ -1,7 +1,6 @@
 """Rating a month of 3,000 GPUs accounts for every rented second; its speed is a benchmark
 (bench/invoices.py), not a timed assertion that a busy machine would fail."""
 
-import gc
 import itertools
 import random
 
@@ -10,7 +9,6 @@ from hypothesis import strategies as st
 
 from app.billing.domain import Assignment, GpuState, Migration, Segment
 from app.billing.rating import _swept_timeline, build_timeline, rate_rentals
-from app.billing.run import rare_collections
 
 from .factories import MONTH, rental, usd_plan
 
@@ -61,12 +59,3 @@ def test_the_plain_timeline_is_the_sweep_s_when_segments_are_disjoint(
     swept = _swept_timeline(segments, [])
     plain = build_timeline(segments, [])
     assert list(plain.cells_in(0, 201)) == list(swept.cells_in(0, 201))
-
-
-def test_a_run_collects_garbage_rarely_and_restores_the_thresholds_after() -> None:
-    before = gc.get_threshold()
-    with rare_collections():
-        with rare_collections():  # an overlapping run in the same process
-            assert gc.get_threshold() == rare_collections.THRESHOLD
-        assert gc.get_threshold() == rare_collections.THRESHOLD
-    assert gc.get_threshold() == before

@@ -17,18 +17,25 @@ forecast meets the invoice at period end.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from fractions import Fraction
+from typing import TypeVar
 
 from sqlalchemy.orm import Session
 
 from app.billing import repository, rollups
 from app.billing.domain import Bucket
 from app.billing.effective import EffectiveUsage, effective_of, minute_spans
-from app.billing.loader import BillingPeriod, current_period, load_inputs, started_period
+from app.billing.loader import (
+    BillingPeriod,
+    PeriodInputs,
+    current_period,
+    load_inputs,
+    started_period,
+)
 from app.billing.rating import RatedRental
 from app.billing.schemas import (
     EffectiveRead,
@@ -51,6 +58,8 @@ from app.core.money import round_money
 from app.customers.models import Customer
 from app.metering.repository import idle_minutes
 from app.settings import get_settings
+
+T = TypeVar("T")
 
 
 def usage(session: Session, customer: Customer, period_name: str, now: datetime) -> UsageRead:
@@ -119,25 +128,28 @@ def rated_to_date(
     session: Session, customer: Customer, period: BillingPeriod, span: tuple[int, int]
 ) -> rollups.ToDate:
     """The period to date: closed days from their rollups, the open day rated live."""
+    return _from_inputs(session, customer, period, span, rollups.rated_to_date)
+
+
+def store_closed_days(session: Session, customer: Customer, now: datetime) -> None:
+    """Store the rollups of the customer's current period's closed days where missing or
+    stale, so that no reader pays for it."""
+    period, span = _to_date(customer, current_period(customer.billing_timezone, now), now)
+    _from_inputs(session, customer, period, span, rollups.store_closed_days)
+
+
+def _from_inputs(
+    session: Session,
+    customer: Customer,
+    period: BillingPeriod,
+    span: tuple[int, int],
+    step: Callable[[Session, uuid.UUID, BillingPeriod, int, PeriodInputs, rollups.IdleReader], T],
+) -> T:
+    """A rollups step over the customer's inputs loaded for ``span``, up to its end."""
     with rare_collections():  # the rating and the reads behind it allocate by the million
         inputs = load_inputs(session, [customer.id], span)
         with core_errors(customer):
-            return rollups.rated_to_date(
-                session, customer.id, period, span[1], inputs, _idle_reader(session)
-            )
-
-
-def store_closed_days(session: Session, customer: Customer, now: datetime) -> int:
-    """Store the rollups of the customer's current period's closed days where missing or
-    stale, so that no reader pays for it; how many closed days the period has."""
-    period, span = _to_date(customer, current_period(customer.billing_timezone, now), now)
-    with rare_collections():
-        inputs = load_inputs(session, [customer.id], span)
-        with core_errors(customer):
-            days = rollups.store_closed_days(
-                session, customer.id, period, span[1], inputs, _idle_reader(session)
-            )
-    return len(days) - 1
+            return step(session, customer.id, period, span[1], inputs, _idle_reader(session))
 
 
 def _idle_reader(session: Session) -> rollups.IdleReader:

@@ -58,9 +58,10 @@ def minute_spans(minute_starts: Iterable[int]) -> list[Span]:
     """
     spans: list[Span] = []
     minutes = iter(minute_starts)
-    start = last = next(minutes, None)
-    if start is None or last is None:
+    first = next(minutes, None)
+    if first is None:
         return spans
+    start = last = first
     for minute in minutes:  # a span is written when its run ends, not rebuilt every minute
         if minute != last + 60:
             spans.append((start, last + 60))

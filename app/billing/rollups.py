@@ -259,13 +259,13 @@ def rated_to_date(
         return read_idle(inputs.gpus, (open_start, as_of)) if open_start < as_of else {}
 
     out = ToDate(
-        [],
-        {},
-        {},
-        [DaySeconds(str(r), d, Bucket(b), s, i) for r, d, b, s, i in stored_days],
-        closed,
-        {},
-        read_live_idle,
+        rated=[],
+        pieces={},
+        runs={},
+        stored_days=[DaySeconds(str(r), d, Bucket(b), s, i) for r, d, b, s, i in stored_days],
+        open_day=closed,
+        live_pieces={},
+        read_live_idle=read_live_idle,
     )
     for rental in rentals:
         rid = rental.rental_id

@@ -68,6 +68,22 @@ class Settings(BaseSettings):
         description="A pooled connection idle this long is pinged before use (busy ones are "
         "not: a broken one shows itself by its socket, see app.core.db).",
     )
+    ingest_writers: int = Field(
+        default=2,
+        ge=1,
+        description="Threads per worker process that store ingest batches; batches arriving "
+        "while they write are stored together, one transaction for many (group commit).",
+    )
+    ingest_group_max: int = Field(
+        default=32, ge=1, description="Most ingest batches stored in one transaction."
+    )
+    ingest_wait_s: float = Field(
+        default=8.0,
+        gt=0,
+        description="Longest an ingest batch waits to be stored; then 503 Retry-After (below "
+        "the agent's 10-s timeout; it re-sends, and what was stored meanwhile counts as "
+        "duplicates).",
+    )
     # --- end ingest ---
     max_clock_skew_s: int = Field(
         default=10, ge=0, description="How far in the future a telemetry timestamp may be."

@@ -103,13 +103,17 @@ def transaction(engine: Engine | None = None) -> Iterator[Session]:
 def lock_keys(session: Session, keys: Iterable[str]) -> None:
     """Transaction-scoped advisory locks on ``keys``, in one statement and in sorted order, so
     two transactions locking overlapping sets never deadlock on each other."""
-    session.execute(
-        text(
-            "SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) "
-            "FROM unnest(CAST(:keys AS text[])) AS k"
-        ),
-        {"keys": sorted(keys)},
-    )
+    session.execute(*lock_keys_statement(keys))
+
+
+_LOCK_KEYS = text(
+    "SELECT pg_advisory_xact_lock(hashtextextended(k, 0)) FROM unnest(CAST(:keys AS text[])) AS k"
+)
+
+
+def lock_keys_statement(keys: Iterable[str]) -> Statement:
+    """``lock_keys`` as a statement, for ``pipelined``."""
+    return _LOCK_KEYS, {"keys": sorted(keys)}
 
 
 # A statement for ``pipelined``: SQL (``text()``, ``:name`` parameters) and its values.

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
@@ -8,10 +9,9 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.routing import APIRoute
 
 from app.auth.deps import NodeAgent
-from app.core.deps import DbSession
 from app.core.errors import ApiError, PayloadTooLarge
 from app.metering import service
-from app.metering.ports import GpuRegistry
+from app.metering.group_commit import GroupCommit
 from app.settings import get_settings
 from metering_agent.protocol import INGEST_PATH, IngestBatch, IngestResult
 
@@ -89,18 +89,18 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def gpu_registry(request: Request) -> GpuRegistry:
-    """The fleet's GPUs, as the composition root (``app.main.create_app``) wired them."""
-    registry: GpuRegistry = request.app.state.gpu_registry
-    return registry
+async def group_commit(request: Request) -> GroupCommit:
+    """Ingest's writers, as the composition root (``app.main.create_app``) made them (async:
+    a plain function would cost the request a thread hop)."""
+    writers: GroupCommit = request.app.state.ingest_writers
+    return writers
 
 
 @router.post(INGEST_PATH, responses=_ERRORS)
-def ingest(
+async def ingest(
     batch: IngestBatch,
-    session: DbSession,
     node: NodeAgent,
-    gpus: Annotated[GpuRegistry, Depends(gpu_registry)],
+    writers: Annotated[GroupCommit, Depends(group_commit)],
 ) -> IngestResult:
     """Store a node agent's batch of usage records and health events, whole or not at all.
 
@@ -108,4 +108,5 @@ def ingest(
     gzip'd (``Content-Encoding: gzip``); inflated, it is bounded like any body.
     """
     assert node.node_id is not None  # node keys always carry their node
-    return service.ingest(session, node.node_id, batch, get_settings(), gpus)
+    service.check_batch(batch, get_settings(), int(time.time()))
+    return await writers.store(node.node_id, batch)

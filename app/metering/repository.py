@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.core.db import Statement
+from app.core.db import Statement, lock_keys_statement
 from app.metering import idle, packing
 from app.metering.segments import Span
 from metering_agent.protocol import HealthEvent
@@ -49,14 +49,12 @@ ORDER BY q.gpu, s.start
 """)
 
 
-_LOCK_NODE = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
-
-
-def lock_node_statement(node_id: uuid.UUID) -> Statement:
-    """Serialise one node's batches: each GPU belongs to one node, so its writes don't race.
-    Its own statement: a statement's snapshot is taken before it waits for the lock, so reads
-    must come in later statements to see the batch that held it."""
-    return _LOCK_NODE, {"key": f"ingest:{node_id}"}
+def lock_nodes_statement(node_ids: Iterable[uuid.UUID]) -> Statement:
+    """Serialise each node's batches: each GPU belongs to one node, so its writes don't race
+    (``lock_keys``: sorted, so groups locking overlapping nodes never deadlock). Its own
+    statement: a statement's snapshot is taken before it waits for the locks, so reads must
+    come in later statements to see the batch that held one."""
+    return lock_keys_statement(f"ingest:{node_id}" for node_id in node_ids)
 
 
 def segments_near_statement(windows: dict[str, tuple[int, int]]) -> Statement:

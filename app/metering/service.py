@@ -21,14 +21,15 @@ from __future__ import annotations
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app.core.db import Statement, pipelined
 from app.core.epoch import from_epoch
-from app.core.errors import Conflict, Forbidden, PayloadTooLarge, Unprocessable
+from app.core.errors import ApiError, Conflict, Forbidden, PayloadTooLarge, Unprocessable
 from app.events.service import publish
 from app.metering import packing, repository
 from app.metering.ports import GpuRegistry
@@ -47,6 +48,14 @@ from metering_agent.protocol import (
 UNKNOWN_MODEL = "unknown"  # a GPU first seen in an event; its first record names the model
 
 
+@dataclass(frozen=True, slots=True)
+class NodeBatch:
+    """A node's batch that passed ``check_batch``."""
+
+    node_id: uuid.UUID
+    batch: IngestBatch
+
+
 def ingest(
     session: Session,
     node_id: uuid.UUID,
@@ -54,39 +63,82 @@ def ingest(
     settings: Settings,
     gpus: GpuRegistry,
 ) -> IngestResult:
+    """Check a node's batch and store it whole; what is wrong with it raises (4xx)."""
     check_batch(batch, settings, int(time.time()))
-    spans = _spans_by_gpu(batch.records)
-    metric_keys = list({(r.gpu_uuid, packing.hour_of(r.start)) for r in batch.records})
+    return store_alone(session, NodeBatch(node_id, batch), gpus)
+
+
+def store_alone(session: Session, item: NodeBatch, gpus: GpuRegistry) -> IngestResult:
+    """Store a checked batch whole: it registers GPUs new to the service; GPUs of other
+    nodes (403), records that contradict stored seconds and re-sent events with other
+    content (409) raise."""
+    [result] = _store_batches(session, [item], gpus, alone=True)
+    assert result is not None  # alone, a batch is stored or raises
+    return result
+
+
+def store_together(
+    session: Session, group: Sequence[NodeBatch], gpus: GpuRegistry
+) -> list[IngestResult | None]:
+    """Store checked batches of distinct nodes in one transaction (group commit): the same
+    statements as one batch's, over all of them. ``None`` for each batch that must be stored
+    alone, of which nothing was written: one carrying health events, registering GPUs,
+    naming another node's GPUs or contradicting stored seconds (the cases with side effects
+    or errors of their own; a steady agent's batch has none of them)."""
+    return _store_batches(session, group, gpus, alone=False)
+
+
+def _store_batches(
+    session: Session, group: Sequence[NodeBatch], gpus: GpuRegistry, *, alone: bool
+) -> list[IngestResult | None]:
+    results: list[IngestResult | None] = [None] * len(group)
+    live = [i for i, item in enumerate(group) if alone or not item.batch.events]
+    if not live:
+        return results
+    spans = {i: _spans_by_gpu(group[i].batch.records) for i in live}
+    records = [r for i in live for r in group[i].batch.records]
+    windows = _windows(spans.values())
+    metric_keys = list({(r.gpu_uuid, packing.hour_of(r.start)) for r in records})
     _, near, metrics = pipelined(
         session,
         [
-            repository.lock_node_statement(node_id),
-            repository.segments_near_statement(_windows(spans)) if spans else None,
+            repository.lock_nodes_statement([group[i].node_id for i in live]),
+            repository.segments_near_statement(windows) if windows else None,
             repository.metric_rows_statement(metric_keys) if metric_keys else None,
         ],
     )
-    _check_owners(session, node_id, batch, gpus)
-    judgement, segment_writes, created = _judge(repository.spans_by_gpu(near), spans)
-    if judgement.conflicts:
-        raise Conflict.many(
-            [
-                {"loc": ["body", "records", i], "msg": msg, "gpu_uuid": batch.records[i].gpu_uuid}
-                for i, msg in judgement.conflicts
-            ]
-        )
-    accepted = [batch.records[i] for i in judgement.accepted]
+    stored = repository.spans_by_gpu(near)
+    segment_writes = _SegmentWrites()
+    judged: dict[int, Judgement] = {}
+    for i in _owned(session, group, live, gpus, alone=alone):
+        judgement, writes = _judge(stored, spans[i])
+        if judgement.conflicts:
+            if alone:
+                raise _conflict(group[i].batch, judgement)
+            continue
+        segment_writes.add(writes)
+        judged[i] = judgement
+    if not judged:
+        return results
+    batches = {i: group[i].batch for i in judged}
+    accepted = [batches[i].records[j] for i, jg in judged.items() for j in jg.accepted]
+    events = [e for batch in batches.values() for e in batch.events]  # alone only
     metric_writes = _metric_writes(repository.stored_metrics(metrics), accepted)
-    events_new = _store(session, batch, segment_writes + metric_writes, created)
-    if batch.records:
-        changed = gpus.record_latest(session, _latest(batch.records))
-        _publish_state_changes(session, changed, batch.events)
-    return IngestResult(
-        batch_id=batch.batch_id,
-        accepted=len(accepted),
-        duplicates=len(judgement.duplicates),
-        events_accepted=events_new,
-        events_duplicate=len(batch.events) - events_new,
+    events_new = _store(
+        session, events, segment_writes.statements() + metric_writes, segment_writes.created
     )
+    latest = _latest([r for batch in batches.values() for r in batch.records])
+    if latest:
+        _publish_state_changes(session, gpus.record_latest(session, latest), events)
+    for i, jg in judged.items():
+        results[i] = IngestResult(
+            batch_id=batches[i].batch_id,
+            accepted=len(jg.accepted),
+            duplicates=len(jg.duplicates),
+            events_accepted=events_new,
+            events_duplicate=len(batches[i].events) - events_new,
+        )
+    return results
 
 
 def check_batch(batch: IngestBatch, settings: Settings, now: int) -> None:
@@ -107,20 +159,33 @@ def _items(errors: Iterable[FieldError]) -> list[dict[str, object]]:
     return [{"loc": ["body", *e.loc], "msg": e.msg} for e in errors]
 
 
-def _check_owners(
-    session: Session, node_id: uuid.UUID, batch: IngestBatch, gpus: GpuRegistry
-) -> None:
-    """Register GPUs new to the service to this node; refuse GPUs of other nodes (403)."""
+def _owned(
+    session: Session, group: Sequence[NodeBatch], live: list[int], gpus: GpuRegistry, *, alone: bool
+) -> list[int]:
+    """The live batches whose GPUs are all their node's. Alone, a batch registers GPUs new to
+    the service to its node and is refused (403) for GPUs of other nodes; in a group, a batch
+    naming any GPU not yet its node's is left out (to be stored alone)."""
+    models = {i: _models(group[i].batch) for i in live}
+    owners = gpus.owners(session, {gpu for named in models.values() for gpu in named})
+    if not alone:
+        return [i for i in live if all(owners.get(g) == group[i].node_id for g in models[i])]
+    for i in live:
+        node_id, batch = group[i].node_id, group[i].batch
+        new = {gpu: model for gpu, model in models[i].items() if gpu not in owners}
+        if new:
+            gpus.register(session, node_id, new)
+            owners.update(gpus.owners(session, new))  # another node may have won a race
+        foreign = {gpu for gpu in models[i] if owners[gpu] != node_id}
+        if foreign:
+            raise Forbidden.many(_items(_foreign_items(batch, foreign)))
+    return live
+
+
+def _models(batch: IngestBatch) -> dict[str, str]:
+    """The batch's GPUs and their models (a GPU named by events only: ``unknown``)."""
     models = {r.gpu_uuid: r.model for r in batch.records}
     models.update({e.gpu_uuid: UNKNOWN_MODEL for e in batch.events if e.gpu_uuid not in models})
-    owners = gpus.owners(session, models)
-    new = {gpu: model for gpu, model in models.items() if gpu not in owners}
-    if new:
-        gpus.register(session, node_id, new)
-        owners.update(gpus.owners(session, new))  # another node may have won a race
-    foreign = {gpu for gpu, owner in owners.items() if owner != node_id}
-    if foreign:
-        raise Forbidden.many(_items(_foreign_items(batch, foreign)))
+    return models
 
 
 def _foreign_items(batch: IngestBatch, foreign: set[str]) -> list[FieldError]:
@@ -143,30 +208,61 @@ def _spans_by_gpu(records: list[UsageRecord]) -> dict[str, list[tuple[int, Span]
     return by_gpu
 
 
-def _windows(by_gpu: dict[str, list[tuple[int, Span]]]) -> dict[str, tuple[int, int]]:
-    return {gpu: (spans[0][1].start, max(s.end for _, s in spans)) for gpu, spans in by_gpu.items()}
+def _windows(
+    batches: Iterable[dict[str, list[tuple[int, Span]]]],
+) -> dict[str, tuple[int, int]]:
+    """Each GPU's first start and last end over the batches' records."""
+    windows: dict[str, tuple[int, int]] = {}
+    for by_gpu in batches:
+        for gpu, spans in by_gpu.items():
+            lo, hi = spans[0][1].start, max(s.end for _, s in spans)
+            if gpu in windows:
+                lo, hi = min(lo, windows[gpu][0]), max(hi, windows[gpu][1])
+            windows[gpu] = (lo, hi)
+    return windows
+
+
+@dataclass(slots=True)
+class _SegmentWrites:
+    upserts: list[tuple[str, Span]] = field(default_factory=list)
+    deletes: list[tuple[str, int]] = field(default_factory=list)
+    created: list[tuple[str, int]] = field(default_factory=list)  # where a run begins
+
+    def add(self, other: _SegmentWrites) -> None:
+        self.upserts += other.upserts
+        self.deletes += other.deletes
+        self.created += other.created
+
+    def statements(self) -> list[Statement | None]:
+        return [
+            repository.segment_deletes_statement(self.deletes),
+            repository.segment_upserts_statement(self.upserts),
+        ]
 
 
 def _judge(
     stored: dict[str, list[Span]], by_gpu: dict[str, list[tuple[int, Span]]]
-) -> tuple[Judgement, list[Statement | None], list[tuple[str, int]]]:
-    """Judge the records against the stored segments: the verdicts, the segment writes
-    (unless anything conflicts) and the starts of the runs they begin."""
+) -> tuple[Judgement, _SegmentWrites]:
+    """Judge a batch's records against the stored segments: the verdicts, and the segment
+    writes (to be used only if nothing conflicts)."""
     judgement = Judgement()
-    upserts: list[tuple[str, Span]] = []
-    deletes: list[tuple[str, int]] = []
-    created: list[tuple[str, int]] = []
+    writes = _SegmentWrites()
     for gpu, spans in by_gpu.items():
         before = stored.get(gpu, [])
         delta = changes(before, merge(judge(before, spans, judgement)))
-        upserts += [(gpu, s) for s in delta.upserts]
-        deletes += [(gpu, start) for start in delta.deletes]
-        created += [(gpu, start) for start in delta.created]
-    writes = [
-        repository.segment_deletes_statement(deletes),
-        repository.segment_upserts_statement(upserts),
-    ]
-    return judgement, writes, created
+        writes.upserts += [(gpu, s) for s in delta.upserts]
+        writes.deletes += [(gpu, start) for start in delta.deletes]
+        writes.created += [(gpu, start) for start in delta.created]
+    return judgement, writes
+
+
+def _conflict(batch: IngestBatch, judgement: Judgement) -> ApiError:
+    return Conflict.many(
+        [
+            {"loc": ["body", "records", i], "msg": msg, "gpu_uuid": batch.records[i].gpu_uuid}
+            for i, msg in judgement.conflicts
+        ]
+    )
 
 
 def _metric_writes(
@@ -208,18 +304,18 @@ def _metric_writes(
 
 def _store(
     session: Session,
-    batch: IngestBatch,
+    events: list[HealthEvent],
     writes: list[Statement | None],
     created: list[tuple[str, int]],
 ) -> int:
-    """Run the batch's writes in one pipeline: segments, minute metrics, then the events (ids
-    are per GPU; an id re-sent with other content is a conflict) and the evidence linking
-    state-change events to the segments they began, whichever arrived first. Returns how many
-    events were new."""
-    events = repository.event_statements(batch.events) if batch.events else (None, None)
-    keys = {(e.gpu_uuid, e.at) for e in batch.events if e.state is not None} | set(created)
+    """Run the writes in one pipeline: segments, minute metrics, then the events (of a batch
+    stored alone: ids are per GPU; an id re-sent with other content is a conflict) and the
+    evidence linking state-change events to the segments they began, whichever arrived first.
+    Returns how many events were new."""
+    statements = repository.event_statements(events) if events else (None, None)
+    keys = {(e.gpu_uuid, e.at) for e in events if e.state is not None} | set(created)
     results = pipelined(
-        session, [*writes, *events, repository.attach_evidence_statement(sorted(keys))]
+        session, [*writes, *statements, repository.attach_evidence_statement(sorted(keys))]
     )
     inserted, conflicts = results[len(writes)], results[len(writes) + 1]
     if conflicts:
@@ -227,9 +323,9 @@ def _store(
             [
                 {
                     "loc": ["body", "events", i, "event_id"],
-                    "msg": f"event {batch.events[i].event_id} of GPU {batch.events[i].gpu_uuid} "
+                    "msg": f"event {events[i].event_id} of GPU {events[i].gpu_uuid} "
                     "was already stored with different content",
-                    "gpu_uuid": batch.events[i].gpu_uuid,
+                    "gpu_uuid": events[i].gpu_uuid,
                 }
                 for (i,) in conflicts
             ]

@@ -57,19 +57,24 @@ async def send_error(
     kind: str,
     loc: Loc = (),
     headers: dict[str, str] | None = None,
+    *,
+    close: bool = True,
 ) -> None:
-    """An error in the API's one shape, sent straight from ASGI (closing the connection: the
-    body, if any, is left unread)."""
+    """An error in the API's one shape, sent straight from ASGI, closing the connection
+    unless ``close`` is false (the body, if any, is left unread: a body within the limit
+    may be, as the server discards what the app did not read)."""
     body = json.dumps({"detail": [{"loc": list(loc), "msg": msg, "type": kind}]}).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]
-    raw.append((b"connection", b"close"))
+    if close:
+        raw.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 
-async def send_unavailable(send: Send, msg: str) -> None:
-    await send_error(send, 503, msg, "unavailable", headers={"Retry-After": str(RETRY_AFTER_S)})
+async def send_unavailable(send: Send, msg: str, *, close: bool = True) -> None:
+    retry = {"Retry-After": str(RETRY_AFTER_S)}
+    await send_error(send, 503, msg, "unavailable", headers=retry, close=close)
 
 
 class RequestLimits:
@@ -89,7 +94,8 @@ class RequestLimits:
         try:
             await asyncio.wait_for(self.slots.acquire(), self.limits.queue_wait_s)
         except TimeoutError:
-            await send_unavailable(send, "the service is overloaded; retry later")
+            # The connection stays: under overload an agent's retry should not cost a new one.
+            await send_unavailable(send, "the service is overloaded; retry later", close=False)
             return
         try:
             await self._call_bounded(scope, receive, send)

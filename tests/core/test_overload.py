@@ -1,7 +1,7 @@
 """Overload sheds, never wedges: a real `gpumeter serve --workers 2` under more load than it
 runs at once answers 503 + Retry-After in the error shape (no other 5xx), keeps answering
 /healthz, answers every request once the load stops, and stops within 10 s of SIGTERM under
-load."""
+load, ingest included: every batch it answered 200 is stored."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from app.auth.models import KeyKind
 from app.auth.service import issue_key
@@ -65,6 +65,8 @@ def hammer(base: str, key: str, stop: threading.Event, statuses: Counter[int]) -
             if response.status_code == 503:
                 assert response.headers["retry-after"] == "1"
                 assert response.json()["detail"][0]["type"] == "unavailable"
+                # Shed, the connection stays: a retry under overload costs no new one.
+                assert response.headers.get("connection") != "close"
 
 
 def admin_key(db: Engine) -> str:
@@ -129,3 +131,76 @@ def test_sigterm_stops_the_service_within_10_s_under_load(
         stop.set()
         for worker in workers:
             worker.join(20)
+
+
+def upload_forever(
+    base: str, token: str, gpu: str, stop: threading.Event, answered: list[int], odd: list[str]
+) -> None:
+    """An agent of one GPU: successive 2-s records, each re-sent until answered 200 (as the
+    agent's spool does); ``answered`` gets the start of each record the service took, ``odd``
+    any answer other than 200 or a shed 503."""
+    start = int(time.time()) - 3600
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=base, timeout=10) as client:
+        while not stop.is_set():
+            record = {
+                "gpu_uuid": gpu,
+                "model": "H100",
+                "start": start,
+                "end": start + 2,
+                "state": "healthy",
+                "sample_count": 2,
+            }
+            body = {"batch_id": f"{gpu}-{start}", "records": [record], "events": []}
+            try:
+                response = client.post("/v1/ingest", json=body, headers=headers)
+            except httpx.TransportError:
+                continue  # the service going away under SIGTERM
+            if response.status_code not in (200, 503):
+                odd.append(response.text)
+            if response.status_code == 200:
+                answered.append(start)
+                start += 2
+
+
+@pytest.mark.e2e
+def test_sigterm_under_ingest_load_stops_and_keeps_every_answered_batch(
+    serve: subprocess.Popen[bytes], db: Engine
+) -> None:
+    base: str = serve.base  # type: ignore[attr-defined]
+    headers = {"Authorization": f"Bearer {admin_key(db)}"}
+    tokens = [
+        httpx.post(
+            f"{base}/v1/nodes", json={"hostname": f"n{i}", "datacenter": "fra1"}, headers=headers
+        ).json()["token"]["key"]
+        for i in range(8)
+    ]
+    stop, answered = threading.Event(), {f"GPU-{i}": list[int]() for i in range(8)}
+    odd: list[str] = []
+    agents = [
+        threading.Thread(
+            target=upload_forever, args=(base, token, gpu, stop, answered[gpu], odd), daemon=True
+        )
+        for token, gpu in zip(tokens, answered, strict=True)
+    ]
+    for agent in agents:
+        agent.start()
+    try:
+        wait_for(lambda: all(len(a) >= 10 for a in answered.values()), 60)
+        sent = time.monotonic()
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(15)
+        assert time.monotonic() - sent < 10
+    finally:
+        stop.set()
+        for agent in agents:
+            agent.join(20)
+    assert odd == []
+    with transaction(db) as session:
+        for gpu, starts in answered.items():
+            [(first, end)] = session.execute(
+                text('SELECT start, "end" FROM gpu_state_segments WHERE gpu_uuid = :g'),
+                {"g": gpu},
+            ).all()
+            # Every answered record, and at most the one whose answer SIGTERM cut off.
+            assert first == starts[0] and end in (starts[-1] + 2, starts[-1] + 4), gpu

@@ -34,6 +34,7 @@ from ingest import (
     register_nodes,
     start_service,
     upload,
+    vacuum,
 )
 from sqlalchemy import make_url
 
@@ -84,6 +85,7 @@ async def run(url: str, tokens: list[str], args: argparse.Namespace) -> list[dic
             target = Target(host, int(port))
             clock = CpuClock(process.pid, make_url(sqlalchemy_url(url)).database or "")
             await closed_loop(nodes, target, args.concurrency, 3.0)  # warm-up
+            await asyncio.to_thread(vacuum, url, analyze=True)  # steady state's statistics
             before = clock.sample()
             stop = asyncio.Event()
             tracking = asyncio.create_task(clock.track(stop))

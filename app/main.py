@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
@@ -75,11 +75,11 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        background: AbstractAsyncContextManager[object] = (
+            worker_in_background(app.state.engine, get_settings()) if in_process else nullcontext()
+        )
         try:
-            if not in_process:
-                yield
-                return
-            async with worker_in_background(app.state.engine, get_settings()):
+            async with background:
                 yield
         finally:  # requests have finished: store what their writers still hold
             await run_in_threadpool(app.state.ingest_writers.close, INGEST_DRAIN_S)

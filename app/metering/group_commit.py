@@ -60,14 +60,16 @@ class _Waiting:
     def __post_init__(self) -> None:
         self.outcome = self.loop.create_future()
 
-    def settle(self, result: IngestResult | None, error: BaseException | None = None) -> None:
+    def settle(self, outcome: IngestResult | BaseException) -> None:
+        """Hand the request its batch's result, or the error it raises."""
+
         def deliver() -> None:
             if self.outcome.done():
                 return
-            if error is not None:
-                self.outcome.set_exception(error)
+            if isinstance(outcome, BaseException):
+                self.outcome.set_exception(outcome)
             else:
-                self.outcome.set_result(result)  # type: ignore[arg-type]
+                self.outcome.set_result(outcome)
 
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
             self.loop.call_soon_threadsafe(deliver)
@@ -102,8 +104,8 @@ class GroupCommit:
 
     async def store(self, node_id: uuid.UUID, batch: IngestBatch) -> IngestResult:
         """Store a checked batch (alone or with others); its outcome, or its error raised."""
-        waiting = _Waiting(NodeBatch(node_id, batch), asyncio.get_running_loop())
         self._start()
+        waiting = _Waiting(NodeBatch(node_id, batch), asyncio.get_running_loop())
         try:
             self._queue.put_nowait(waiting)
         except queue.Full:
@@ -156,8 +158,8 @@ class GroupCommit:
                 return
 
     def _next_group(self, carried: list[_Waiting]) -> tuple[list[_Waiting], list[_Waiting]]:
-        """The batches carried over, then what waits, up to ``group_max`` and one per node
-        (a node's next batch must see its last); the rest is carried to the next group."""
+        """The batches carried over, then what waits, up to ``group_max`` in all and one per
+        node (a node's next batch must see its last); the rest is carried to the next group."""
         waiting = list(carried)
         if not waiting:
             try:
@@ -173,7 +175,7 @@ class GroupCommit:
         nodes: set[uuid.UUID] = set()
         rest: list[_Waiting] = []
         for item in waiting:
-            if item.item.node_id in nodes or len(group) >= self.group_max:
+            if item.item.node_id in nodes:
                 rest.append(item)
             else:
                 nodes.add(item.item.node_id)
@@ -191,7 +193,7 @@ class GroupCommit:
         except Exception as error:  # every batch gets its own outcome below
             if unreachable(error):
                 for waiting in group:
-                    waiting.settle(None, error)
+                    waiting.settle(error)
                 return
             log.warning("ingest group failed; storing its batches one by one", exc_info=True)
             results = [None] * len(group)
@@ -206,7 +208,7 @@ class GroupCommit:
             with transaction(self.engine) as session:
                 result = service.store_alone(session, waiting.item, self.gpus)
         except Exception as error:  # the request raises it
-            waiting.settle(None, error)
+            waiting.settle(error)
         else:
             waiting.settle(result)
 

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -121,16 +121,26 @@ def test_sigterm_stops_the_service_within_10_s_under_load(
     serve: subprocess.Popen[bytes], db: Engine
 ) -> None:
     stop, statuses, workers = start_load(serve.base, admin_key(db), threads=24)  # type: ignore[attr-defined]
+    sigterm_under_load(serve, lambda: sum(statuses.values()) >= 50, stop, workers)
+
+
+def sigterm_under_load(
+    serve: subprocess.Popen[bytes],
+    loaded: Callable[[], bool],
+    stop: threading.Event,
+    load: list[threading.Thread],
+) -> None:
+    """Once ``loaded``, SIGTERM the service: it must exit within 10 s. Then stop the load."""
     try:
-        wait_for(lambda: sum(statuses.values()) >= 50, 60)
+        wait_for(loaded, 60)
         sent = time.monotonic()
         serve.send_signal(signal.SIGTERM)
         serve.wait(15)
         assert time.monotonic() - sent < 10
     finally:
         stop.set()
-        for worker in workers:
-            worker.join(20)
+        for thread in load:
+            thread.join(20)
 
 
 def upload_forever(
@@ -185,16 +195,7 @@ def test_sigterm_under_ingest_load_stops_and_keeps_every_answered_batch(
     ]
     for agent in agents:
         agent.start()
-    try:
-        wait_for(lambda: all(len(a) >= 10 for a in answered.values()), 60)
-        sent = time.monotonic()
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(15)
-        assert time.monotonic() - sent < 10
-    finally:
-        stop.set()
-        for agent in agents:
-            agent.join(20)
+    sigterm_under_load(serve, lambda: all(len(a) >= 10 for a in answered.values()), stop, agents)
     assert odd == []
     with transaction(db) as session:
         for gpu, starts in answered.items():

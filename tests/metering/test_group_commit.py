@@ -258,17 +258,17 @@ def writers(db: Engine, gpus: GpuRegistry = GPU_REGISTRY, **kw: Any) -> GroupCom
 
 
 class HeldLock:
-    """Node ``n``'s ingest lock, held by another transaction until released: a writer that
-    takes that node's batch waits, and what arrives meanwhile queues up behind it."""
+    """A node's ingest lock, held by another transaction until released: a writer that takes
+    that node's batch waits, and what arrives meanwhile queues up behind it."""
 
-    def __init__(self, db: Engine, n: int) -> None:
-        self.db, self.n = db, n
+    def __init__(self, db: Engine, node: uuid.UUID) -> None:
+        self.db, self.node = db, node
         self._acquired, self._released = threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._hold)
 
     def _hold(self) -> None:
         with transaction(self.db) as session:
-            session.execute(*service.repository.lock_nodes_statement([node_id(self.n)]))
+            session.execute(*service.repository.lock_nodes_statement([self.node]))
             self._acquired.set()
             self._released.wait(10)
 
@@ -323,6 +323,18 @@ async def behind_a_held_batch(
     return list(await asyncio.gather(first, *rest, return_exceptions=True))
 
 
+def stored_behind_a_held_batch(
+    db: Engine, items: list[NodeBatch], gpus: GpuRegistry = GPU_REGISTRY
+) -> list[IngestResult | BaseException]:
+    """``behind_a_held_batch`` with one writer, ``items[0]``'s node locked meanwhile."""
+    group = writers(db, gpus)
+    try:
+        with HeldLock(db, items[0].node_id) as lock:
+            return run(behind_a_held_batch(group, lock, items))
+    finally:
+        group.close(5)
+
+
 def xmins(db: Engine, gpus: Iterable[str]) -> set[str]:
     """The transactions that last wrote these GPUs' rows."""
     with transaction(db) as session:
@@ -338,12 +350,7 @@ def accepted(outcomes: Iterable[IngestResult | BaseException]) -> list[int]:
 
 def test_batches_arriving_while_one_is_written_are_stored_in_one_transaction(db: Engine) -> None:
     registered(db, 5)
-    group = writers(db)
-    try:
-        with HeldLock(db, 0) as lock:
-            outcomes = run(behind_a_held_batch(group, lock, [steady(n, 2) for n in range(5)]))
-    finally:
-        group.close(5)
+    outcomes = stored_behind_a_held_batch(db, [steady(n, 2) for n in range(5)])
     assert accepted(outcomes) == [2] * 5
     together = xmins(db, [gpu(n, g) for n in range(1, 5) for g in (0, 1)])
     assert len(together) == 1
@@ -352,13 +359,7 @@ def test_batches_arriving_while_one_is_written_are_stored_in_one_transaction(db:
 
 def test_a_node_s_second_batch_waits_for_the_next_group(db: Engine) -> None:
     registered(db, 2)
-    group = writers(db)
-    items = [steady(0, 2), steady(1, 2), steady(1, 4)]
-    try:
-        with HeldLock(db, 0) as lock:
-            outcomes = run(behind_a_held_batch(group, lock, items))
-    finally:
-        group.close(5)
+    outcomes = stored_behind_a_held_batch(db, [steady(0, 2), steady(1, 2), steady(1, 4)])
     assert accepted(outcomes) == [2, 2, 2]
     with transaction(db) as session:
         spans = session.execute(
@@ -387,25 +388,15 @@ class FailingGroups:
 
 def test_a_failed_group_is_stored_again_batch_by_batch(db: Engine) -> None:
     registered(db, 4)
-    group = writers(db, FailingGroups())
-    try:
-        with HeldLock(db, 0) as lock:
-            outcomes = run(behind_a_held_batch(group, lock, [steady(n, 2) for n in range(4)]))
-    finally:
-        group.close(5)
+    outcomes = stored_behind_a_held_batch(db, [steady(n, 2) for n in range(4)], FailingGroups())
     assert accepted(outcomes) == [2] * 4
     assert len(xmins(db, [gpu(n, 0) for n in range(4)])) == 4  # each in its own transaction
 
 
 def test_an_error_reaches_its_own_request_only(db: Engine) -> None:
     registered(db, 3)
-    group = writers(db)
     foreign = NodeBatch(node_id(1), batch([record(gpu(0, 0), BASE + 2, BASE + 4)]))
-    try:
-        with HeldLock(db, 2) as lock:
-            outcomes = run(behind_a_held_batch(group, lock, [steady(2, 2), steady(0, 2), foreign]))
-    finally:
-        group.close(5)
+    outcomes = stored_behind_a_held_batch(db, [steady(2, 2), steady(0, 2), foreign])
     assert accepted(outcomes)[:2] == [2, 2]
     refused = outcomes[2]
     assert isinstance(refused, ApiError) and refused.status_code == 403
@@ -417,7 +408,7 @@ def test_a_batch_not_stored_in_time_is_a_503_and_is_stored_later(db: Engine) -> 
     group = writers(db, wait_s=0.3)
     try:
         with (
-            HeldLock(db, 0),
+            HeldLock(db, node_id(0)),
             pytest.raises(ServiceUnavailable, match=r"not stored within 0.3 s; re-send"),
         ):
             run(group.store(*_args(steady(0, 2))))
@@ -450,7 +441,7 @@ def test_a_full_queue_is_a_503(db: Engine) -> None:
         return list(await asyncio.gather(first, second))
 
     try:
-        with HeldLock(db, 0) as lock:
+        with HeldLock(db, node_id(0)) as lock:
             assert accepted(run(scenario(lock))) == [2, 2]
     finally:
         group.close(5)

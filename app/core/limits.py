@@ -132,7 +132,14 @@ class RequestLimits:
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        await self.app(scope, bounded_receive, tracked_send)
+        try:
+            await self.app(scope, bounded_receive, tracked_send)
+        except asyncio.CancelledError:
+            # The server stopped waiting for this request (its graceful shutdown timed out):
+            # a deliberate 503 the client retries elsewhere, not the 500 it would send.
+            if not started and not refused:
+                await send_unavailable(send, "the service is shutting down; retry later")
+            raise
 
     def _too_large(self) -> str:
         return f"the request body is larger than {self.limits.max_body_bytes} bytes"

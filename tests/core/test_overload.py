@@ -150,6 +150,7 @@ def upload_forever(
     agent's spool does); ``answered`` gets the start of each record the service took, ``odd``
     any answer other than 200 or a shed 503."""
     start = int(time.time()) - 3600
+    start -= start % 60  # even seconds: a 2-s record never crosses a minute boundary
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=base, timeout=10) as client:
         while not stop.is_set():

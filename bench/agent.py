@@ -1,6 +1,8 @@
 """Agent cost benchmark: CPU time per GPU-second sampled and RSS, 8 and 64 simulated GPUs, upload
 bytes per GPU-second (gzip'd as sent and before gzip), and NVML calls per GPU-second of the real
 provider. The 8-GPU run is repeated with ``--no-gzip`` to show what compression costs in CPU.
+With ``--real`` it runs the agent on the node's real GPUs (NVML) instead, once, and writes the last
+batch the sink received to ``--save-batch`` (inflated JSON) so its readings can be inspected.
 
 Runs the real agent process (``python -m metering_agent --simulate N``) against a local sink
 that accepts every batch, and reads the agent's /proc/<pid>/stat and /proc/<pid>/status.
@@ -11,6 +13,7 @@ the sampler and the re-enumeration make (the event thread's blocking wait, two a
 whole node, is not a per-GPU cost). Prints one line per run, then one final JSON line. Linux only.
 
     .venv/bin/python bench/agent.py [--seconds 30] [--warmup 5] [--gpus 8 64]
+    python bench/agent.py --real --seconds 20 --save-batch last-batch.json   # on a GPU node
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class Sink(BaseHTTPRequestHandler):
         0,
         0,
     ]  # body bytes as sent, inflated, requests (all runs; read as deltas)
+    last_batch: ClassVar[bytes] = b""  # inflated
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
@@ -56,6 +60,7 @@ class Sink(BaseHTTPRequestHandler):
         Sink.received[0] += len(body)
         Sink.received[1] += len(raw)
         Sink.received[2] += 1
+        Sink.last_batch = raw
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", "12")
@@ -79,14 +84,18 @@ def rss_mib(pid: int) -> tuple[float, float]:
 
 
 def run(gpus: int, seconds: float, warmup: float, server_url: str, *options: str) -> dict[str, Any]:
+    """One agent run; ``gpus`` 0 is the node's real GPUs (NVML), counted from the last batch."""
+    gpu_source = ["--simulate", str(gpus), "--seed", "1"] if gpus else []
     with tempfile.TemporaryDirectory() as spool:
         cmd = [
             sys.executable, "-m", "metering_agent", "--server", server_url, "--token", "bench",
-            "--spool-dir", spool, "--simulate", str(gpus), "--seed", "1",
+            "--spool-dir", spool, *gpu_source,
             "--duration", str(warmup + seconds + 1), "--log-level", "warning", *options,
         ]  # fmt: skip
         agent = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
         time.sleep(warmup)
+        if agent.poll() is not None:
+            sys.exit(f"the agent exited ({agent.returncode}) during the warm-up: see its log above")
         cpu0, t0, received0 = cpu_seconds(agent.pid), time.monotonic(), list(Sink.received)
         time.sleep(seconds)
         cpu1, t1, received1 = cpu_seconds(agent.pid), time.monotonic(), list(Sink.received)
@@ -94,6 +103,9 @@ def run(gpus: int, seconds: float, warmup: float, server_url: str, *options: str
         agent.wait(timeout=60)
     cpu = cpu1 - cpu0
     wall = t1 - t0
+    gpus = gpus or len(
+        {r["gpu_uuid"] for r in json.loads(Sink.last_batch or b"{}").get("records", [])}
+    )
     sent, inflated, requests = (b - a for a, b in zip(received0, received1, strict=True))
     return {
         "gpus": gpus,
@@ -132,17 +144,21 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=30)
     p.add_argument("--warmup", type=float, default=5)
     p.add_argument("--gpus", type=int, nargs="+", default=[8, 64])
+    p.add_argument("--real", action="store_true", help="the node's real GPUs (NVML), one run")
+    p.add_argument("--save-batch", type=Path, help="write the last batch received (JSON) here")
     args = p.parse_args()
     server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     runs = [(gpus, ()) for gpus in args.gpus] + [(8, ("--no-gzip",))] * (8 in args.gpus)
+    if args.real:
+        runs = [(0, ())]
     results = []
     for gpus, options in runs:
         result = run(gpus, args.seconds, args.warmup, url, *options)
         results.append(result)
         print(
-            f"{gpus:3d} GPUs {' '.join(options) or 'gzip'}: "
+            f"{result['gpus']:3d} GPUs {' '.join(options) or 'gzip'}: "
             f"{result['cpu_percent_of_core']:.3f} % of a core, "
             f"{result['cpu_ms_per_gpu_second']:.4f} ms CPU per GPU-second, "
             f"RSS {result['rss_mib']:.1f} MiB (peak {result['peak_rss_mib']:.1f}), "
@@ -152,6 +168,8 @@ def main() -> int:
             flush=True,
         )
     server.shutdown()
+    if args.save_batch:
+        args.save_batch.write_bytes(Sink.last_batch)
     eight = next((r for r in results if r["gpus"] == 8 and not r["options"]), None)
     target = None
     if eight is not None:

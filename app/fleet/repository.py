@@ -10,6 +10,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
+from app.core.db import pipelined
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.fleet.schemas import SiteGpu
 from app.rentals.models import GpuAssignment
@@ -151,11 +152,12 @@ def lock_gpu_within(session: Session, gpu_uuid: str, timeout_ms: int) -> bool:
 # --- written by ingest (through metering.ports.GpuRegistry) and read for fleet health ----
 
 
+_GPU_OWNERS = text("SELECT uuid, node_id FROM gpus WHERE uuid = ANY(CAST(:u AS text[]))")
+
+
 def gpu_owners(session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID]:
-    rows = session.execute(
-        text("SELECT uuid, node_id FROM gpus WHERE uuid = ANY(CAST(:u AS text[]))"),
-        {"u": list(gpu_uuids)},
-    )
+    # Ingest's statements go through ``pipelined``: binary arrays (see there).
+    [rows] = pipelined(session, [(_GPU_OWNERS, {"u": list(gpu_uuids)})])
     return {gpu: node for gpu, node in rows}
 
 
@@ -172,30 +174,31 @@ def register_gpus(session: Session, node_id: uuid.UUID, models: dict[str, str]) 
     )
 
 
+_TOUCH_GPUS = text("""
+UPDATE gpus g SET last_state = t.state, last_seen_at = to_timestamp(t.seen),
+    model = CASE WHEN g.model = 'unknown' THEN t.model ELSE g.model END
+FROM unnest(CAST(:u AS text[]), CAST(:m AS text[]), CAST(:s AS text[]),
+            CAST(:t AS bigint[])) AS t(uuid, model, state, seen),
+     gpus before
+WHERE g.uuid = t.uuid AND before.uuid = g.uuid
+  AND (g.last_seen_at IS NULL OR g.last_seen_at <= to_timestamp(t.seen))
+RETURNING g.uuid, before.last_state, g.last_state, t.seen
+""")
+
+
 def touch_gpus(
     session: Session, latest: dict[str, tuple[str, str, int]]
 ) -> list[tuple[str, str | None, str, int]]:
     """Record each GPU's latest state and time (model fills one registered from events only).
     Returns (gpu, state before, state now, seen) for each GPU whose state changed."""
     gpus = list(latest)
-    rows = session.execute(
-        text("""
-        UPDATE gpus g SET last_state = t.state, last_seen_at = to_timestamp(t.seen),
-            model = CASE WHEN g.model = 'unknown' THEN t.model ELSE g.model END
-        FROM unnest(CAST(:u AS text[]), CAST(:m AS text[]), CAST(:s AS text[]),
-                    CAST(:t AS bigint[])) AS t(uuid, model, state, seen),
-             gpus before
-        WHERE g.uuid = t.uuid AND before.uuid = g.uuid
-          AND (g.last_seen_at IS NULL OR g.last_seen_at <= to_timestamp(t.seen))
-        RETURNING g.uuid, before.last_state, g.last_state, t.seen
-        """),
-        {
-            "u": gpus,
-            "m": [latest[g][0] for g in gpus],
-            "s": [latest[g][1] for g in gpus],
-            "t": [latest[g][2] for g in gpus],
-        },
-    )
+    params = {
+        "u": gpus,
+        "m": [latest[g][0] for g in gpus],
+        "s": [latest[g][1] for g in gpus],
+        "t": [latest[g][2] for g in gpus],
+    }
+    [rows] = pipelined(session, [(_TOUCH_GPUS, params)])
     return [(gpu, before, now, seen) for gpu, before, now, seen in rows if before != now]
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
 from app.auth.endpoints import router as keys_router
@@ -21,7 +24,7 @@ from app.budgets.endpoints import router as budgets_router
 from app.core.db import get_engine
 from app.core.errors import document_errors, install_error_handlers
 from app.core.health import router as health_router
-from app.core.limits import RequestLimits
+from app.core.limits import Limits, RequestLimits
 from app.core.metrics import router as metrics_router
 from app.core.queue import worker_in_background
 from app.customers.endpoints import router as customers_router
@@ -31,7 +34,7 @@ from app.failover.endpoints import router as failovers_router
 from app.failover.endpoints import spares as spares_router
 from app.fleet.endpoints import router as fleet_router
 from app.fleet.service import GPU_REGISTRY
-from app.metering.endpoints import router as metering_router
+from app.metering import endpoints as ingest
 from app.metering.group_commit import GroupCommit
 from app.payments.endpoints import router as stripe_router
 from app.plans.endpoints import router as plans_router
@@ -40,12 +43,11 @@ from app.schedule.endpoints import router as schedule_router
 from app.settings import get_settings
 from app.webhooks.endpoints import router as webhooks_router
 from app.wiring import install as install_subscribers
+from metering_agent.protocol import INGEST_PATH
 
 INGEST_DRAIN_S = 10.0  # at shutdown, the longest the ingest writers may take to empty
 
-# Starlette tries routes in order: ingest, the busiest by far, is matched first.
 ROUTERS = [
-    metering_router,
     health_router,
     metrics_router,
     keys_router,
@@ -66,6 +68,22 @@ ROUTERS = [
     stripe_router,
     webhooks_router,
 ]
+
+
+class IngestFirst:
+    """Ingest's path, the busiest by far, served ahead of FastAPI's stack (by
+    ``app.metering.endpoints.IngestEndpoint``, under the same request limits); every other
+    request goes through the stack."""
+
+    def __init__(self, stack: ASGIApp, ingest: ASGIApp) -> None:
+        self.stack = stack
+        self.ingest = ingest
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == INGEST_PATH:
+            await self.ingest(scope, receive, send)
+        else:
+            await self.stack(scope, receive, send)
 
 
 def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> FastAPI:
@@ -99,12 +117,30 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     install_error_handlers(app)
     dashboard.install(app)
     # Outermost first on the way in: size and concurrency limits, then the key, then the app.
+    # Ingest shares the limits and the worker's in-flight slots.
+    limits = Limits.of(get_settings())
+    slots = asyncio.Semaphore(limits.max_in_flight)
     app.add_middleware(AuthenticateFirst)
-    app.add_middleware(RequestLimits)
+    app.add_middleware(RequestLimits, limits=limits, slots=slots)
+    endpoint = RequestLimits(ingest.IngestEndpoint(app.state.ingest_writers), limits, slots)
+    build_stack = app.build_middleware_stack  # Starlette builds it at the first request
+    app.build_middleware_stack = lambda: IngestFirst(build_stack(), endpoint)  # type: ignore[method-assign]
     for router in ROUTERS:
         app.include_router(router)
+    _document_ingest(app)
     document_errors(app)
     return app
+
+
+def _document_ingest(app: FastAPI) -> None:
+    plain_openapi = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        schema = plain_openapi()
+        ingest.document(schema)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def app_from_environment() -> FastAPI:

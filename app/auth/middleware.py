@@ -18,7 +18,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.auth.service import Principal, authenticate, authenticate_cached
 from app.core.db import transaction
-from app.core.limits import send_error, send_unavailable
+from app.core.errors import ApiError, ServiceUnavailable, Unauthorized
+from app.core.limits import send_api_error
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Verified by their own signature over the body, not by an API key.
@@ -36,27 +37,35 @@ class AuthenticateFirst:
             and scope["path"].startswith("/v1/")
             and scope["path"] not in _SIGNED_PATHS
         ):
-            scheme, _, key = Headers(scope=scope).get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not key.strip():
-                await _unauthorized(send, "missing API key: send `Authorization: Bearer <key>`")
-                return
-            principal = authenticate_cached(scope["app"].state.engine, key.strip())
-            if principal is None:
-                try:
-                    principal = await run_in_threadpool(_authenticate, scope, key.strip())
-                except (OperationalError, PoolTimeout):
-                    await send_unavailable(send, "the database is unavailable; retry later")
-                    return
-            if principal is None:
-                await _unauthorized(send, "invalid or revoked API key")
+            try:
+                principal = await bearer_principal(scope)
+            except ApiError as error:
+                await send_api_error(send, error)  # the body stays unread: close
                 return
             scope.setdefault("state", {})["principal"] = principal
         await self.app(scope, receive, send)
 
 
-async def _unauthorized(send: Send, msg: str) -> None:
-    headers = {"WWW-Authenticate": "Bearer"}
-    await send_error(send, 401, msg, "unauthorized", ("header", "authorization"), headers)
+async def bearer_principal(scope: Scope) -> Principal:
+    """The principal of the request's ``Authorization: Bearer`` key, from memory or the
+    database; 401 without a valid one, 503 when the database cannot say."""
+    scheme, _, key = Headers(scope=scope).get("authorization", "").partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
+        raise _unauthorized("missing API key: send `Authorization: Bearer <key>`")
+    principal = authenticate_cached(scope["app"].state.engine, key)
+    if principal is None:
+        try:
+            principal = await run_in_threadpool(_authenticate, scope, key)
+        except (OperationalError, PoolTimeout):
+            raise ServiceUnavailable("the database is unavailable; retry later") from None
+    if principal is None:
+        raise _unauthorized("invalid or revoked API key")
+    return principal
+
+
+def _unauthorized(msg: str) -> Unauthorized:
+    return Unauthorized(msg, ("header", "authorization"))
 
 
 def _authenticate(scope: Scope, key: str) -> Principal | None:

@@ -160,8 +160,37 @@ def _add_errors(path: str, method: str, operation: dict[str, Any]) -> None:
 
 
 def unavailable_response(msg: str) -> JSONResponse:
-    body = {"detail": [{"loc": [], "msg": msg, "type": ServiceUnavailable.error_type}]}
-    return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+    return api_error_response(ServiceUnavailable(msg))
+
+
+def error_headers(exc: ApiError) -> dict[str, str]:
+    """A 401 names the scheme to authenticate with; a 503 says when to retry."""
+    if exc.status_code == 401:
+        return {"WWW-Authenticate": "Bearer"}
+    if exc.status_code == 503:
+        return {"Retry-After": str(RETRY_AFTER_S)}
+    return {}
+
+
+def api_error_response(exc: ApiError) -> JSONResponse:
+    return JSONResponse(
+        {"detail": exc.items}, status_code=exc.status_code, headers=error_headers(exc)
+    )
+
+
+def database_unavailable(exc: Exception, path: str) -> ServiceUnavailable | None:
+    """The 503 a database failure is answered with, logged: no pooled connection in time, a
+    connection lost or refused, or a statement the server cancelled (a timeout); the state of
+    the database, not the request's fault, so the client retries. None for any other error."""
+    if isinstance(exc, PoolTimeout):
+        log.warning("no database connection in time", extra={"path": path})
+        return ServiceUnavailable("the service is overloaded; retry later")
+    if isinstance(exc, DBAPIError) and (
+        exc.connection_invalidated or isinstance(exc, OperationalError)
+    ):
+        log.warning("database unavailable", extra={"path": path, "error": str(exc)})
+        return ServiceUnavailable("the database is unavailable; retry later")
+    return None
 
 
 def not_found(what: str, ident: object, loc: Loc = ("path", "id")) -> NotFound:
@@ -171,24 +200,15 @@ def not_found(what: str, ident: object, loc: Loc = ("path", "id")) -> NotFound:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        if exc.status_code == 503:
-            headers = {"Retry-After": str(RETRY_AFTER_S)}
-        return JSONResponse({"detail": exc.items}, status_code=exc.status_code, headers=headers)
+        return api_error_response(exc)
 
     @app.exception_handler(DBAPIError)
-    async def _database_error(request: Request, exc: DBAPIError) -> JSONResponse:
-        # Connection lost or refused, or the server cancelled the statement (a timeout):
-        # the database's state, not the request's fault; the client retries.
-        if not (exc.connection_invalidated or isinstance(exc, OperationalError)):
-            raise exc
-        log.warning("database unavailable", extra={"path": request.url.path, "error": str(exc)})
-        return unavailable_response("the database is unavailable; retry later")
-
     @app.exception_handler(PoolTimeout)
-    async def _pool_timeout(request: Request, _: PoolTimeout) -> JSONResponse:
-        log.warning("no database connection in time", extra={"path": request.url.path})
-        return unavailable_response("the service is overloaded; retry later")
+    async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+        unavailable = database_unavailable(exc, request.url.path)
+        if unavailable is None:
+            raise exc
+        return api_error_response(unavailable)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -25,7 +25,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.core.errors import RETRY_AFTER_S, Loc
+from app.core.errors import ApiError, Loc, ServiceUnavailable, error_headers
 from app.settings import Settings, get_settings
 
 # Liveness must answer while the worker sheds load: it touches no database.
@@ -63,9 +63,21 @@ async def send_error(
     """An error in the API's one shape, sent straight from ASGI, closing the connection
     unless ``close`` is false (the body, if any, is left unread: a body within the limit
     may be, as the server discards what the app did not read)."""
-    body = json.dumps({"detail": [{"loc": list(loc), "msg": msg, "type": kind}]}).encode()
+    items = [{"loc": list(loc), "msg": msg, "type": kind}]
+    await _send_items(send, status, items, headers or {}, close=close)
+
+
+async def send_api_error(send: Send, error: ApiError, *, close: bool = True) -> None:
+    """``send_error`` for a raised ``ApiError``: its status, items and headers."""
+    await _send_items(send, error.status_code, error.items, error_headers(error), close=close)
+
+
+async def _send_items(
+    send: Send, status: int, items: list[dict[str, Any]], headers: dict[str, str], *, close: bool
+) -> None:
+    body = json.dumps({"detail": items}).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw += [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]
+    raw += [(name.lower().encode(), value.encode()) for name, value in headers.items()]
     if close:
         raw.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": raw})
@@ -73,15 +85,19 @@ async def send_error(
 
 
 async def send_unavailable(send: Send, msg: str, *, close: bool = True) -> None:
-    retry = {"Retry-After": str(RETRY_AFTER_S)}
-    await send_error(send, 503, msg, "unavailable", headers=retry, close=close)
+    await send_api_error(send, ServiceUnavailable(msg), close=close)
 
 
 class RequestLimits:
-    def __init__(self, app: ASGIApp, limits: Limits | None = None) -> None:
+    """``slots``: the in-flight bound, when it is shared with another ``RequestLimits`` (a
+    worker's routes served outside FastAPI's stack: ``app.main``)."""
+
+    def __init__(
+        self, app: ASGIApp, limits: Limits | None = None, slots: asyncio.Semaphore | None = None
+    ) -> None:
         self.app = app
         self.limits = limits or Limits.of(get_settings())
-        self.slots = asyncio.Semaphore(self.limits.max_in_flight)
+        self.slots = slots or asyncio.Semaphore(self.limits.max_in_flight)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS:

@@ -1,15 +1,36 @@
+"""``POST /v1/ingest``, served as a plain ASGI app ahead of FastAPI's stack (``app.main``).
+
+Ingest is most of a service's requests: every node uploads every few seconds. Through
+FastAPI each paid for eight middleware layers, routing, dependency solving and the body's
+parse into dicts before validation: over a third of a worker's CPU at full load. Here a
+request passes the same request limits (``RequestLimits``, sharing the worker's in-flight
+slots) and the same key check (``bearer_principal``), then its body is validated straight
+from JSON bytes by pydantic-core and handed to the group-commit writers. Its answers and
+errors are those of the rest of the API (``app.core.errors``); OpenAPI lists it
+(``document``).
+"""
+
 from __future__ import annotations
 
 import time
+import uuid
 import zlib
-from collections.abc import Callable, Coroutine
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
-from fastapi.routing import APIRoute
+from pydantic import TypeAdapter, ValidationError
+from starlette.datastructures import Headers
+from starlette.types import Receive, Scope, Send
 
-from app.auth.deps import NodeAgent
-from app.core.errors import ApiError, PayloadTooLarge
+from app.auth.middleware import bearer_principal
+from app.auth.models import KeyKind
+from app.core.errors import (
+    ApiError,
+    Forbidden,
+    PayloadTooLarge,
+    Unprocessable,
+    database_unavailable,
+)
+from app.core.limits import send_api_error, send_error
 from app.metering import service
 from app.metering.group_commit import GroupCommit
 from app.settings import get_settings
@@ -18,9 +39,12 @@ from metering_agent.protocol import INGEST_PATH, IngestBatch, IngestResult
 IDENTITY = frozenset({"", "identity"})
 GZIP = frozenset({"gzip", "x-gzip"})
 GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate stream
+_BATCH = TypeAdapter(IngestBatch)
+_RESULT = TypeAdapter(IngestResult)
+_JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
-class UnsupportedEncoding(ApiError):
+class UnsupportedMediaType(ApiError):
     status_code = 415
     error_type = "unsupported_media_type"
 
@@ -29,7 +53,7 @@ def decode_body(data: bytes, encoding: str, limit: int) -> bytes:
     """A ``Content-Encoding: gzip`` body, inflated to at most ``limit`` bytes: a body that
     inflates past it (a gzip bomb) is refused before more than ``limit + 1`` bytes exist."""
     if encoding not in GZIP:
-        raise UnsupportedEncoding(
+        raise UnsupportedMediaType(
             f"Content-Encoding {encoding!r} is not supported; send gzip or identity",
             ["header", "content-encoding"],
         )
@@ -49,64 +73,147 @@ def decode_body(data: bytes, encoding: str, limit: int) -> bytes:
     return body
 
 
-class _DecodedRequest(Request):
-    def __init__(self, request: Request, body: bytes) -> None:
-        super().__init__(request.scope, request.receive)
-        self._body = body
-
-
-class DecodingRoute(APIRoute):
-    """Inflates a gzip request body before FastAPI parses it, so the route's schema, validation
-    and errors are those of the plain JSON body."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def decoding_handler(request: Request) -> Response:
-            encoding = request.headers.get("content-encoding", "").strip().lower()
-            if encoding not in IDENTITY:
-                limit = get_settings().max_body_bytes
-                request = _DecodedRequest(
-                    request, decode_body(await request.body(), encoding, limit)
-                )
-            return await handler(request)
-
-        return decoding_handler
-
-
-router = APIRouter(tags=["metering"], route_class=DecodingRoute)
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"description": "the body is not JSON, or not valid gzip (Content-Encoding: gzip)"},
-    403: {"description": "a record or event names a GPU registered to another node"},
-    409: {"description": "records contradict stored seconds; each conflict is listed"},
-    413: {
-        "description": "more records plus events than the batch limit, or a body (inflated"
-        " from gzip) larger than the body limit"
-    },
-    415: {"description": "a Content-Encoding other than gzip or identity"},
-    422: {"description": "invalid items, each listed by index and field"},
-}
-
-
-async def group_commit(request: Request) -> GroupCommit:
-    """Ingest's writers, as the composition root (``app.main.create_app``) made them (async:
-    a plain function would cost the request a thread hop)."""
-    writers: GroupCommit = request.app.state.ingest_writers
-    return writers
-
-
-@router.post(INGEST_PATH, responses=_ERRORS)
-async def ingest(
-    batch: IngestBatch,
-    node: NodeAgent,
-    writers: Annotated[GroupCommit, Depends(group_commit)],
-) -> IngestResult:
+class IngestEndpoint:
     """Store a node agent's batch of usage records and health events, whole or not at all.
 
     Re-sent records and events are counted as duplicates and change nothing. The body may be
     gzip'd (``Content-Encoding: gzip``); inflated, it is bounded like any body.
     """
-    assert node.node_id is not None  # node keys always carry their node
-    service.check_batch(batch, get_settings(), int(time.time()))
-    return await writers.store(node.node_id, batch)
+
+    def __init__(self, writers: GroupCommit) -> None:
+        self.writers = writers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            await send_error(
+                send, 405, "Method Not Allowed", "http_error", headers={"Allow": "POST"}
+            )
+            return
+        try:
+            node_id = await _node_of(scope)
+        except ApiError as error:
+            await send_api_error(send, error)  # the body stays unread: close
+            return
+        data = await _body(receive)
+        if data is None:
+            return  # the client left, or the limits refused the body and answered
+        try:
+            result = await self._ingest(node_id, Headers(scope=scope), data)
+        except ApiError as error:
+            await send_api_error(send, error, close=False)
+            return
+        except Exception as error:
+            unavailable = database_unavailable(error, INGEST_PATH)
+            if unavailable is None:
+                raise
+            await send_api_error(send, unavailable, close=False)
+            return
+        body = _RESULT.dump_json(result)
+        headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _ingest(self, node_id: uuid.UUID, headers: Headers, data: bytes) -> IngestResult:
+        settings = get_settings()
+        encoding = headers.get("content-encoding", "").strip().lower()
+        if encoding not in IDENTITY:
+            data = decode_body(data, encoding, settings.max_body_bytes)
+        _check_json(headers.get("content-type"))
+        try:
+            batch = _BATCH.validate_json(data)
+        except ValidationError as e:
+            raise Unprocessable.many(
+                [
+                    {"loc": ["body", *i["loc"]], "msg": i["msg"], "type": i["type"]}
+                    for i in e.errors()
+                ]
+            ) from None
+        service.check_batch(batch, settings, int(time.time()))
+        return await self.writers.store(node_id, batch)
+
+
+async def _node_of(scope: Scope) -> uuid.UUID:
+    principal = await bearer_principal(scope)
+    if principal.kind != KeyKind.NODE or principal.node_id is None:
+        raise Forbidden("this endpoint needs a node key", ("header", "authorization"))
+    return principal.node_id
+
+
+def _check_json(content_type: str | None) -> None:
+    """No type, or JSON (``application/json``, ``application/*+json``), as FastAPI reads."""
+    if content_type is None:
+        return
+    media = content_type.partition(";")[0].strip().lower()
+    if media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    ):
+        return
+    raise UnsupportedMediaType(
+        f"Content-Type {content_type!r} is not supported; send application/json",
+        ["header", "content-type"],
+    )
+
+
+async def _body(receive: Receive) -> bytes | None:
+    """The whole body (bounded by ``RequestLimits``); None if the client disconnected."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+_REF = "#/components/schemas/{model}"
+_ERRORS: dict[str, dict[str, Any]] = {
+    "400": {"description": "the body is not JSON, or not valid gzip (Content-Encoding: gzip)"},
+    "403": {"description": "a record or event names a GPU registered to another node"},
+    "409": {"description": "records contradict stored seconds; each conflict is listed"},
+    "413": {
+        "description": "more records plus events than the batch limit, or a body (inflated"
+        " from gzip) larger than the body limit"
+    },
+    "415": {
+        "description": "a Content-Encoding other than gzip or identity, or a Content-Type"
+        " other than JSON"
+    },
+    "422": {"description": "invalid items, each listed by index and field"},
+}
+
+
+def document(schema: dict[str, Any]) -> None:
+    """Add the ingest operation and its schemas to the service's OpenAPI document (FastAPI
+    documents only the routes it serves)."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    schemas = {
+        "IngestBatch": _BATCH.json_schema(ref_template=_REF, mode="validation"),
+        "IngestResult": _RESULT.json_schema(ref_template=_REF, mode="serialization"),
+    }
+    for name, definition in schemas.items():
+        components.update(definition.pop("$defs", {}))
+        components[name] = definition
+    ref = _REF.format
+    schema["paths"][INGEST_PATH] = {
+        "post": {
+            "tags": ["metering"],
+            "summary": "Ingest",
+            "description": (IngestEndpoint.__doc__ or "").strip().replace("\n    ", "\n"),
+            "operationId": "ingest_v1_ingest_post",
+            "requestBody": {
+                "content": {"application/json": {"schema": {"$ref": ref(model="IngestBatch")}}},
+                "required": True,
+            },
+            "responses": {
+                "200": {
+                    "description": "Successful Response",
+                    "content": {
+                        "application/json": {"schema": {"$ref": ref(model="IngestResult")}}
+                    },
+                },
+                **_ERRORS,
+            },
+            "security": [{"HTTPBearer": []}],
+        }
+    }

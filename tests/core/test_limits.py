@@ -77,6 +77,7 @@ def test_a_declared_body_over_the_limit_is_refused_before_it_is_read(
 ) -> None:
     headers = {**bearer(admin_key), "Content-Length": str(LIMIT + 1)}
     assert call(app, "POST", "/v1/customers", headers) == (413, False)
+    assert call(app, "POST", "/v1/ingest", headers) == (413, False)  # served ahead of FastAPI
 
 
 def test_a_streamed_body_is_cut_off_at_the_limit(client: TestClient, admin_key: str) -> None:

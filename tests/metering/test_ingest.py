@@ -111,6 +111,45 @@ def test_malformed_json_is_rejected(client: TestClient, agent: Agent) -> None:
     assert response.json()["detail"][0]["type"] == "json_invalid"
 
 
+def test_ingest_answers_like_the_rest_of_the_api(
+    client: TestClient, agent: Agent, admin_key: str
+) -> None:
+    """Served ahead of FastAPI's stack (``IngestEndpoint``), ingest still answers other
+    methods, other media types and other keys in the API's one error shape, and is listed in
+    the OpenAPI document with its schemas."""
+    t = minute_ago(3)
+    batch = {"batch_id": "b", "records": [rec("GPU-1", t, t + 60)]}
+    other_method = client.get("/v1/ingest", headers=bearer(agent.token))
+    assert (other_method.status_code, other_method.headers["allow"]) == (405, "POST")
+    assert other_method.json()["detail"][0]["type"] == "http_error"
+    form = client.post(
+        "/v1/ingest",
+        content=b"batch_id=b",
+        headers={**bearer(agent.token), "Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert form.status_code == 415
+    assert locs(form.json()) == [["header", "content-type"]]
+    admin = client.post("/v1/ingest", json=batch, headers=bearer(admin_key))
+    assert admin.status_code == 403
+    assert admin.json()["detail"][0]["msg"] == "this endpoint needs a node key"
+    typed = client.post(
+        "/v1/ingest",
+        json=batch,
+        headers={**bearer(agent.token), "Content-Type": "application/json; charset=utf-8"},
+    )
+    assert typed.json() == {
+        "batch_id": "b",
+        "accepted": 1,
+        "duplicates": 0,
+        "events_accepted": 0,
+        "events_duplicate": 0,
+    }
+    operation = client.get("/openapi.json").json()["paths"]["/v1/ingest"]["post"]
+    schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert schema == {"$ref": "#/components/schemas/IngestBatch"}
+    assert {"200", "401", "403", "409", "413", "415", "422", "503"} <= set(operation["responses"])
+
+
 def test_batch_over_the_size_limit_is_rejected(
     agent: Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:

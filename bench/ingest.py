@@ -119,6 +119,18 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--fleet-nodes", type=int, default=2000, help="nodes of fleet and burst")
     p.add_argument("--burst-rounds", type=int, default=3)
     p.add_argument("--burst-every", type=float, default=6.0, help="seconds between bursts")
+    p.add_argument(
+        "--settle-s",
+        type=float,
+        default=6.0,
+        help="seconds each steady phase runs before it is measured (reported apart)",
+    )
+    p.add_argument(
+        "--fleet-interval",
+        type=float,
+        default=5.0,
+        help="upload interval of the fleet phase, s (the issue's arithmetic: 5 s)",
+    )
     return p.parse_args()
 
 
@@ -535,28 +547,32 @@ async def run_schedule(
     interval: float,
     keep_alive: bool,
     phases: list[float],
-) -> PhaseStats:
+    settle_s: float = 0.0,
+) -> tuple[PhaseStats, PhaseStats]:
     """Each node uploads every ``interval`` s from its own phase offset, sequentially (the
-    agent never has two uploads in flight): a slow answer delays its next round."""
-    stats = PhaseStats()
+    agent never has two uploads in flight): a slow answer delays its next round. Uploads
+    sent in the first ``settle_s`` seconds are counted apart: (settling, measured)."""
+    settling, stats = PhaseStats(), PhaseStats()
     began = time.monotonic()
-    deadline = began + duration
+    measured_from = began + settle_s
+    deadline = measured_from + duration
 
     async def node_loop(node: AgentNode, offset: float) -> None:
         rng = random.Random(node.index)
         due = began + offset
         while due < deadline:
             await asyncio.sleep(max(0.0, due - time.monotonic()))
-            await upload(node, target, rng, keep_alive, stats)
+            counted = stats if time.monotonic() >= measured_from else settling
+            await upload(node, target, rng, keep_alive, counted)
             due += interval
             if time.monotonic() > due + interval:
-                stats.late += 1
+                counted.late += 1
                 due = time.monotonic()
 
     await asyncio.gather(*(node_loop(n, o) for n, o in zip(nodes, phases, strict=True)))
     for node in nodes:
         await _close(node)
-    return stats
+    return settling, stats
 
 
 @dataclass
@@ -671,19 +687,40 @@ def phase_report(
 
 
 async def measure_phase(
-    clock: CpuClock, nodes: list[AgentNode], target: Target, interval: float, **kw: Any
+    clock: CpuClock,
+    nodes: list[AgentNode],
+    target: Target,
+    interval: float,
+    *,
+    settle_s: float = 0.0,
+    **kw: Any,
 ) -> dict[str, Any]:
+    """Run a phase; measure it after ``settle_s`` (the nodes' first rounds: connections
+    opened, each node's first batch carrying its seconds since the warm-up), whose figures
+    are reported apart as ``settling``."""
+    schedule = asyncio.create_task(
+        run_schedule(nodes, target, interval=interval, settle_s=settle_s, **kw)
+    )
+    await asyncio.sleep(settle_s)
     before = clock.sample()
     began = time.monotonic()
     stop = asyncio.Event()
     tracking = asyncio.create_task(clock.track(stop))
-    stats = await run_schedule(nodes, target, interval=interval, **kw)
+    settling, stats = await schedule
     stop.set()
     await tracking
     elapsed = time.monotonic() - began
     report = phase_report(
         stats, elapsed, CpuClock.used(before, clock.sample()), len(nodes), interval
     )
+    if settle_s:
+        lat = sorted(settling.latencies)
+        report["settling"] = {
+            "seconds": settle_s,
+            "batches": len(lat),
+            "p99_ms": round(lat[int(len(lat) * 0.99)] * 1000, 1) if lat else None,
+            "errors": settling.errors,
+        }
     print(f"  {json.dumps(report)}", file=sys.stderr)
     return report
 
@@ -806,43 +843,25 @@ async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> 
         # tables of a moment ago: sequential scans of 16,000 GPUs, 18 ms of Postgres a batch.
         await asyncio.to_thread(vacuum, url, analyze=True)
 
-        def offsets(n: int) -> list[float]:
-            return [rng.uniform(0, args.interval) for _ in range(n)]
-
-        rate_nodes = nodes[: args.rate_nodes]
-        if "rate" in phases:
-            print("rate (kept-alive connections):", file=sys.stderr)
-            out["rate"] = await measure_phase(
+        rate_nodes, fleet = nodes[: args.rate_nodes], nodes[: args.fleet_nodes]
+        steady = [  # name, what, nodes, upload interval, kept-alive connections
+            ("rate", "kept-alive connections", rate_nodes, args.interval, True),
+            ("fresh", "a fresh connection per batch", rate_nodes, args.interval, False),
+            ("fleet", "every node on its own schedule", fleet, args.fleet_interval, True),
+        ]
+        for name, what, phase_nodes, interval, keep_alive in steady:
+            if name not in phases:
+                continue
+            print(f"{name} ({what}, {len(phase_nodes)} nodes every {interval} s):", file=sys.stderr)
+            out[name] = await measure_phase(
                 clock,
-                rate_nodes,
+                phase_nodes,
                 target,
-                args.interval,
+                interval,
                 duration=args.phase_s,
-                keep_alive=True,
-                phases=offsets(len(rate_nodes)),
-            )
-        if "fresh" in phases:
-            print("rate (a fresh connection per batch):", file=sys.stderr)
-            out["fresh"] = await measure_phase(
-                clock,
-                rate_nodes,
-                target,
-                args.interval,
-                duration=args.phase_s,
-                keep_alive=False,
-                phases=offsets(len(rate_nodes)),
-            )
-        fleet = nodes[: args.fleet_nodes]
-        if "fleet" in phases:
-            print("fleet (every node on its own schedule):", file=sys.stderr)
-            out["fleet"] = await measure_phase(
-                clock,
-                fleet,
-                target,
-                args.interval,
-                duration=args.phase_s,
-                keep_alive=True,
-                phases=offsets(len(fleet)),
+                keep_alive=keep_alive,
+                phases=[rng.uniform(0, interval) for _ in phase_nodes],
+                settle_s=args.settle_s,
             )
         if "burst" in phases:
             print("burst (every node in the same second):", file=sys.stderr)
@@ -889,6 +908,8 @@ def agent_main(args: argparse.Namespace) -> int:
                 "mode": "agent",
                 "workers": args.workers,
                 "interval_s": args.interval,
+                "fleet_interval_s": args.fleet_interval,
+                "settle_s": args.settle_s,
                 "gpus_per_node": AGENT_GPUS,
                 **figures,
                 "targets": targets,

@@ -108,7 +108,9 @@ class RequestLimits:
             await send_error(send, 413, self._too_large(), "payload_too_large")
             return
         try:
-            await asyncio.wait_for(self.slots.acquire(), self.limits.queue_wait_s)
+            # asyncio.timeout, not wait_for: no task of its own per request (nor per receive).
+            async with asyncio.timeout(self.limits.queue_wait_s):
+                await self.slots.acquire()
         except TimeoutError:
             # The connection stays: under overload an agent's retry should not cost a new one.
             await send_unavailable(send, "the service is overloaded; retry later", close=False)
@@ -133,7 +135,8 @@ class RequestLimits:
         async def bounded_receive() -> Message:
             nonlocal received
             try:
-                message = await asyncio.wait_for(receive(), self.limits.body_read_timeout_s)
+                async with asyncio.timeout(self.limits.body_read_timeout_s):
+                    message = await receive()
             except TimeoutError:
                 return await refuse(408, "the request body did not arrive in time", "timeout")
             received += len(message.get("body", b""))

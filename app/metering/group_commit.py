@@ -111,7 +111,10 @@ class GroupCommit:
         except queue.Full:
             raise ServiceUnavailable("the ingest queue is full; retry later") from None
         try:
-            return await asyncio.wait_for(asyncio.shield(waiting.outcome), self.wait_s)
+            # A timeout cancels the outcome; the writer's later settle then finds it done.
+            # (asyncio.timeout, not wait_for: no task of its own per request.)
+            async with asyncio.timeout(self.wait_s):
+                return await waiting.outcome
         except TimeoutError:
             raise ServiceUnavailable(
                 f"the batch was not stored within {self.wait_s} s; re-send it (what was stored"

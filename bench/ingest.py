@@ -16,10 +16,15 @@ Two modes. ``--mode agent`` (the default): agent-shaped load, as the agent uploa
 cuts them (records end at every upload and at every minute boundary: 2-s records), on kept-alive
 or fresh connections, from raw asyncio sockets in this process (its CPU is measured and
 printed). Phases: ``rate`` (``--rate-nodes`` nodes: their offered batches/s), ``fresh`` (the same
-on a new connection per batch), ``fleet`` (``--fleet-nodes`` nodes), ``burst`` (every fleet
-node in the same second, ``--burst-rounds`` times), then ``trips``: database round trips per
+on a new connection per batch), ``fleet`` (``--fleet-nodes`` nodes uploading every
+``--fleet-interval`` s), ``burst`` (every fleet node in the same second, ``--burst-rounds``
+times), then ``trips``: database round trips per
 batch, counted by a TCP proxy between a one-process service and Postgres (every turn of the
-conversation from server back to client is one round trip). ``--mode bulk``: the original
+conversation from server back to client is one round trip). The steady phases (``rate``,
+``fresh``, ``fleet``) are measured after ``--settle-s`` seconds of running, whose figures are
+printed apart (``settling``): the nodes' first round opens their connections and catches up on
+the seconds since the warm-up, a start-up transient rather than the steady state the targets
+are about. ``--mode bulk``: the original
 500-record batches and the storage figures.
 """
 

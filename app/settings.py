@@ -69,10 +69,11 @@ class Settings(BaseSettings):
         "not: a broken one shows itself by its socket, see app.core.db).",
     )
     ingest_writers: int = Field(
-        default=2,
+        default=1,
         ge=1,
         description="Threads per worker process that store ingest batches; batches arriving "
-        "while they write are stored together, one transaction for many (group commit).",
+        "while they write are stored together, one transaction for many (group commit). One "
+        "makes the largest groups: a second splits them and contends for the GIL (bench/README).",
     )
     ingest_group_max: int = Field(
         default=32, ge=1, description="Most ingest batches stored in one transaction."

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI
@@ -117,12 +117,13 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     install_error_handlers(app)
     dashboard.install(app)
     # Outermost first on the way in: size and concurrency limits, then the key, then the app.
-    # Ingest shares the limits and the worker's in-flight slots.
-    limits = Limits.of(get_settings())
-    slots = asyncio.Semaphore(limits.max_in_flight)
     app.add_middleware(AuthenticateFirst)
-    app.add_middleware(RequestLimits, limits=limits, slots=slots)
-    endpoint = RequestLimits(ingest.IngestEndpoint(app.state.ingest_writers), limits, slots)
+    app.add_middleware(RequestLimits)
+    # Ingest has in-flight slots of its own: its requests hold no database connection while
+    # they wait for their writer, so the pool-sized slots would only cap its groups.
+    settings = get_settings()
+    limits = replace(Limits.of(settings), max_in_flight=settings.ingest_in_flight)
+    endpoint = RequestLimits(ingest.IngestEndpoint(app.state.ingest_writers), limits)
     build_stack = app.build_middleware_stack  # Starlette builds it at the first request
     app.build_middleware_stack = lambda: IngestFirst(build_stack(), endpoint)  # type: ignore[method-assign]
     for router in ROUTERS:

@@ -78,6 +78,13 @@ class Settings(BaseSettings):
     ingest_group_max: int = Field(
         default=32, ge=1, description="Most ingest batches stored in one transaction."
     )
+    ingest_in_flight: int = Field(
+        default=64,
+        ge=1,
+        description="Ingest requests one worker runs at once, in slots of their own (they hold "
+        "no database connection: the writers do), and the most batches its writers' queue "
+        "holds; past it 503 Retry-After. At most this many bodies in memory.",
+    )
     ingest_wait_s: float = Field(
         default=8.0,
         gt=0,

@@ -120,7 +120,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--phases", default="rate,fresh,fleet,burst,trips", help="agent mode")
     p.add_argument("--phase-s", type=float, default=20.0, help="seconds per agent phase")
     p.add_argument("--interval", type=float, default=2.0, help="agent upload interval, s")
-    p.add_argument("--rate-nodes", type=int, default=1200, help="nodes of the rate phases")
+    p.add_argument(
+        "--rate-nodes", type=int, default=1260, help="nodes of the rate phases (630/s at 2 s)"
+    )
     p.add_argument("--fleet-nodes", type=int, default=2000, help="nodes of fleet and burst")
     p.add_argument("--burst-rounds", type=int, default=3)
     p.add_argument("--burst-every", type=float, default=6.0, help="seconds between bursts")

@@ -89,15 +89,10 @@ async def send_unavailable(send: Send, msg: str, *, close: bool = True) -> None:
 
 
 class RequestLimits:
-    """``slots``: the in-flight bound, when it is shared with another ``RequestLimits`` (a
-    worker's routes served outside FastAPI's stack: ``app.main``)."""
-
-    def __init__(
-        self, app: ASGIApp, limits: Limits | None = None, slots: asyncio.Semaphore | None = None
-    ) -> None:
+    def __init__(self, app: ASGIApp, limits: Limits | None = None) -> None:
         self.app = app
         self.limits = limits or Limits.of(get_settings())
-        self.slots = slots or asyncio.Semaphore(self.limits.max_in_flight)
+        self.slots = asyncio.Semaphore(self.limits.max_in_flight)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in UNLIMITED_PATHS:

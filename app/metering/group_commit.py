@@ -98,7 +98,7 @@ class GroupCommit:
             gpus,
             writers=settings.ingest_writers,
             group_max=settings.ingest_group_max,
-            queue_max=settings.requests_in_flight,  # a worker never runs more requests
+            queue_max=settings.ingest_in_flight,  # a worker never runs more ingest requests
             wait_s=settings.ingest_wait_s,
         )
 

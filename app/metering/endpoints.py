@@ -3,11 +3,11 @@
 Ingest is most of a service's requests: every node uploads every few seconds. Through
 FastAPI each paid for eight middleware layers, routing, dependency solving and the body's
 parse into dicts before validation: over a third of a worker's CPU at full load. Here a
-request passes the same request limits (``RequestLimits``, with in-flight slots of its own,
-``ingest_in_flight``) and the same key check (``bearer_principal``), then its body is validated straight
-from JSON bytes by pydantic-core and handed to the group-commit writers. Its answers and
-errors are those of the rest of the API (``app.core.errors``); OpenAPI lists it
-(``document``).
+request passes the same request limits (``RequestLimits``, with in-flight slots of its
+own, ``ingest_in_flight``) and the same key check (``bearer_principal``), then its body is
+validated straight from JSON bytes by pydantic-core and handed to the group-commit writers.
+Its answers and errors are those of the rest of the API (``app.core.errors``); OpenAPI
+lists it (``document``).
 """
 
 from __future__ import annotations

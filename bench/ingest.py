@@ -129,7 +129,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--settle-s",
         type=float,
-        default=6.0,
+        default=10.0,
         help="seconds each steady phase runs before it is measured (reported apart)",
     )
     p.add_argument(

@@ -72,8 +72,8 @@ ROUTERS = [
 
 class IngestFirst:
     """Ingest's path, the busiest by far, served ahead of FastAPI's stack (by
-    ``app.metering.endpoints.IngestEndpoint``, under the same request limits); every other
-    request goes through the stack."""
+    ``app.metering.endpoints.IngestEndpoint``, under the same request limits with in-flight
+    slots of its own); every other request goes through the stack."""
 
     def __init__(self, stack: ASGIApp, ingest: ASGIApp) -> None:
         self.stack = stack

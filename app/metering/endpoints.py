@@ -12,6 +12,7 @@ lists it (``document``).
 
 from __future__ import annotations
 
+import inspect
 import time
 import uuid
 import zlib
@@ -19,6 +20,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
 from app.auth.middleware import bearer_principal
@@ -41,7 +43,6 @@ GZIP = frozenset({"gzip", "x-gzip"})
 GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate stream
 _BATCH = TypeAdapter(IngestBatch)
 _RESULT = TypeAdapter(IngestResult)
-_JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
 class UnsupportedMediaType(ApiError):
@@ -94,11 +95,13 @@ class IngestEndpoint:
         except ApiError as error:
             await send_api_error(send, error)  # the body stays unread: close
             return
-        data = await _body(receive)
-        if data is None:
+        request = Request(scope, receive)
+        try:
+            data = await request.body()
+        except ClientDisconnect:
             return  # the client left, or the limits refused the body and answered
         try:
-            result = await self._ingest(node_id, Headers(scope=scope), data)
+            result = await self._ingest(node_id, request.headers, data)
         except ApiError as error:
             await send_api_error(send, error, close=False)
             return
@@ -109,7 +112,7 @@ class IngestEndpoint:
             await send_api_error(send, unavailable, close=False)
             return
         body = _RESULT.dump_json(result)
-        headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -154,18 +157,6 @@ def _check_json(content_type: str | None) -> None:
     )
 
 
-async def _body(receive: Receive) -> bytes | None:
-    """The whole body (bounded by ``RequestLimits``); None if the client disconnected."""
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
 _REF = "#/components/schemas/{model}"
 _ERRORS: dict[str, dict[str, Any]] = {
     "400": {"description": "the body is not JSON, or not valid gzip (Content-Encoding: gzip)"},
@@ -199,7 +190,7 @@ def document(schema: dict[str, Any]) -> None:
         "post": {
             "tags": ["metering"],
             "summary": "Ingest",
-            "description": (IngestEndpoint.__doc__ or "").strip().replace("\n    ", "\n"),
+            "description": inspect.cleandoc(IngestEndpoint.__doc__ or ""),
             "operationId": "ingest_v1_ingest_post",
             "requestBody": {
                 "content": {"application/json": {"schema": {"$ref": ref(model="IngestBatch")}}},

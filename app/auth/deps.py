@@ -71,13 +71,17 @@ def _authenticate(engine: Engine, key: str) -> Principal | None:
         return authenticate(session, key)
 
 
-def _require(*kinds: KeyKind) -> Callable[[Principal], Coroutine[Any, Any, Principal]]:
-    wanted = " or ".join(kind.value for kind in kinds)
+def require_kind(principal: Principal, *kinds: KeyKind) -> Principal:
+    """The principal, if its key is of one of these kinds; else 403."""
+    if principal.kind not in kinds:
+        wanted = " or ".join(kind.value for kind in kinds)
+        raise Forbidden(f"this endpoint needs a {wanted} key", ("header", "authorization"))
+    return principal
 
+
+def _require(*kinds: KeyKind) -> Callable[[Principal], Coroutine[Any, Any, Principal]]:
     async def dependency(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
-        if principal.kind not in kinds:
-            raise Forbidden(f"this endpoint needs a {wanted} key", ("header", "authorization"))
-        return principal
+        return require_kind(principal, *kinds)
 
     return dependency
 

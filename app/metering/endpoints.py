@@ -23,11 +23,11 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope, Send
 
+from app.auth.deps import require_kind
 from app.auth.middleware import bearer_principal
 from app.auth.models import KeyKind
 from app.core.errors import (
     ApiError,
-    Forbidden,
     PayloadTooLarge,
     Unprocessable,
     database_unavailable,
@@ -136,9 +136,8 @@ class IngestEndpoint:
 
 
 async def _node_of(scope: Scope) -> uuid.UUID:
-    principal = await bearer_principal(scope)
-    if principal.kind != KeyKind.NODE or principal.node_id is None:
-        raise Forbidden("this endpoint needs a node key", ("header", "authorization"))
+    principal = require_kind(await bearer_principal(scope), KeyKind.NODE)
+    assert principal.node_id is not None  # node keys always carry their node
     return principal.node_id
 
 

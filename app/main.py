@@ -6,7 +6,6 @@ import gc
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import replace
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
@@ -128,20 +127,8 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     app.build_middleware_stack = lambda: IngestFirst(build_stack(), endpoint)  # type: ignore[method-assign]
     for router in ROUTERS:
         app.include_router(router)
-    _document_ingest(app)
-    document_errors(app)
+    document_errors(app, served_elsewhere=ingest.document)
     return app
-
-
-def _document_ingest(app: FastAPI) -> None:
-    plain_openapi = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        schema = plain_openapi()
-        ingest.document(schema)
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def app_from_environment() -> FastAPI:

@@ -7,7 +7,7 @@ always learns what is wrong and where.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -116,22 +116,36 @@ _PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/stripe/webhook"})
 _BODY_METHODS = frozenset({"post", "put", "patch"})
 
 
-def document_errors(app: FastAPI) -> None:
+# Where an OpenAPI document's schemas live; pydantic's ``ref_template`` for them.
+COMPONENT_REF = "#/components/schemas/{model}"
+
+
+def add_component(schema: dict[str, Any], name: str, definition: dict[str, Any]) -> None:
+    """Put a JSON schema (made with ``COMPONENT_REF``) and the schemas it nests into an
+    OpenAPI document's components."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    components.update(definition.pop("$defs", {}))
+    components[name] = definition
+
+
+def document_errors(
+    app: FastAPI, served_elsewhere: Callable[[dict[str, Any]], None] | None = None
+) -> None:
     """Add the error statuses every operation can answer to the OpenAPI: 401/403 when it is
     authenticated, 404 with a path parameter, 400/404/409/413 with a body (not JSON, naming a
     missing object, a conflict with stored state, too large), 422 with any input, 503 always
     (shed or database down).
-    An operation's own ``responses=`` meanings win."""
+    An operation's own ``responses=`` meanings win. ``served_elsewhere`` first adds the
+    operations served outside FastAPI's routing (which documents only its own routes)."""
     plain_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
         schema = plain_openapi()
-        definitions = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        components.update(definitions.pop("$defs", {}))
-        components["ErrorBody"] = definitions
+        if served_elsewhere is not None:
+            served_elsewhere(schema)
+        add_component(schema, "ErrorBody", ErrorBody.model_json_schema(ref_template=COMPONENT_REF))
         for path, operations in schema["paths"].items():
             for method, operation in operations.items():
                 _add_errors(path, method, operation)

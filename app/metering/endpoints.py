@@ -27,9 +27,11 @@ from app.auth.deps import require_kind
 from app.auth.middleware import bearer_principal
 from app.auth.models import KeyKind
 from app.core.errors import (
+    COMPONENT_REF,
     ApiError,
     PayloadTooLarge,
     Unprocessable,
+    add_component,
     database_unavailable,
 )
 from app.core.limits import send_api_error, send_error
@@ -156,7 +158,6 @@ def _check_json(content_type: str | None) -> None:
     )
 
 
-_REF = "#/components/schemas/{model}"
 _ERRORS: dict[str, dict[str, Any]] = {
     "400": {"description": "the body is not JSON, or not valid gzip (Content-Encoding: gzip)"},
     "403": {"description": "a record or event names a GPU registered to another node"},
@@ -174,17 +175,16 @@ _ERRORS: dict[str, dict[str, Any]] = {
 
 
 def document(schema: dict[str, Any]) -> None:
-    """Add the ingest operation and its schemas to the service's OpenAPI document (FastAPI
-    documents only the routes it serves)."""
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
-    schemas = {
-        "IngestBatch": _BATCH.json_schema(ref_template=_REF, mode="validation"),
-        "IngestResult": _RESULT.json_schema(ref_template=_REF, mode="serialization"),
-    }
-    for name, definition in schemas.items():
-        components.update(definition.pop("$defs", {}))
-        components[name] = definition
-    ref = _REF.format
+    """Add the ingest operation and its schemas to the service's OpenAPI document."""
+    add_component(
+        schema, "IngestBatch", _BATCH.json_schema(ref_template=COMPONENT_REF, mode="validation")
+    )
+    add_component(
+        schema,
+        "IngestResult",
+        _RESULT.json_schema(ref_template=COMPONENT_REF, mode="serialization"),
+    )
+    ref = COMPONENT_REF.format
     schema["paths"][INGEST_PATH] = {
         "post": {
             "tags": ["metering"],

@@ -668,22 +668,25 @@ class CpuClock:
         }
 
 
+def percentile_ms(ordered: list[float], q: float) -> float | None:
+    """The ``q`` quantile of sorted latencies in seconds, in milliseconds."""
+    return (
+        round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000, 1) if ordered else None
+    )
+
+
 def phase_report(
     stats: PhaseStats, elapsed: float, cpu: dict[str, float], nodes: int, interval: float
 ) -> dict[str, Any]:
     lat = sorted(stats.latencies)
-
-    def pct(q: float) -> float | None:
-        return round(lat[min(len(lat) - 1, int(len(lat) * q))] * 1000, 1) if lat else None
-
     return {
         "nodes": nodes,
         "offered_batches_per_s": round(nodes / interval, 1),
         "batches_per_s": round(len(lat) / elapsed, 1),
         "gpu_seconds_per_s": round(stats.gpu_seconds / elapsed),
-        "p50_ms": pct(0.5),
-        "p99_ms": pct(0.99),
-        "max_ms": pct(1.0),
+        "p50_ms": percentile_ms(lat, 0.5),
+        "p99_ms": percentile_ms(lat, 0.99),
+        "max_ms": percentile_ms(lat, 1.0),
         "errors": stats.errors,
         "late_uploads": stats.late,
         # CPU as cores busy on average over the phase: the load generator's share is part of
@@ -721,11 +724,10 @@ async def measure_phase(
         stats, elapsed, CpuClock.used(before, clock.sample()), len(nodes), interval
     )
     if settle_s:
-        lat = sorted(settling.latencies)
         report["settling"] = {
             "seconds": settle_s,
-            "batches": len(lat),
-            "p99_ms": round(lat[int(len(lat) * 0.99)] * 1000, 1) if lat else None,
+            "batches": len(settling.latencies),
+            "p99_ms": percentile_ms(sorted(settling.latencies), 0.99),
             "errors": settling.errors,
         }
     print(f"  {json.dumps(report)}", file=sys.stderr)

@@ -193,8 +193,9 @@ class Settings(BaseSettings):
     )
     rollup_schedule_cron: str = Field(
         default="7 * * * *",
-        description="When workers store the closed days' usage rollups, so that no reader "
-        "rates a day that closed (cron; hourly reaches every zone's midnight).",
+        description="When workers store the usage rollups of the closed days and of the open "
+        "day's closed hours, so that no reader rates them (cron; hourly, a few minutes past the "
+        "hour, reaches every zone's midnight and each hour once it is in).",
     )
     nats_url: str | None = Field(
         default=None, description="NATS server; set: every event is published to JetStream too."

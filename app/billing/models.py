@@ -198,11 +198,12 @@ class CreditNoteNumberCounter(Base):
 
 
 class UsageRollup(Base):
-    """One rated piece of a rental on a GPU within one closed local day (and one price
-    period): its bucket, and its idle seconds (billable seconds in idle minutes).
+    """One rated piece of a rental on a GPU within one stored span (a closed local day or a
+    closed hour of the open day) and one price period: its bucket, and its idle seconds
+    (billable seconds in idle minutes).
 
     Written only by ``app.billing.rollups`` from ``rating``'s own pieces, so summing them and
-    the open day rated live gives what rating the whole period gives (a property test).
+    the rest of the open day rated live gives what rating the whole period gives (a property test).
     """
 
     __tablename__ = "usage_rollups"
@@ -222,14 +223,16 @@ class UsageRollup(Base):
     idle_s: Mapped[int] = mapped_column(Integer)
 
 
-class UsageRollupDay(Base):
-    """A closed local day whose rollups are stored, with the fingerprint of the inputs they
-    were rated from (segments, assignments, migrations, maintenance, plan terms, clipped to
-    the day): a read that computes another fingerprint re-rates the day."""
+class UsageRollupSpan(Base):
+    """A stored span of rollups, a closed local day or a closed hour of the open day, with the
+    fingerprint of the inputs its parts were rated from (segments, assignments, migrations,
+    maintenance, plan terms, clipped to the span): a read that computes another fingerprint,
+    or wants another span starting there, re-rates it."""
 
-    __tablename__ = "usage_rollup_days"
+    __tablename__ = "usage_rollup_spans"
 
     customer_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("customers.id"), primary_key=True)
-    day: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    start: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    end: Mapped[int] = mapped_column(BigInteger)
     fingerprint: Mapped[int] = mapped_column(BigInteger)
     rated_at: Mapped[datetime] = mapped_column(server_default=text("now()"))

@@ -5,6 +5,8 @@ API:
                 cap_period=None) -> RatedRental
     rate_rentals(rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period,
                  cap_period=None) -> list[RatedRental]   # each GPU's timeline built once
+    classify_rentals(rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations,
+                     period) -> [Classified]   # the pieces alone
     rate_pieces(rental, bounds, pieces, runs, period_s) -> RatedRental   # from stored pieces
     rental_bounds(rental, period) -> Span
     session_runs(assignments, bounds) -> {gpu: [Span]}
@@ -300,6 +302,41 @@ def rate_rentals(
     cap_period: Span | None = None,
 ) -> list[RatedRental]:
     period_s = (cap_period or period)[1] - (cap_period or period)[0]
+    classified = classify_rentals(
+        rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period
+    )
+    return [
+        _rated(
+            c.rental,
+            c.bounds,
+            c.pieces,
+            [_session(gpu, run, pieces, c.rental.plan) for gpu, run, pieces in c.runs],
+            period_s,
+        )
+        for c in classified
+    ]
+
+
+class Classified(NamedTuple):
+    """A rental's pieces over its bounds, and each session run's own pieces."""
+
+    rental: RentalInput
+    bounds: Span
+    pieces: list[Piece]  # sorted by GPU and start, migration windows included
+    runs: list[tuple[str, Span, list[Piece]]]  # (GPU, run, the run's pieces)
+
+
+def classify_rentals(
+    rentals: Iterable[RentalInput],
+    assignments: Iterable[Assignment],
+    segments_by_gpu: Mapping[str, Sequence[Segment]],
+    maintenance_by_gpu: Mapping[str, Sequence[Span]],
+    migrations: Iterable[Migration],
+    period: Span,
+) -> list[Classified]:
+    """Each rental's pieces over ``period`` (sorted by GPU and start) and its session runs,
+    without sessions or lines: what rollups store, and the live part of a read that
+    ``rate_pieces`` then rates with the stored ones."""
     assignments_of: dict[str, list[Assignment]] = defaultdict(list)
     for assignment in assignments:
         assignments_of[assignment.rental_id].append(assignment)
@@ -313,8 +350,8 @@ def rate_rentals(
         for gpu in gpus
     }
     return [
-        _rate(
-            r, assignments_of[r.rental_id], migrations_of[r.rental_id], timelines, period, period_s
+        _classify_rental(
+            r, assignments_of[r.rental_id], migrations_of[r.rental_id], timelines, period
         )
         for r in rentals
     ]
@@ -342,29 +379,26 @@ def session_runs(assignments: Iterable[Assignment], bounds: Span) -> dict[str, l
     }
 
 
-def _rate(
+def _classify_rental(
     rental: RentalInput,
     assignments: Sequence[Assignment],
     migrations: Sequence[Migration],
     timelines: Mapping[str, Timeline],
     period: Span,
-    period_s: int,
-) -> RatedRental:
+) -> Classified:
     bounds = rental_bounds(rental, period)
     window_pieces = _window_pieces(migrations, bounds)
     holes: dict[str, list[Span]] = defaultdict(list)
     for m in migrations:
         holes[m.from_gpu].append((m.failed_at, m.resumed_at))
         holes[m.to_gpu].append((m.failed_at, m.resumed_at))
-    pieces: list[Piece] = []
-    sessions: list[Session] = []
-    for gpu, runs in session_runs(assignments, bounds).items():
-        for run in runs:
-            session_pieces = _classify(gpu, run, holes[gpu], timelines[gpu], rental.plan)
-            sessions.append(_session(gpu, run, session_pieces, rental.plan))
-            pieces += session_pieces
-    pieces = sorted(pieces + window_pieces, key=lambda p: (p.gpu_uuid, p.start))
-    return _rated(rental, bounds, pieces, sessions, period_s)
+    runs = [
+        (gpu, run, _classify(gpu, run, holes[gpu], timelines[gpu], rental.plan))
+        for gpu, gpu_runs in session_runs(assignments, bounds).items()
+        for run in gpu_runs
+    ]
+    pieces = [p for _, _, run_pieces in runs for p in run_pieces] + window_pieces
+    return Classified(rental, bounds, sorted(pieces, key=lambda p: (p.gpu_uuid, p.start)), runs)
 
 
 def rate_pieces(

@@ -25,7 +25,7 @@ from app.billing.models import (
     InvoiceNumberCounter,
     InvoiceStatus,
     UsageRollup,
-    UsageRollupDay,
+    UsageRollupSpan,
     VoucherEntryRow,
 )
 from app.billing.vouchers import EntryKind
@@ -264,16 +264,17 @@ def issued_entries(session: Session, voucher_ids: Collection[str]) -> dict[str, 
 
 def rollup_fingerprints(
     session: Session, customer_id: uuid.UUID, start: int, end: int
-) -> dict[int, int]:
-    """Stored days starting in [start, end) -> the fingerprint they were rated from."""
+) -> dict[int, tuple[int, int]]:
+    """Stored spans starting in [start, end): start -> (end, the fingerprint they were rated
+    from)."""
     rows = session.execute(
-        select(UsageRollupDay.day, UsageRollupDay.fingerprint).where(
-            UsageRollupDay.customer_id == customer_id,
-            UsageRollupDay.day >= start,
-            UsageRollupDay.day < end,
+        select(UsageRollupSpan.start, UsageRollupSpan.end, UsageRollupSpan.fingerprint).where(
+            UsageRollupSpan.customer_id == customer_id,
+            UsageRollupSpan.start >= start,
+            UsageRollupSpan.start < end,
         )
     )
-    return {day: fingerprint for day, fingerprint in rows}
+    return {lo: (hi, fingerprint) for lo, hi, fingerprint in rows}
 
 
 def lock_rollups(session: Session, customer_id: uuid.UUID) -> None:
@@ -287,12 +288,14 @@ def lock_rollups(session: Session, customer_id: uuid.UUID) -> None:
 def replace_rollups(
     session: Session,
     customer_id: uuid.UUID,
-    days: Sequence[tuple[int, int]],
+    spans: dict[tuple[int, int], int],
     rows: list[dict[str, Any]],
-    fingerprints: dict[int, int],
 ) -> None:
-    """Replace the stored parts of ``days`` (each [start, end)) and their fingerprints."""
-    for start, end in days:
+    """Store ``spans`` ([start, end) -> fingerprint) with ``rows``, their parts: the parts
+    starting in them are replaced, and so is every stored span overlapping them (a day that
+    its hours replace, or hours that their day does), so no span vouches for parts it did
+    not write."""
+    for start, end in spans:
         session.execute(
             delete(UsageRollup).where(
                 UsageRollup.customer_id == customer_id,
@@ -300,16 +303,21 @@ def replace_rollups(
                 UsageRollup.start < end,
             )
         )
+        session.execute(
+            delete(UsageRollupSpan).where(
+                UsageRollupSpan.customer_id == customer_id,
+                UsageRollupSpan.start < end,
+                UsageRollupSpan.end > start,
+            )
+        )
     if rows:
         session.execute(pg_insert(UsageRollup), rows)
-    statement = pg_insert(UsageRollupDay).values(
-        [{"customer_id": customer_id, "day": d, "fingerprint": f} for d, f in fingerprints.items()]
-    )
     session.execute(
-        statement.on_conflict_do_update(
-            index_elements=["customer_id", "day"],
-            set_={"fingerprint": statement.excluded.fingerprint, "rated_at": func.now()},
-        )
+        pg_insert(UsageRollupSpan),
+        [
+            {"customer_id": customer_id, "start": lo, "end": hi, "fingerprint": fingerprint}
+            for (lo, hi), fingerprint in spans.items()
+        ],
     )
 
 

@@ -1,30 +1,37 @@
-"""Stored rollups of rated usage: closed days are read from storage, the open day is rated live.
+"""Stored rollups of rated usage: closed days and the open day up to its last closed hour are
+read from storage, the rest of the open day (at most an hour and ``HOUR_GRACE_S``) is rated
+live.
 
-A closed local day's rollup is rating's own output: the pieces ``rate_rentals`` gives for the
-period up to that day's end, cut at the day's bounds and at price changes, each stored with its
-bucket, the price point in effect and its idle seconds (billable seconds in minutes below the
-idle threshold, as ``effective_usage`` counts them). Pieces are time-local (a second's bucket
-depends only on that second's inputs), so the parts of a day rated once equal the parts of the
-same day in any longer rating. A read adds the open day's pieces (rated live, from its start)
+A stored span is a closed local day, or the open span: the open day from its local midnight
+to its last closed hour, one span that grows by an hour each hour and that the day replaces
+when it closes. It holds rating's own output: the pieces ``classify_rentals`` gives for the
+span, cut at the span's bounds and at price changes, each stored with its bucket, the price
+point in effect and its idle seconds (billable seconds in minutes below the idle threshold,
+as ``effective_usage`` counts them). Pieces are time-local (a second's bucket depends only on
+that second's inputs), so the parts of a span rated alone equal the parts of the same span in
+any longer rating. A read adds the live pieces (classified from the end of what is stored)
 and hands all of them to ``rating.rate_pieces``, which forms sessions (increments, minimums),
 charge, credit and cap lines by the same code as the invoice: no second formula. Each
-(rental, GPU, bucket, price point) of the stored days comes back as one summed piece placed at
-the end of its parts (so it stays in its price period and session, and its last second is the
-last billed one); downtime pieces (failure and migration credits) come back as stored, for the
-what-if's incidents. Credit lines of such a rating keep the invoice's totals, not its per-
-incident split; the invoice itself always rates from the raw inputs.
+(rental, GPU, bucket, price point) of the stored spans comes back as one summed piece placed
+at the end of its parts (so it stays in its price period and session, and its last second is
+the last billed one); downtime pieces (failure and migration credits) come back as stored,
+for the what-if's incidents. Credit lines of such a rating keep the invoice's totals, not its
+per-incident split; the invoice itself always rates from the raw inputs.
 
-Freshness: each stored day keeps a fingerprint of its inputs clipped to the day: segments
-(so late telemetry that creates or changes a segment touching a closed day; a segment merely
-extended past the day leaves the day's fingerprint alone), assignments, migrations, maintenance
-and each rental's terms and plan. A read computes the fingerprints from the inputs it loads
-anyway (one pass, with range sums for the days an item covers whole) and re-rates the stale or
-missing days first. Not covered: late minute metrics for a closed hour without a segment change
-(idle seconds stay as first stored; agents send both together).
+Freshness: each stored span keeps its end and a fingerprint of its inputs clipped to it:
+segments (so late telemetry that creates or changes a segment touching a stored span; a
+segment merely extended past the span leaves its fingerprint alone), assignments, migrations,
+maintenance and each rental's terms and plan. A read computes the fingerprints from the inputs
+it loads anyway (one pass, with range sums for the spans an item covers whole) and re-rates
+the stale or missing spans first. The open span takes in an hour only ``HOUR_GRACE_S`` after
+the hour ends, so the minute metrics of its last minutes are in. Not covered: minute metrics
+later than that for a stored span without a segment change (idle seconds stay as first
+stored; agents send both together).
 
 API:
     day_bounds(period) -> [int]          # local midnights in the period, then its end
     rated_to_date(session, customer_id, period, as_of, inputs, read_idle) -> ToDate
+    store_closed(session, customer_id, period, as_of, inputs, read_idle) -> Stored
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import cached_property
-from itertools import pairwise
+from itertools import groupby, pairwise
 from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
@@ -49,8 +56,8 @@ from app.billing.intervals import Span
 from app.billing.loader import BillingPeriod, PeriodInputs
 from app.billing.rating import (
     RatedRental,
+    classify_rentals,
     rate_pieces,
-    rate_rentals,
     rental_bounds,
     session_runs,
 )
@@ -98,16 +105,16 @@ class DaySeconds:
 
 @dataclass(frozen=True)
 class ToDate:
-    """The period to date rated from rollups and the open day, with each rental's seconds
-    per day and bucket."""
+    """The period to date rated from rollups and the live rest of the open day, with each
+    rental's seconds per day and bucket."""
 
     rated: list[RatedRental]
     pieces: dict[str, list[Piece]]  # per rental, for re-rating at other plan terms
     runs: dict[str, dict[str, list[Span]]]
-    stored_days: list[DaySeconds]  # the stored days' sums
+    stored_days: list[DaySeconds]  # the stored spans' sums (the open span's as its day's)
     open_day: int  # the open day's index into ``day_bounds``
-    live_pieces: dict[str, Sequence[Piece]]  # per rental, the open day's
-    # The open day's idle spans per GPU, read when first needed: the what-if needs none.
+    live_pieces: dict[str, Sequence[Piece]]  # per rental, those rated live (after the stored)
+    # The live span's idle spans per GPU, read when first needed: the what-if needs none.
     read_live_idle: Callable[[], Mapping[str, Sequence[Span]]]
 
     @cached_property
@@ -145,15 +152,18 @@ class ToDate:
 
 
 def parts(
-    rated: Iterable[RatedRental], idle: Mapping[str, Sequence[Span]], cuts: Sequence[int]
+    rentals: Iterable[RentalInput],
+    pieces: Mapping[str, Sequence[Piece]],
+    idle: Mapping[str, Sequence[Span]],
+    cuts: Sequence[int],
 ) -> list[Part]:
-    """Each rated piece cut at ``cuts`` (day bounds) and at its rental's price changes."""
+    """Each rental's ``pieces`` cut at ``cuts`` (span bounds) and at its price changes."""
     out: list[Part] = []
-    for r in rated:
-        points = r.rental.plan.price_points(r.rental.gpu_model)
+    for rental in rentals:
+        points = rental.plan.price_points(rental.gpu_model)
         starts = [p.effective_from for p in points]
         bounds = sorted({*cuts, *starts})
-        for piece in r.pieces:
+        for piece in pieces.get(rental.rental_id, ()):
             i = bisect_right(bounds, piece.start)
             edges = [piece.start, *bounds[i : bisect_left(bounds, piece.end)], piece.end]
             for lo, hi in pairwise(edges):
@@ -162,7 +172,13 @@ def parts(
                 idle_s = overlap((lo, hi), gpu_idle) if piece.bucket is Bucket.BILLABLE else 0
                 out.append(
                     Part(
-                        r.rental.rental_id, piece.gpu_uuid, lo, hi, piece.bucket, price_from, idle_s
+                        rental.rental_id,
+                        piece.gpu_uuid,
+                        lo,
+                        hi,
+                        piece.bucket,
+                        price_from,
+                        idle_s,
                     )
                 )
     return out
@@ -173,21 +189,21 @@ def _hash(*key: object) -> int:
 
 
 class _Fingerprints:
-    """Per-day sums (mod 2^64) of item hashes clipped to each day, in one pass over the items:
-    a day an item covers whole gets the item's "whole" hash through a range sum."""
+    """Per-span sums (mod 2^64) of item hashes clipped to each span, in one pass over the
+    items: a span an item covers whole gets the item's "whole" hash through a range sum."""
 
     def __init__(self, days: Sequence[int]) -> None:
-        self.days = days  # bounds: n days, n + 1 entries
+        self.days = days  # bounds: n spans, n + 1 entries
         self.sums = [0] * (len(days) - 1)
-        self.whole = [0] * len(days)  # difference array of whole-day hashes
+        self.whole = [0] * len(days)  # difference array of whole-span hashes
 
     def add(self, span: Span, *key: object) -> None:
         lo, hi = max(span[0], self.days[0]), min(span[1], self.days[-1])
         if lo >= hi:
             return
         days = self.days
-        first, last = bisect_right(days, lo) - 1, bisect_left(days, hi) - 1  # hi - 1's day
-        whole_from, whole_to = first + 1, last - 1  # the days strictly between are whole
+        first, last = bisect_right(days, lo) - 1, bisect_left(days, hi) - 1  # hi - 1's span
+        whole_from, whole_to = first + 1, last - 1  # the spans strictly between are whole
         for i in {first, last}:
             a, b = max(lo, days[i]), min(hi, days[i + 1])
             if (a, b) == (days[i], days[i + 1]):
@@ -209,7 +225,7 @@ class _Fingerprints:
 
 
 def fingerprints(inputs: PeriodInputs, customer_id: uuid.UUID, days: Sequence[int]) -> list[int]:
-    """One fingerprint per day of ``days`` (bounds) over everything rating reads for it."""
+    """One fingerprint per span of ``days`` (bounds) over everything rating reads for it."""
     f = _Fingerprints(days)
     whole = (days[0], days[-1])
     for rental in inputs.rentals(customer_id):
@@ -227,13 +243,36 @@ def fingerprints(inputs: PeriodInputs, customer_id: uuid.UUID, days: Sequence[in
     return f.result()
 
 
-def _ended(days: Sequence[int], as_of: int) -> int:
-    """How many of the days (bounds) have ended by ``as_of``."""
-    return max(bisect_right(days, as_of) - 1, 0)
-
-
 # Reads each GPU's idle spans over a span (``usage.idle_by_gpu`` with its session).
 IdleReader = Callable[[Sequence[str], Span], Mapping[str, Sequence[Span]]]
+
+HOUR = 3600
+# An hour of the open day is stored this long after it ends: agents upload every few seconds,
+# so its last minute metrics are in by then, and the hourly job (at :07) finds it due.
+HOUR_GRACE_S = 300
+
+
+@dataclass(frozen=True)
+class Stored:
+    """The spans stored by a moment: the closed local days, then the open day up to its last
+    closed hour."""
+
+    days: list[int]  # the closed days' bounds; the last one is the open day's start
+    end: int  # where the stored spans end and live rating starts
+
+    @property
+    def bounds(self) -> list[int]:
+        """The stored spans' bounds: ``days``, then the open span's end, if it has begun."""
+        return self.days if self.end == self.days[-1] else [*self.days, self.end]
+
+
+def stored_spans(period: BillingPeriod, as_of: int) -> Stored:
+    """The spans of ``period`` to store by ``as_of``: its days closed by then, and the open
+    day from its local midnight to the last hour (counted from that midnight) that ended
+    ``HOUR_GRACE_S`` before ``as_of``."""
+    days = [d for d in day_bounds(period) if d <= as_of] or [period.span[0]]
+    closed_hours = max(as_of - HOUR_GRACE_S - days[-1], 0) // HOUR
+    return Stored(days, days[-1] + closed_hours * HOUR)
 
 
 def rated_to_date(
@@ -245,25 +284,23 @@ def rated_to_date(
     read_idle: IdleReader,
 ) -> ToDate:
     """The customer's rentals rated over [period start, ``as_of``) from ``inputs`` (loaded for
-    that span): stored closed days (re-rated first where stale) plus the open day rated live."""
-    days = store_closed_days(session, customer_id, period, as_of, inputs, read_idle)
-    closed = len(days) - 1
-    open_start = days[closed] if closed else period.span[0]
+    that span): the stored spans (re-rated first where stale), then the rest rated live."""
+    stored = store_closed(session, customer_id, period, as_of, inputs, read_idle)
+    live_span = (stored.end, as_of)
     rentals = inputs.rentals(customer_id)
-    stored = _stored_pieces(session, customer_id, rentals, inputs, period, open_start)
-    live = _rate(inputs, customer_id, (open_start, as_of), period) if open_start < as_of else []
-    live_of = {r.rental.rental_id: r for r in live}
-    stored_days = repository.rollup_day_seconds(session, customer_id, days) if closed else []
+    from_store = _stored_pieces(session, customer_id, rentals, inputs, period, stored.end)
+    live = _classify(inputs, customer_id, live_span) if stored.end < as_of else {}
+    stored_days = repository.rollup_day_seconds(session, customer_id, stored.bounds)
 
     def read_live_idle() -> Mapping[str, Sequence[Span]]:
-        return read_idle(inputs.gpus, (open_start, as_of)) if open_start < as_of else {}
+        return read_idle(inputs.gpus, live_span) if stored.end < as_of else {}
 
     out = ToDate(
         rated=[],
         pieces={},
         runs={},
         stored_days=[DaySeconds(str(r), d, Bucket(b), s, i) for r, d, b, s, i in stored_days],
-        open_day=closed,
+        open_day=len(stored.days) - 1,
         live_pieces={},
         read_live_idle=read_live_idle,
     )
@@ -272,86 +309,88 @@ def rated_to_date(
         bounds = rental_bounds(rental, (period.span[0], as_of))
         mine = [a for a in inputs.assignments_of(customer_id) if a.rental_id == rid]
         runs = session_runs(mine, bounds)
-        now_pieces = live_of[rid].pieces if rid in live_of else ()
-        pieces = sorted([*stored.get(rid, ()), *now_pieces], key=lambda p: (p.gpu_uuid, p.start))
+        now_pieces = live.get(rid, [])
+        pieces = sorted(
+            [*from_store.get(rid, ()), *now_pieces], key=lambda p: (p.gpu_uuid, p.start)
+        )
         period_s = period.span[1] - period.span[0]
         out.rated.append(rate_pieces(rental, bounds, pieces, runs, period_s))
         out.pieces[rid], out.runs[rid], out.live_pieces[rid] = pieces, runs, now_pieces
     return out
 
 
-def store_closed_days(
+def store_closed(
     session: Session,
     customer_id: uuid.UUID,
     period: BillingPeriod,
     as_of: int,
     inputs: PeriodInputs,
     read_idle: IdleReader,
-) -> list[int]:
-    """Rate and store the period's days closed by ``as_of`` whose rollups are missing or stale
-    (what the first read after a day closes would do); the closed days' bounds."""
-    days = [d for d in day_bounds(period) if d <= as_of]
-    days = days[: _ended(days, as_of) + 1]
-    if len(days) > 1:
-        _refresh_stale(session, customer_id, period, inputs, days, read_idle)
-    return days
+) -> Stored:
+    """Rate and store the period's spans closed by ``as_of`` (``stored_spans``) whose rollups
+    are missing or stale: what the first read after they close would do."""
+    stored = stored_spans(period, as_of)
+    if len(stored.bounds) > 1:
+        _refresh_stale(session, customer_id, inputs, stored.bounds, read_idle)
+    return stored
 
 
-def _rate(
-    inputs: PeriodInputs, customer_id: uuid.UUID, span: Span, period: BillingPeriod
-) -> list[RatedRental]:
-    return rate_rentals(
+def _classify(inputs: PeriodInputs, customer_id: uuid.UUID, span: Span) -> dict[str, list[Piece]]:
+    classified = classify_rentals(
         inputs.rentals(customer_id),
         inputs.assignments_of(customer_id),
         inputs.segments_by_gpu,
         inputs.maintenance_by_gpu,
         inputs.migrations_of(customer_id),
         span,
-        period.span,
     )
+    return {c.rental.rental_id: c.pieces for c in classified}
 
 
 def _refresh_stale(
     session: Session,
     customer_id: uuid.UUID,
-    period: BillingPeriod,
     inputs: PeriodInputs,
-    days: Sequence[int],
+    bounds: Sequence[int],
     read_idle: IdleReader,
 ) -> None:
-    wanted = fingerprints(inputs, customer_id, days)
-    stored = repository.rollup_fingerprints(session, customer_id, days[0], days[-1])
-    stale = [i for i, fp in enumerate(wanted) if stored.get(days[i]) != fp]
-    if not stale:
+    wanted = fingerprints(inputs, customer_id, bounds)
+    spans = list(pairwise(bounds))
+
+    def stale_spans() -> list[int]:
+        have = repository.rollup_fingerprints(session, customer_id, bounds[0], bounds[-1])
+        return [i for i, (lo, hi) in enumerate(spans) if have.get(lo) != (hi, wanted[i])]
+
+    if not stale_spans():
         return
     repository.lock_rollups(session, customer_id)
-    lo, hi = days[stale[0]], days[stale[-1] + 1]
-    # Rated from the period's start: sessions (and so nothing else) cross day bounds.
-    rated = _rate(inputs, customer_id, (period.span[0], hi), period)
-    idle = read_idle(inputs.gpus, (lo, hi))
-    stale_days = {days[i] for i in stale}
-    kept = [  # parts never cross a day bound: a part is in the day its start is in
-        p for p in parts(rated, idle, days) if days[bisect_right(days, p.start) - 1] in stale_days
-    ]
-    repository.replace_rollups(
-        session,
-        customer_id,
-        [(days[i], days[i + 1]) for i in stale],
-        [
-            {
-                "customer_id": customer_id,
-                "rental_id": uuid.UUID(p.rental_id),
-                "gpu_uuid": p.gpu_uuid,
-                "start": p.start,
-                "end": p.end,
-                "bucket": p.bucket.value,
-                "price_from": p.price_from,
-                "idle_s": p.idle_s,
-            }
-            for p in kept
-        ],
-        {days[i]: wanted[i] for i in stale},
-    )
+    # Looked at again under the lock: readers that queued behind the one storing a span that
+    # just closed find it stored, instead of each rating it again in turn.
+    if not (stale := stale_spans()):
+        return
+    rentals, rows = inputs.rentals(customer_id), []
+    # Each run of adjacent stale spans is rated on its own (pieces are time-local), so the
+    # open span's new hour costs the open day's rating, not the period's.
+    for _, run in groupby(enumerate(stale), key=lambda k: k[1] - k[0]):
+        indexes = [i for _, i in run]
+        span = (bounds[indexes[0]], bounds[indexes[-1] + 1])
+        pieces = _classify(inputs, customer_id, span)
+        idle = read_idle(inputs.gpus, span)
+        rows += [_row(customer_id, p) for p in parts(rentals, pieces, idle, bounds)]
+    repository.replace_rollups(session, customer_id, {spans[i]: wanted[i] for i in stale}, rows)
+
+
+def _row(customer_id: uuid.UUID, part: Part) -> dict[str, object]:
+    return {
+        "customer_id": customer_id,
+        "rental_id": uuid.UUID(part.rental_id),
+        "gpu_uuid": part.gpu_uuid,
+        "start": part.start,
+        "end": part.end,
+        "bucket": part.bucket.value,
+        "price_from": part.price_from,
+        "idle_s": part.idle_s,
+    }
 
 
 def _stored_pieces(

@@ -1,6 +1,7 @@
 """Live views for the dashboard: cost to date with buckets and effective GPU-hours, a month-end
-forecast, the voucher ledger, and the what-if table. Closed days come from their stored
-rollups (``rollups``: re-rated first when their inputs changed), the open day is rated live.
+forecast, the voucher ledger, and the what-if table. Closed days and the open day's
+closed hours come from their stored rollups (``rollups``: re-rated first when their inputs
+changed), the rest of the open day is rated live.
 
 Cost to date is rated as the invoice would be (credits and the cap included), with the cap
 prorated over the whole billing period's seconds, not the days so far: the allowance earned
@@ -127,15 +128,15 @@ def what_if_table(
 def rated_to_date(
     session: Session, customer: Customer, period: BillingPeriod, span: tuple[int, int]
 ) -> rollups.ToDate:
-    """The period to date: closed days from their rollups, the open day rated live."""
+    """The period to date: stored spans from their rollups, the rest rated live."""
     return _from_inputs(session, customer, period, span, rollups.rated_to_date)
 
 
-def store_closed_days(session: Session, customer: Customer, now: datetime) -> None:
-    """Store the rollups of the customer's current period's closed days where missing or
-    stale, so that no reader pays for it."""
+def store_closed(session: Session, customer: Customer, now: datetime) -> None:
+    """Store the rollups of the customer's current period's closed days and hours
+    (``rollups.stored_spans``) where missing or stale, so that no reader pays for it."""
     period, span = _to_date(customer, current_period(customer.billing_timezone, now), now)
-    _from_inputs(session, customer, period, span, rollups.store_closed_days)
+    _from_inputs(session, customer, period, span, rollups.store_closed)
 
 
 def _from_inputs(

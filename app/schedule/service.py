@@ -1,6 +1,6 @@
 """The scheduled monthly invoice run: once a zone's month and its grace time are over, draft
 (and, per ``invoice_schedule_finalize``, finalize) every invoice of that zone's customers.
-And the hourly store of the closed days' usage rollups (``store_rollups``).
+And the hourly store of the closed days' and hours' usage rollups (``store_rollups``).
 
 Each tick notes every (month, billing time zone) that became due, then works the due ones one
 at a time, each in one transaction with its row locked: a zone's month runs once, however many
@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.billing.loader import billing_period
 from app.billing.run import run_invoices
-from app.billing.usage import store_closed_days
+from app.billing.usage import store_closed
 from app.core.db import transaction
 from app.customers.models import Customer
 from app.schedule import repository
@@ -89,8 +89,9 @@ def _run(session: Session, run: ScheduledRun, now: datetime) -> None:
 
 
 def store_rollups(engine: Engine, now: datetime) -> int:
-    """Store every customer's closed days' rollups where missing or stale (late telemetry),
-    one transaction per customer: the first read after midnight then rates only the open day.
+    """Store every customer's closed days' and the open day's closed hours' rollups where
+    missing or stale (late telemetry), one transaction per customer: a read then rates at most
+    the last hour or so live.
     A customer that fails is logged and left to its next read; how many were stored."""
     with transaction(engine) as session:
         customer_ids = repository.customer_ids(session)
@@ -98,7 +99,7 @@ def store_rollups(engine: Engine, now: datetime) -> int:
     for customer_id in customer_ids:
         try:
             with transaction(engine) as session:
-                store_closed_days(session, session.get_one(Customer, customer_id), now)
+                store_closed(session, session.get_one(Customer, customer_id), now)
             stored += 1
         except Exception:
             log.exception("usage rollups not stored", extra={"customer_id": str(customer_id)})

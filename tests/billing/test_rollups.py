@@ -1,5 +1,6 @@
-"""Rollups: the period to date from stored closed days plus the open day equals rating the
-whole span, for arbitrary histories, also after late data changes a stored day.
+"""Rollups: the period to date from stored closed days and hours plus the live rest equals
+rating the whole span, for arbitrary histories and moments, also after late data changes a
+stored day or hour, and after a day that closed replaces its stored hours.
 
 The worlds are ``test_properties``' (three GPUs, three rentals, segments, maintenance,
 migrations, two prices, caps, increments), stretched so one time unit is an hour: the period
@@ -12,16 +13,27 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from decimal import Decimal
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from app.billing import rollups
-from app.billing.domain import Assignment, GpuState, Migration, PlanTerms, Segment
+from app.billing.domain import (
+    Assignment,
+    Bucket,
+    GpuState,
+    Migration,
+    PlanTerms,
+    PricePoint,
+    RentalInput,
+    Segment,
+)
 from app.billing.effective import effective_usage
 from app.billing.intervals import Span, clip, merge
 from app.billing.loader import BillingPeriod, PeriodInputs
@@ -31,6 +43,7 @@ from app.core.db import transaction
 from app.customers.schemas import CustomerCreate
 from app.customers.service import create_customer
 from tests.billing.test_properties import GPUS, PERIOD, worlds
+from tests.harness import wait_for
 
 H = 3600
 SPAN = (0, (PERIOD[1] - PERIOD[0]) * H)  # 100 h from a UTC midnight
@@ -161,7 +174,7 @@ idle_spans = st.dictionaries(
     later=hours,
     idle=idle_spans,
 )
-def test_rollups_plus_the_open_day_equal_rating_the_span(
+def test_rollups_plus_the_live_rest_equal_rating_the_span(
     db: Engine,
     customer: uuid.UUID,
     world: dict,
@@ -214,7 +227,7 @@ def test_rollups_plus_the_open_day_equal_rating_the_span(
     max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(world=worlds())
-def test_the_open_days_idle_is_read_only_when_something_shows_it(
+def test_the_live_idle_is_read_only_when_something_shows_it(
     db: Engine, customer: uuid.UUID, world: dict
 ) -> None:
     world = _stretch(world, {r: str(uuid.uuid4()) for r in ("r0", "r1", "r2")})
@@ -224,14 +237,123 @@ def test_the_open_days_idle_is_read_only_when_something_shows_it(
         reads.append(span)
         return {}
 
-    as_of = SPAN[1] - 5 * H  # three closed days and the open one
+    as_of = SPAN[1] - 5 * H + H // 2  # three closed days, the open one at 23:30
     with Session(db) as session:
         inputs = _inputs(world, customer, (0, as_of))
         to_date = rollups.rated_to_date(session, customer, BILLING, as_of, inputs, read_idle)
         session.rollback()
-    stored = list(reads)  # storing the closed days reads theirs: their rollups keep it
-    assert all(end <= 72 * H for _, end in stored)
+    # Storing the closed days and the open day's closed hours reads theirs: rollups keep it.
+    stored = list(reads)
+    assert stored and all(end <= 95 * H for _, end in stored)
     to_date.rerated(60)  # the what-if: no idle read
     assert reads == stored
     assert set(to_date.idle_s) == {r.rental.rental_id for r in to_date.rated}
-    assert reads == [*stored, (72 * H, as_of)]  # the usage API's idle: the open day's, once
+    assert reads == [*stored, (95 * H, as_of)]  # the usage API's idle: the live half hour's
+
+
+def _steady_world() -> dict:
+    """One rental on g0 for the whole span, healthy throughout but for a failed hour on day 1:
+    every item covers day 2 and each of its hours whole, so only a span's end tells an hour of
+    day 2 from the day."""
+    plan = PlanTerms(prices=(PricePoint("H100", 0, Decimal("3.60"), None),), increment_s=60)
+    world = {
+        "rentals": [RentalInput("r0", "c1", "H100", 1, PERIOD[0], None, plan)],
+        "assignments": [Assignment("r0", "g0", PERIOD[0], PERIOD[1])],
+        "segments_by_gpu": {
+            "g0": [
+                Segment("g0", PERIOD[0], PERIOD[0] + 30, GpuState.HEALTHY),
+                Segment("g0", PERIOD[0] + 30, PERIOD[0] + 31, GpuState.FAILED),
+                Segment("g0", PERIOD[0] + 31, PERIOD[1], GpuState.HEALTHY),
+            ]
+        },
+        "maintenance_by_gpu": {},
+        "migrations": [],
+    }
+    return _stretch(world, {"r0": str(uuid.uuid4())})
+
+
+def test_the_open_span_grows_by_the_hour_and_its_day_replaces_it(
+    db: Engine, customer: uuid.UUID
+) -> None:
+    world = _steady_world()
+    reads: list[Span] = []
+
+    def read_idle(gpus: Sequence[str], span: Span) -> dict[str, list[Span]]:
+        reads.append(span)
+        return {"g0": [(49 * H, 49 * H + 600)]}  # ten idle minutes on day 2
+
+    def read(session: Session, as_of: int) -> rollups.ToDate:
+        reads.clear()
+        inputs = _inputs(world, customer, (0, as_of))
+        return rollups.rated_to_date(session, customer, BILLING, as_of, inputs, read_idle)
+
+    def expected(as_of: int) -> list[tuple]:
+        idle = {"g0": [x for s in [(49 * H, 49 * H + 600)] if (x := clip(s, (0, as_of)))]}
+        return [_summary(r, effective_usage(r, idle).idle_s) for r in _rated(world, as_of)]
+
+    with Session(db) as session:
+        read(session, 50 * H + 600)  # days 0 and 1, and day 2 to 02:00
+        assert reads == [(0, 50 * H)]
+        to_date = read(session, 52 * H + 600)
+        assert reads == [(48 * H, 52 * H)]  # only the open span is rated again: day 2 to 04:00
+        assert [_summary(r, to_date.idle_s[r.rental.rental_id]) for r in to_date.rated] == (
+            expected(52 * H + 600)
+        )
+        to_date = read(session, 73 * H)  # day 2 closed: rated whole, replacing its open span
+        assert reads[0] == (48 * H, 72 * H)
+        assert [_summary(r, to_date.idle_s[r.rental.rental_id]) for r in to_date.rated] == (
+            expected(73 * H)
+        )
+        by_day = {(p.day, p.bucket): p.seconds for p in to_date.by_day}
+        assert by_day == {
+            (0, Bucket.BILLABLE): 24 * H,
+            (1, Bucket.BILLABLE): 23 * H,
+            (1, Bucket.FAILURE_CREDIT): H,
+            (2, Bucket.BILLABLE): 24 * H,
+            (3, Bucket.BILLABLE): H,
+        }
+        session.rollback()
+
+
+def test_readers_queued_behind_the_one_storing_a_span_find_it_stored(
+    db: Engine, customer: uuid.UUID
+) -> None:
+    world, as_of = _steady_world(), 50 * H + 600
+    inputs = _inputs(world, customer, (0, as_of))
+    first_reads: list[Span] = []
+    second_reads: list[Span] = []
+
+    def reader(reads: list[Span]) -> rollups.IdleReader:
+        def read_idle(gpus: Sequence[str], span: Span) -> dict[str, list[Span]]:
+            reads.append(span)
+            return {}
+
+        return read_idle
+
+    def waiting_on_the_lock() -> bool:
+        with db.connect() as connection:
+            return bool(
+                connection.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    )
+                )
+            )
+
+    with Session(db) as first:
+        rollups.rated_to_date(first, customer, BILLING, as_of, inputs, reader(first_reads))
+        assert first_reads == [(0, 50 * H)]  # stored, the lock held until it commits
+
+        def second_read() -> None:
+            with Session(db) as second:
+                rollups.rated_to_date(
+                    second, customer, BILLING, as_of, inputs, reader(second_reads)
+                )
+                second.commit()
+
+        with ThreadPoolExecutor(1) as pool:
+            queued = pool.submit(second_read)
+            wait_for(waiting_on_the_lock, "the second reader to wait on the rollups' lock")
+            first.commit()
+            queued.result(timeout=30)
+    assert second_reads == []  # nothing rated again: the stored spans were current

@@ -4,6 +4,7 @@ And the hourly store of the closed days' usage rollups."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine, select
 
 from app.billing.endpoints import clock
-from app.billing.models import UsageRollupDay
+from app.billing.models import UsageRollupSpan
 from app.core.db import transaction
 from app.schedule.service import closed_period, store_rollups, tick
 from app.settings import get_settings
@@ -62,27 +63,45 @@ def test_a_tick_drafts_and_finalizes_the_closed_month_once(console: Console, db:
     )
 
 
-def stored_days(db: Engine) -> list[tuple[datetime, datetime]]:
+def stored_spans(db: Engine) -> list[tuple[datetime, datetime, datetime]]:
     with transaction(db) as session:
-        rows = session.execute(select(UsageRollupDay.day, UsageRollupDay.rated_at)).all()
-    return sorted((datetime.fromtimestamp(day, UTC), rated_at) for day, rated_at in rows)
+        rows = session.execute(
+            select(UsageRollupSpan.start, UsageRollupSpan.end, UsageRollupSpan.rated_at)
+        ).all()
+    return sorted(
+        (datetime.fromtimestamp(lo, UTC), datetime.fromtimestamp(hi, UTC), rated_at)
+        for lo, hi, rated_at in rows
+    )
 
 
-def test_the_rollup_job_stores_every_closed_day_so_a_read_rates_only_the_open_one(
+def test_the_rollup_job_stores_every_closed_day_and_hour_so_a_read_rates_only_the_last(
     app: FastAPI, console: Console, db: Engine
 ) -> None:
     world = october_with_failure(console, db)
     now = datetime(2026, 10, 20, 12, 0, tzinfo=UTC)
-    assert stored_days(db) == []
+    assert stored_spans(db) == []
     assert store_rollups(db, now) == 1
-    stored = stored_days(db)
-    assert [day for day, _ in stored] == [datetime(2026, 10, d, tzinfo=UTC) for d in range(1, 20)]
-    # A read, and the job's next run, find every closed day stored and current: no re-rating.
+    stored = stored_spans(db)
+    days = [datetime(2026, 10, d, tzinfo=UTC) for d in range(1, 21)]
+    # The hour 11:00-12:00 ended less than the grace (5 min) ago: not stored yet.
+    open_span = (days[-1], datetime(2026, 10, 20, 11, tzinfo=UTC))
+    assert [(lo, hi) for lo, hi, _ in stored] == [*pairwise(days), open_span]
+    # A read, and the job's next run, find every closed span stored and current: no re-rating.
     app.dependency_overrides[clock] = lambda: now
     path = f"/v1/customers/{world.customer['id']}/usage?period=2026-10"
     assert console.client.get(path, headers=console.headers).status_code == 200
     assert store_rollups(db, now) == 1
-    assert stored_days(db) == stored
+    assert stored_spans(db) == stored
+    # The next day, the 20th replaces its open span; the 21st's starts, to 02:00.
+    tomorrow = datetime(2026, 10, 21, 2, 10, tzinfo=UTC)
+    assert store_rollups(db, tomorrow) == 1
+    spans = [(lo, hi) for lo, hi, _ in stored_spans(db)]
+    midnight = datetime(2026, 10, 21, tzinfo=UTC)
+    assert spans == [
+        *pairwise([*days, midnight]),
+        (midnight, datetime(2026, 10, 21, 2, tzinfo=UTC)),
+    ]
+    assert [r for r in stored_spans(db) if r[0] < days[-1]] == stored[:19]  # older days kept
 
 
 @pytest.mark.e2e

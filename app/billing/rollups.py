@@ -24,9 +24,11 @@ segment merely extended past the span leaves its fingerprint alone), assignments
 maintenance and each rental's terms and plan. A read computes the fingerprints from the inputs
 it loads anyway (one pass, with range sums for the spans an item covers whole) and re-rates
 the stale or missing spans first. The open span takes in an hour only ``HOUR_GRACE_S`` after
-the hour ends, so the minute metrics of its last minutes are in. Not covered: minute metrics
-later than that for a stored span without a segment change (idle seconds stay as first
-stored; agents send both together).
+the hour ends, so the minute metrics of its last minutes are in; as it is rated again from
+midnight each hour, and the day again once it closes, minute metrics that come late within
+the day are taken in too. Not covered: minute metrics for a closed day that come after it was
+stored, without a segment change (idle seconds stay as first stored; agents send both
+together).
 
 API:
     day_bounds(period) -> [int]          # local midnights in the period, then its end

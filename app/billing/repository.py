@@ -6,6 +6,7 @@ import json
 import uuid
 from collections import defaultdict
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -29,7 +30,7 @@ from app.billing.models import (
     VoucherEntryRow,
 )
 from app.billing.vouchers import EntryKind
-from app.core.db import lock_keys
+from app.core.db import lock_keys, pipelined
 from app.rentals.visibility import served
 
 # What a rental cost on its invoice: everything but vouchers, tax and adjustments of others.
@@ -321,47 +322,51 @@ def replace_rollups(
     )
 
 
-def rollup_pieces(
+# The stored parts of [lo, hi) summed per (rental, GPU, bucket, price point), except the parts
+# in ``b`` buckets or on ``g`` GPUs, which come one by one: the CASE puts each in a group of
+# its own (its start), and its seconds and end give that start back.
+_ROLLUP_PIECES = text("""
+SELECT rental_id, gpu_uuid, bucket, CAST(sum("end" - start) AS bigint), max("end")
+FROM usage_rollups
+WHERE customer_id = :c AND start >= :lo AND start < :hi
+GROUP BY rental_id, gpu_uuid, bucket, price_from,
+    CASE WHEN bucket = ANY(CAST(:b AS text[])) OR gpu_uuid = ANY(CAST(:g AS text[])) THEN start END
+""")
+# The stored parts of the spans ``days`` (bounds) summed per (rental, span index, bucket).
+_ROLLUP_SPAN_SECONDS = text("""
+SELECT rental_id, width_bucket(start, CAST(:days AS bigint[])) - 1, bucket,
+       CAST(sum("end" - start) AS bigint), CAST(sum(idle_s) AS bigint)
+FROM usage_rollups
+WHERE customer_id = :c AND start >= :lo AND start < :hi
+GROUP BY 1, 2, 3
+""")
+
+
+@dataclass(frozen=True)
+class StoredRollups:
+    pieces: list[Any]  # (rental, GPU, bucket, seconds, last end)
+    span_seconds: list[Any]  # (rental, span index, bucket, seconds, idle s)
+
+
+def stored_rollups(
     session: Session,
     customer_id: uuid.UUID,
-    start: int,
-    end: int,
+    spans: Sequence[int],
     as_stored: Sequence[str],
     gpus_as_stored: Sequence[str],
-) -> list[Any]:
-    """The stored parts starting in [start, end) as (rental, GPU, bucket, seconds, last end),
-    in one scan: summed per (rental, GPU, bucket, price point), except the parts in
-    ``as_stored`` buckets or on ``gpus_as_stored``, which come one by one (a part's seconds
-    and end give its start). Their idle seconds come from ``rollup_day_seconds``."""
-    rows = session.execute(
-        text("""
-        SELECT rental_id, gpu_uuid, bucket, CAST(sum("end" - start) AS bigint), max("end")
-        FROM (
-            SELECT rental_id, gpu_uuid, bucket, price_from, start, "end",
-                   bucket = ANY(CAST(:b AS text[])) OR gpu_uuid = ANY(CAST(:g AS text[])) AS one
-            FROM usage_rollups
-            WHERE customer_id = :c AND start >= :lo AND start < :hi
-        ) AS parts
-        GROUP BY rental_id, gpu_uuid, bucket, price_from, one, CASE WHEN one THEN start END
-        """),
-        {"c": customer_id, "lo": start, "hi": end, "b": list(as_stored), "g": list(gpus_as_stored)},
+) -> StoredRollups:
+    """The stored parts of ``spans`` (bounds: n spans, n + 1 entries), in one round trip: as
+    pieces, summed per (rental, GPU, bucket, price point) except those in ``as_stored``
+    buckets or on ``gpus_as_stored``, which come one by one; and summed per (rental, span,
+    bucket) with their idle seconds."""
+    if len(spans) < 2:
+        return StoredRollups([], [])
+    where = {"c": customer_id, "lo": spans[0], "hi": spans[-1]}
+    pieces, span_seconds = pipelined(
+        session,
+        [
+            (_ROLLUP_PIECES, {**where, "b": list(as_stored), "g": list(gpus_as_stored)}),
+            (_ROLLUP_SPAN_SECONDS, {**where, "days": list(spans)}),
+        ],
     )
-    return list(rows)
-
-
-def rollup_day_seconds(session: Session, customer_id: uuid.UUID, days: Sequence[int]) -> list[Any]:
-    """The stored parts of the days ``days`` (bounds: n days, n + 1 entries) summed per
-    (rental, day, bucket) as (rental, day index, bucket, seconds, idle s)."""
-    if len(days) < 2:
-        return []
-    rows = session.execute(
-        text("""
-        SELECT rental_id, width_bucket(start, CAST(:days AS bigint[])) - 1, bucket,
-               CAST(sum("end" - start) AS bigint), CAST(sum(idle_s) AS bigint)
-        FROM usage_rollups
-        WHERE customer_id = :c AND start >= :lo AND start < :hi
-        GROUP BY 1, 2, 3
-        """),
-        {"c": customer_id, "days": list(days), "lo": days[0], "hi": days[-1]},
-    )
-    return list(rows)
+    return StoredRollups(pieces, span_seconds)

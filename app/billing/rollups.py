@@ -186,13 +186,22 @@ def parts(
     return out
 
 
-def _hash(*key: object) -> int:
+def _hash(key: tuple[object, ...]) -> int:
     return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "big")
+
+
+def _clipped(key_hash: int, lo: int, hi: int) -> int:
+    """The hash of an item clipped to [lo, hi): its key's hash mixed with the bounds
+    (splitmix64's finalizer), so an item costs one cryptographic hash however it is cut."""
+    x = (key_hash ^ (lo * 0x9E3779B97F4A7C15) ^ (hi * 0xC2B2AE3D27D4EB4F)) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
 
 
 class _Fingerprints:
     """Per-span sums (mod 2^64) of item hashes clipped to each span, in one pass over the
-    items: a span an item covers whole gets the item's "whole" hash through a range sum."""
+    items: a span an item covers whole gets the item's key hash through a range sum."""
 
     def __init__(self, days: Sequence[int]) -> None:
         self.days = days  # bounds: n spans, n + 1 entries
@@ -200,22 +209,28 @@ class _Fingerprints:
         self.whole = [0] * len(days)  # difference array of whole-span hashes
 
     def add(self, span: Span, *key: object) -> None:
-        lo, hi = max(span[0], self.days[0]), min(span[1], self.days[-1])
+        days = self.days
+        lo, hi = max(span[0], days[0]), min(span[1], days[-1])
         if lo >= hi:
             return
-        days = self.days
+        h = _hash(key)
         first, last = bisect_right(days, lo) - 1, bisect_left(days, hi) - 1  # hi - 1's span
-        whole_from, whole_to = first + 1, last - 1  # the spans strictly between are whole
-        for i in {first, last}:
-            a, b = max(lo, days[i]), min(hi, days[i + 1])
-            if (a, b) == (days[i], days[i + 1]):
-                whole_from, whole_to = min(whole_from, i), max(whole_to, i)
-            else:
-                self.sums[i] = (self.sums[i] + _hash(*key, a, b)) & _MASK
+        if first == last and not (lo == days[first] and hi == days[first + 1]):
+            self._add_clipped(first, h, lo, hi)
+            return
+        whole_from, whole_to = first, last
+        if lo != days[first]:
+            self._add_clipped(first, h, lo, days[first + 1])
+            whole_from += 1
+        if hi != days[last + 1]:
+            self._add_clipped(last, h, days[last], hi)
+            whole_to -= 1
         if whole_from <= whole_to:
-            h = _hash(*key, "whole")
             self.whole[whole_from] = (self.whole[whole_from] + h) & _MASK
             self.whole[whole_to + 1] = (self.whole[whole_to + 1] - h) & _MASK
+
+    def _add_clipped(self, i: int, key_hash: int, lo: int, hi: int) -> None:
+        self.sums[i] = (self.sums[i] + _clipped(key_hash, lo, hi)) & _MASK
 
     def result(self) -> list[int]:
         running, out = 0, []
@@ -289,10 +304,15 @@ def rated_to_date(
     that span): the stored spans (re-rated first where stale), then the rest rated live."""
     stored = store_closed(session, customer_id, period, as_of, inputs, read_idle)
     live_span = (stored.end, as_of)
-    rentals = inputs.rentals(customer_id)
-    from_store = _stored_pieces(session, customer_id, rentals, inputs, period, stored.end)
+    assignments = inputs.assignments_of(customer_id)
+    runs_of: dict[str, dict[str, list[Span]]] = {}
+    bounds_of: dict[str, Span] = {}
+    for rental in inputs.rentals(customer_id):
+        rid = rental.rental_id
+        bounds_of[rid] = rental_bounds(rental, (period.span[0], as_of))
+        runs_of[rid] = session_runs([a for a in assignments if a.rental_id == rid], bounds_of[rid])
+    from_store = _stored(session, customer_id, stored.bounds, runs_of)
     live = _classify(inputs, customer_id, live_span) if stored.end < as_of else {}
-    stored_days = repository.rollup_day_seconds(session, customer_id, stored.bounds)
 
     def read_live_idle() -> Mapping[str, Sequence[Span]]:
         return read_idle(inputs.gpus, live_span) if stored.end < as_of else {}
@@ -300,24 +320,21 @@ def rated_to_date(
     out = ToDate(
         rated=[],
         pieces={},
-        runs={},
-        stored_days=[DaySeconds(str(r), d, Bucket(b), s, i) for r, d, b, s, i in stored_days],
+        runs=runs_of,
+        stored_days=from_store.days,
         open_day=len(stored.days) - 1,
         live_pieces={},
         read_live_idle=read_live_idle,
     )
-    for rental in rentals:
+    period_s = period.span[1] - period.span[0]
+    for rental in inputs.rentals(customer_id):
         rid = rental.rental_id
-        bounds = rental_bounds(rental, (period.span[0], as_of))
-        mine = [a for a in inputs.assignments_of(customer_id) if a.rental_id == rid]
-        runs = session_runs(mine, bounds)
         now_pieces = live.get(rid, [])
         pieces = sorted(
-            [*from_store.get(rid, ()), *now_pieces], key=lambda p: (p.gpu_uuid, p.start)
+            [*from_store.pieces.get(rid, ()), *now_pieces], key=lambda p: (p.gpu_uuid, p.start)
         )
-        period_s = period.span[1] - period.span[0]
-        out.rated.append(rate_pieces(rental, bounds, pieces, runs, period_s))
-        out.pieces[rid], out.runs[rid], out.live_pieces[rid] = pieces, runs, now_pieces
+        out.rated.append(rate_pieces(rental, bounds_of[rid], pieces, runs_of[rid], period_s))
+        out.pieces[rid], out.live_pieces[rid] = pieces, now_pieces
     return out
 
 
@@ -395,35 +412,27 @@ def _row(customer_id: uuid.UUID, part: Part) -> dict[str, object]:
     }
 
 
-def _stored_pieces(
+@dataclass(frozen=True)
+class _FromStore:
+    pieces: dict[str, list[Piece]]  # per rental
+    days: list[DaySeconds]
+
+
+def _stored(
     session: Session,
     customer_id: uuid.UUID,
-    rentals: Sequence[RentalInput],
-    inputs: PeriodInputs,
-    period: BillingPeriod,
-    end: int,
-) -> dict[str, list[Piece]]:
-    """The stored days' pieces per rental: one summed piece per (GPU, bucket, price point)
-    where the GPU has one session in the period, downtime and other GPUs' pieces as stored."""
-    pieces: dict[str, list[Piece]] = defaultdict(list)
-    if end <= period.span[0]:
-        return pieces
-    several = _gpus_with_several_runs(rentals, inputs, customer_id, (period.span[0], end))
-    stored = repository.rollup_pieces(
-        session, customer_id, period.span[0], end, [b.value for b in DOWNTIME], several
+    bounds: Sequence[int],
+    runs_of: Mapping[str, Mapping[str, Sequence[Span]]],
+) -> _FromStore:
+    """The stored spans' pieces per rental, one summed piece per (GPU, bucket, price point)
+    where the GPU has one session to date (``runs_of``: per rental, each GPU's), downtime and
+    other GPUs' pieces as stored; and their seconds per (rental, day, bucket)."""
+    several = sorted({gpu for runs in runs_of.values() for gpu, r in runs.items() if len(r) > 1})
+    stored = repository.stored_rollups(
+        session, customer_id, bounds, [b.value for b in DOWNTIME], several
     )
-    for rid, gpu, bucket, seconds, last_end in stored:
+    pieces: dict[str, list[Piece]] = defaultdict(list)
+    for rid, gpu, bucket, seconds, last_end in stored.pieces:
         pieces[str(rid)].append(Piece(gpu, last_end - seconds, last_end, Bucket(bucket), None))
-    return pieces
-
-
-def _gpus_with_several_runs(
-    rentals: Sequence[RentalInput], inputs: PeriodInputs, customer_id: uuid.UUID, span: Span
-) -> list[str]:
-    several: set[str] = set()
-    assignments = inputs.assignments_of(customer_id)
-    for rental in rentals:
-        bounds = rental_bounds(rental, span)
-        mine = [a for a in assignments if a.rental_id == rental.rental_id]
-        several |= {gpu for gpu, runs in session_runs(mine, bounds).items() if len(runs) > 1}
-    return sorted(several)
+    days = [DaySeconds(str(r), d, Bucket(b), n, i) for r, d, b, n, i in stored.span_seconds]
+    return _FromStore(pieces, days)

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from app.core.db import Statement, lock_keys_statement
+from app.core.db import Statement, lock_keys_statement, pipelined
 from app.metering import idle, packing
 from app.metering.segments import Span
 from metering_agent.protocol import HealthEvent
@@ -74,8 +74,8 @@ def spans_by_gpu(rows: Iterable[Sequence[Any]]) -> dict[str, list[Span]]:
 
 
 def segments_near(session: Session, windows: dict[str, tuple[int, int]]) -> dict[str, list[Span]]:
-    statement, params = segments_near_statement(windows)
-    return spans_by_gpu(session.execute(statement, params))
+    [rows] = pipelined(session, [segments_near_statement(windows)])
+    return spans_by_gpu(rows)
 
 
 _SEGMENT_DELETES = text("""
@@ -292,6 +292,17 @@ def segments_between(
     return out
 
 
+_HOURS_OVERLAPPING = text("""
+SELECT gpu_uuid, hour, slots FROM (
+    SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics
+    WHERE CAST(:idle AS smallint) IS NULL OR util_min_tenths < :idle
+    UNION ALL SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics_open
+) AS m
+WHERE gpu_uuid = ANY(CAST(:u AS text[])) AND hour >= :lo AND hour < :hi
+ORDER BY gpu_uuid, hour
+""")
+
+
 def _metric_rows(
     session: Session,
     gpu_uuids: Sequence[str],
@@ -303,24 +314,14 @@ def _metric_rows(
     """(GPU, hour, packed slots as stored) of the hours overlapping ``[start, end)``, closed
     and open; with ``idle_below_tenths``, only closed hours holding a minute below that
     utilisation."""
-    rows = session.execute(
-        text("""
-        SELECT gpu_uuid, hour, slots FROM (
-            SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics
-            WHERE CAST(:idle AS smallint) IS NULL OR util_min_tenths < :idle
-            UNION ALL SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics_open
-        ) AS m
-        WHERE gpu_uuid = ANY(CAST(:u AS text[])) AND hour >= :lo AND hour < :hi
-        ORDER BY gpu_uuid, hour
-        """),
-        {
-            "u": list(gpu_uuids),
-            "lo": packing.hour_of(start),
-            "hi": end,
-            "idle": idle_below_tenths,
-        },
-    )
-    return ((gpu, hour, bytes(slots)) for gpu, hour, slots in rows)
+    params = {
+        "u": list(gpu_uuids),
+        "lo": packing.hour_of(start),
+        "hi": end,
+        "idle": idle_below_tenths,
+    }
+    [rows] = pipelined(session, [(_HOURS_OVERLAPPING, params)])  # binary: bytes, not hex
+    return rows
 
 
 def minute_rows(

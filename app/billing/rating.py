@@ -60,7 +60,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from fractions import Fraction
 from itertools import pairwise
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from app.billing.domain import (
     CREDIT_BUCKETS,
@@ -337,12 +337,7 @@ def classify_rentals(
     """Each rental's pieces over ``period`` (sorted by GPU and start) and its session runs,
     without sessions or lines: what rollups store, and the live part of a read that
     ``rate_pieces`` then rates with the stored ones."""
-    assignments_of: dict[str, list[Assignment]] = defaultdict(list)
-    for assignment in assignments:
-        assignments_of[assignment.rental_id].append(assignment)
-    migrations_of: dict[str, list[Migration]] = defaultdict(list)
-    for migration in migrations:
-        migrations_of[migration.rental_id].append(migration)
+    assignments_of, migrations_of = by_rental(assignments), by_rental(migrations)
     rentals = list(rentals)
     gpus = {a.gpu_uuid for r in rentals for a in assignments_of[r.rental_id]}
     timelines = {
@@ -355,6 +350,17 @@ def classify_rentals(
         )
         for r in rentals
     ]
+
+
+_OfRental = TypeVar("_OfRental", Assignment, Migration)
+
+
+def by_rental(items: Iterable[_OfRental]) -> defaultdict[str, list[_OfRental]]:
+    """``items`` grouped by their rental (an empty list for a rental without any)."""
+    out: defaultdict[str, list[_OfRental]] = defaultdict(list)
+    for item in items:
+        out[item.rental_id].append(item)
+    return out
 
 
 def price_at(rental: RentalInput, time: int) -> Decimal:

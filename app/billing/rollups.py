@@ -58,6 +58,7 @@ from app.billing.intervals import Span
 from app.billing.loader import BillingPeriod, PeriodInputs
 from app.billing.rating import (
     RatedRental,
+    by_rental,
     classify_rentals,
     rate_pieces,
     rental_bounds,
@@ -304,14 +305,14 @@ def rated_to_date(
     that span): the stored spans (re-rated first where stale), then the rest rated live."""
     stored = store_closed(session, customer_id, period, as_of, inputs, read_idle)
     live_span = (stored.end, as_of)
-    assignments = inputs.assignments_of(customer_id)
+    assignments_of = by_rental(inputs.assignments_of(customer_id))
     runs_of: dict[str, dict[str, list[Span]]] = {}
     bounds_of: dict[str, Span] = {}
     for rental in inputs.rentals(customer_id):
         rid = rental.rental_id
         bounds_of[rid] = rental_bounds(rental, (period.span[0], as_of))
-        runs_of[rid] = session_runs([a for a in assignments if a.rental_id == rid], bounds_of[rid])
-    from_store = _stored(session, customer_id, stored.bounds, runs_of)
+        runs_of[rid] = session_runs(assignments_of[rid], bounds_of[rid])
+    stored_pieces, stored_days = _stored(session, customer_id, stored.bounds, runs_of)
     live = _classify(inputs, customer_id, live_span) if stored.end < as_of else {}
 
     def read_live_idle() -> Mapping[str, Sequence[Span]]:
@@ -321,7 +322,7 @@ def rated_to_date(
         rated=[],
         pieces={},
         runs=runs_of,
-        stored_days=from_store.days,
+        stored_days=stored_days,
         open_day=len(stored.days) - 1,
         live_pieces={},
         read_live_idle=read_live_idle,
@@ -331,7 +332,7 @@ def rated_to_date(
         rid = rental.rental_id
         now_pieces = live.get(rid, [])
         pieces = sorted(
-            [*from_store.pieces.get(rid, ()), *now_pieces], key=lambda p: (p.gpu_uuid, p.start)
+            [*stored_pieces.get(rid, ()), *now_pieces], key=lambda p: (p.gpu_uuid, p.start)
         )
         out.rated.append(rate_pieces(rental, bounds_of[rid], pieces, runs_of[rid], period_s))
         out.pieces[rid], out.live_pieces[rid] = pieces, now_pieces
@@ -412,18 +413,12 @@ def _row(customer_id: uuid.UUID, part: Part) -> dict[str, object]:
     }
 
 
-@dataclass(frozen=True)
-class _FromStore:
-    pieces: dict[str, list[Piece]]  # per rental
-    days: list[DaySeconds]
-
-
 def _stored(
     session: Session,
     customer_id: uuid.UUID,
     bounds: Sequence[int],
     runs_of: Mapping[str, Mapping[str, Sequence[Span]]],
-) -> _FromStore:
+) -> tuple[dict[str, list[Piece]], list[DaySeconds]]:
     """The stored spans' pieces per rental, one summed piece per (GPU, bucket, price point)
     where the GPU has one session to date (``runs_of``: per rental, each GPU's), downtime and
     other GPUs' pieces as stored; and their seconds per (rental, day, bucket)."""
@@ -435,4 +430,4 @@ def _stored(
     for rid, gpu, bucket, seconds, last_end in stored.pieces:
         pieces[str(rid)].append(Piece(gpu, last_end - seconds, last_end, Bucket(bucket), None))
     days = [DaySeconds(str(r), d, Bucket(b), n, i) for r, d, b, n, i in stored.span_seconds]
-    return _FromStore(pieces, days)
+    return pieces, days

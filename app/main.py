@@ -40,6 +40,7 @@ from app.plans.endpoints import router as plans_router
 from app.rentals.endpoints import router as rentals_router
 from app.schedule.endpoints import router as schedule_router
 from app.settings import get_settings
+from app.slurm.endpoints import router as slurm_router
 from app.webhooks.endpoints import router as webhooks_router
 from app.wiring import install as install_subscribers
 from metering_agent.protocol import INGEST_PATH
@@ -64,6 +65,7 @@ ROUTERS = [
     plans_router,
     rentals_router,
     schedule_router,
+    slurm_router,
     stripe_router,
     webhooks_router,
 ]

@@ -14,6 +14,7 @@ from app.payments.models import PaymentFailure, StripeOutbox, StripeWebhookEvent
 from app.plans.models import PlanPrice, PricePlan
 from app.rentals.models import GpuAssignment, Migration, Rental
 from app.schedule.models import ScheduledRun
+from app.slurm.models import SlurmAccount, SlurmAction, SlurmJob
 from app.webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 __all__ = [
@@ -43,6 +44,9 @@ __all__ = [
     "PricePlan",
     "Rental",
     "ScheduledRun",
+    "SlurmAccount",
+    "SlurmAction",
+    "SlurmJob",
     "SparePolicy",
     "StateSegment",
     "StripeOutbox",

@@ -24,6 +24,7 @@ from app.payments.service import on_invoice_event
 from app.rentals.service import add_assign_check, add_create_check
 from app.schedule import jobs as schedule_jobs
 from app.settings import get_settings
+from app.slurm import service as slurm
 from app.webhooks import jobs as webhook_jobs
 from app.webhooks.service import on_event as deliver_to_webhooks
 
@@ -48,6 +49,11 @@ def install() -> None:
     # refused to new assignments.
     subscribe("gpu.state_changed", on_gpu_state_changed)
     add_assign_check(refuse_reserved_spare)
+    # A Slurm job's failover is carried out by the Slurm adapter; after the failover's own
+    # subscriber, so a repaired GPU's pool is settled before its node's is.
+    subscribe("failover.requested", slurm.on_failover_requested)
+    subscribe("failover.resumed", slurm.on_failover_resumed)
+    subscribe("gpu.state_changed", slurm.on_gpu_state_changed)
     add_created_hook(grant_trial_credit)
     if get_settings().nats_url:
         subscribe(ALL_TYPES, stream.queue_publication)

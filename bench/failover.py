@@ -41,13 +41,13 @@ from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.billing.lines import CREDIT_KINDS
 from app.core import migrate
+from app.core.console_client import Api
 from app.core.db import get_engine, transaction
 from app.core.epoch import from_epoch
 from app.core.local_service import free_port, wait_until_ready
 from app.core.processes import stop_child, wait_until
 from app.core.scratch_db import scratch_database, server_from_environment
 from app.demo.orchestrator import REQUESTED, Orchestrator
-from app.demo.provider import Api
 from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
 
 BIN = Path(sys.executable).parent

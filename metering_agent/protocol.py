@@ -85,6 +85,10 @@ class UsageRecord:
     power_max_w: float | None = None
     temp_max_c: int | None = None
     sm_clock_mean_mhz: int | None = None
+    # The GPU's NVML index on its node, which a scheduler's GPU numbering follows (Slurm's GRES
+    # IDX with AutoDetect=nvml or File= lines in the same order): how a job's GPU indices become
+    # UUIDs. Optional: older agents do not send it.
+    device_index: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,8 +51,10 @@ def _max(a: N | None, b: N) -> N:
 class RecordBuilder:
     """Builds the records of one GPU from per-second readings."""
 
-    def __init__(self, gpu_uuid: str, model: str, floor: int = 0) -> None:
-        self.gpu_uuid, self.model = gpu_uuid, model
+    def __init__(
+        self, gpu_uuid: str, model: str, floor: int = 0, device_index: int | None = None
+    ) -> None:
+        self.gpu_uuid, self.model, self.device_index = gpu_uuid, model, device_index
         self.floor = floor  # no record may start before this second
         self._run: _Run | None = None
         self._last_energy: tuple[int, int] | None = None  # (second, counter mJ)
@@ -97,6 +99,7 @@ class RecordBuilder:
             power_max_w=run.power_max_w,
             temp_max_c=run.temp_max,
             sm_clock_mean_mhz=run.clock_sum // run.clock_n if run.clock_n else None,
+            device_index=self.device_index,
         )
 
     def _energy_increase_j(self) -> float:

@@ -96,7 +96,7 @@ class Runner:
         if track is None:
             # Resume after the last record spooled by any earlier run: never overlap it.
             floor = self.spool.last_ends.get(r.uuid, 0)
-            track = self._tracks[r.uuid] = _Track(RecordBuilder(r.uuid, r.name, floor))
+            track = self._tracks[r.uuid] = _Track(RecordBuilder(r.uuid, r.name, floor, r.index))
             if 0 < floor < second:
                 events.append(_stopped_event(r.uuid, floor, second))
         return track

@@ -9,7 +9,7 @@ process shows the same, whole-queue figure.
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -39,6 +39,12 @@ FAILOVER_RESUME_SECONDS = Histogram(
     "First failed second to the job resumed on the spare.",
     ["datacenter", "model"],
     buckets=_FAILOVER_BUCKETS,
+)
+SLURM_JOB_PROBLEMS = Counter(
+    "gpumeter_slurm_job_problems_total",
+    "Slurm jobs that could not be attributed, once per job and cause (unknown_account, "
+    "unknown_node, unknown_gpu_index, mixed_models, rental_refused, bad_end, vanished).",
+    ["reason"],
 )
 _DEPTH = text(
     "SELECT task_name, status::text, count(*) FROM procrastinate_jobs "

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 from standardwebhooks import Webhook
 
+from app.core.console_client import Api, ApiError
 from app.core.epoch import from_epoch
-from app.demo.provider import Api, ApiError
 
 log = logging.getLogger(__name__)
 

@@ -10,42 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
-import httpx
-
+from app.core.console_client import Api
 from app.simulate.fleet import PLAN_TERMS, plan_prices
 from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
 
 GPUS_PER_NODE = 4
-
-
-class ApiError(RuntimeError):
-    pass
-
-
-class Api:
-    """An admin's calls; any unexpected status stops the demo with the service's message."""
-
-    def __init__(self, base_url: str, key: str) -> None:
-        self.client = httpx.Client(
-            base_url=base_url, headers={"Authorization": f"Bearer {key}"}, timeout=60
-        )
-
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None, **params: Any):
-        response = self.client.request(method, path, json=body, params=params or None)
-        if response.status_code >= 400:
-            raise ApiError(f"{method} {path}: {response.status_code} {response.text[:500]}")
-        return response.json()
-
-    def post(self, path: str, body: dict[str, Any] | None = None) -> Any:
-        return self.call("POST", path, body)
-
-    def get(self, path: str, **params: Any) -> Any:
-        return self.call("GET", path, **params)
-
-    def close(self) -> None:
-        self.client.close()
 
 
 @dataclass

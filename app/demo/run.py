@@ -32,13 +32,14 @@ import app.models  # noqa: F401 - registers every table, so foreign keys resolve
 from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core import migrate
+from app.core.console_client import Api
 from app.core.db import get_engine, transaction
 from app.core.epoch import epoch
 from app.core.local_service import NotReady, port_in_use, wait_until_ready
 from app.core.logging import configure_logging
 from app.demo.orchestrator import NO_SPARE, REQUESTED, Orchestrator
 from app.demo.processes import Child, Processes
-from app.demo.provider import Api, create_provider, pool_idle_gpus
+from app.demo.provider import create_provider, pool_idle_gpus
 from app.demo.summary import PeriodSummary, summarise
 from app.settings import get_settings
 from app.simulate.history import SimGpu

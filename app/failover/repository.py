@@ -47,6 +47,14 @@ def open_failover_of(session: Session, gpu_uuid: str) -> Failover | None:
     )
 
 
+def requested_for_rental(session: Session, rental_id: uuid.UUID) -> Failover | None:
+    return session.scalar(
+        select(Failover).where(
+            Failover.rental_id == rental_id, Failover.state == FailoverState.REQUESTED
+        )
+    )
+
+
 def reservations(session: Session, gpu_uuids: Collection[str]) -> dict[str, Failover]:
     """The requested failover holding each of these GPUs as its spare, if any."""
     rows = session.scalars(

@@ -350,6 +350,19 @@ def refuse_reserved_spare(session: Session, gpu: Gpu, rental: Rental) -> None:
         )
 
 
+# --- read interfaces (a scheduler's adapter) -------------------------------------------------
+
+
+def requested_for_rental(session: Session, rental_id: uuid.UUID) -> Failover | None:
+    """The rental's failover waiting for the orchestrator's answer, if any: the scheduler's
+    view of the job is in flux until it is resumed or given up."""
+    return repository.requested_for_rental(session, rental_id)
+
+
+def spare_pool_below_target(session: Session, datacenter: str, model: str) -> bool:
+    return bool(pool_counts(session, datacenter, model)["below_target"])
+
+
 # --- the spare pool ---------------------------------------------------------------------------
 
 

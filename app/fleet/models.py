@@ -38,6 +38,8 @@ class Gpu(Timestamped, Base):
     # Last health state reported by the agent ("healthy", "degraded", "failed") and when.
     last_state: Mapped[str | None] = mapped_column(String(16))
     last_seen_at: Mapped[datetime | None]
+    # Its NVML index on the node, as the agent reports it: a scheduler's GPU index -> UUID.
+    device_index: Mapped[int | None]
 
 
 class MaintenanceWindow(Timestamped, Base):

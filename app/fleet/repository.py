@@ -56,6 +56,22 @@ def gpu_served_customer(customer_id: uuid.UUID) -> Exists:
     return served(customer_id=customer_id).where(GpuAssignment.gpu_uuid == Gpu.uuid).exists()
 
 
+def gpus_of_nodes(session: Session, hostnames: Collection[str]) -> dict[str, list[Gpu]]:
+    """The nodes of these hostnames that exist, each with its GPUs (none reported: empty)."""
+    rows = session.execute(
+        select(Node.hostname, Gpu)
+        .outerjoin(Gpu, Gpu.node_id == Node.id)
+        .where(Node.hostname.in_(hostnames))
+        .order_by(Node.hostname, Gpu.uuid)
+    )
+    found: dict[str, list[Gpu]] = {}
+    for hostname, gpu in rows:
+        found.setdefault(hostname, [])
+        if gpu is not None:
+            found[hostname].append(gpu)
+    return found
+
+
 def gpus_by_uuid(session: Session, gpu_uuids: Collection[str]) -> list[Gpu]:
     return list(session.scalars(select(Gpu).where(Gpu.uuid.in_(gpu_uuids))))
 
@@ -176,9 +192,11 @@ def register_gpus(session: Session, node_id: uuid.UUID, models: dict[str, str]) 
 
 _TOUCH_GPUS = text("""
 UPDATE gpus g SET last_state = t.state, last_seen_at = to_timestamp(t.seen),
-    model = CASE WHEN g.model = 'unknown' THEN t.model ELSE g.model END
+    model = CASE WHEN g.model = 'unknown' THEN t.model ELSE g.model END,
+    device_index = COALESCE(t.device_index, g.device_index)
 FROM unnest(CAST(:u AS text[]), CAST(:m AS text[]), CAST(:s AS text[]),
-            CAST(:t AS bigint[])) AS t(uuid, model, state, seen),
+            CAST(:t AS bigint[]), CAST(:i AS integer[]))
+         AS t(uuid, model, state, seen, device_index),
      gpus before
 WHERE g.uuid = t.uuid AND before.uuid = g.uuid
   AND (g.last_seen_at IS NULL OR g.last_seen_at <= to_timestamp(t.seen))
@@ -187,16 +205,17 @@ RETURNING g.uuid, before.last_state, g.last_state, t.seen
 
 
 def touch_gpus(
-    session: Session, latest: dict[str, tuple[str, str, int]]
+    session: Session, latest: dict[str, tuple[str, str, int, int | None]]
 ) -> list[tuple[str, str | None, str, int]]:
-    """Record each GPU's latest state and time (model fills one registered from events only).
-    Returns (gpu, state before, state now, seen) for each GPU whose state changed."""
+    """Record each GPU's latest state, time and device index (model fills one registered from
+    events only). Returns (gpu, state before, state now, seen) for each GPU whose state changed."""
     gpus = list(latest)
     params = {
         "u": gpus,
         "m": [latest[g][0] for g in gpus],
         "s": [latest[g][1] for g in gpus],
         "t": [latest[g][2] for g in gpus],
+        "i": [latest[g][3] for g in gpus],
     }
     [rows] = pipelined(session, [(_TOUCH_GPUS, params)])
     return [(gpu, before, now, seen) for gpu, before, now, seen in rows if before != now]

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
@@ -130,6 +130,12 @@ def pool_sites(session: Session) -> list[tuple[str, str]]:
     return repository.pool_sites(session)
 
 
+def gpus_of_nodes(session: Session, hostnames: Collection[str]) -> dict[str, list[Gpu]]:
+    """Read interface (a scheduler's attribution): the GPUs of each node by hostname, for
+    the nodes that exist."""
+    return repository.gpus_of_nodes(session, hostnames)
+
+
 def move_to_pool(session: Session, gpu_uuid: str, pool: Pool, reason: str) -> Gpu:
     """Move a GPU to ``pool`` by a rule (a spare taken by a failover, a repaired GPU)."""
     gpu = session.get_one(Gpu, gpu_uuid)
@@ -146,7 +152,7 @@ class _IngestGpus:
         repository.register_gpus(session, node_id, models)
 
     def record_latest(
-        self, session: Session, latest: dict[str, tuple[str, str, int]]
+        self, session: Session, latest: dict[str, tuple[str, str, int, int | None]]
     ) -> list[StateChange]:
         return repository.touch_gpus(session, latest)
 

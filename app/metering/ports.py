@@ -28,7 +28,8 @@ class GpuRegistry(Protocol):
         ...
 
     def record_latest(
-        self, session: Session, latest: dict[str, tuple[str, str, int]]
+        self, session: Session, latest: dict[str, tuple[str, str, int, int | None]]
     ) -> list[StateChange]:
-        """Record each GPU's (model, state, seen) unless a later report came first; the changes."""
+        """Record each GPU's (model, state, seen, device index) unless a later report came
+        first; the changes."""
         ...

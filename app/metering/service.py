@@ -368,9 +368,9 @@ def _evidence(event: HealthEvent) -> dict[str, Any]:
     }
 
 
-def _latest(records: list[UsageRecord]) -> dict[str, tuple[str, str, int]]:
+def _latest(records: list[UsageRecord]) -> dict[str, tuple[str, str, int, int | None]]:
     latest: dict[str, UsageRecord] = {}
     for r in records:
         if r.gpu_uuid not in latest or r.end > latest[r.gpu_uuid].end:
             latest[r.gpu_uuid] = r
-    return {gpu: (r.model, str(r.state), r.end) for gpu, r in latest.items()}
+    return {gpu: (r.model, str(r.state), r.end, r.device_index) for gpu, r in latest.items()}

@@ -36,7 +36,14 @@ MAX_LENGTHS = {
     "event_id": _width(HealthEventRow.event_id),
     "rule": _width(HealthEventRow.rule),
 }
-INT32_FIELDS = ("gpu_util_max", "mem_used_max_mib", "mem_total_mib", "temp_max_c", "code")
+INT32_FIELDS = (
+    "gpu_util_max",
+    "mem_used_max_mib",
+    "mem_total_mib",
+    "temp_max_c",
+    "code",
+    "device_index",
+)
 FLOAT_FIELDS = ("gpu_util_mean", "mem_util_mean", "energy_j", "power_max_w")
 
 

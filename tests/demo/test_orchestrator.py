@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from app.core.console_client import Api
 from app.demo.orchestrator import REQUESTED, Orchestrator
-from app.demo.provider import Api
 from app.webhooks.signing import headers, new_secret
 from tests.harness import wait_for
 

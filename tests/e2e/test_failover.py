@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, expect, sync_playwright
 
+from app.core.console_client import Api
 from app.core.epoch import epoch, from_epoch
 from app.core.processes import stop_child
 from app.demo.orchestrator import Orchestrator
-from app.demo.provider import Api
 from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
 from tests.dashboard.test_browser import ARGS, CHROMIUM, SIZES, shoot
 from tests.e2e.conftest import Fleet

@@ -379,7 +379,7 @@ class FailingGroups:
         GPU_REGISTRY.register(session, node, models)
 
     def record_latest(
-        self, session: Session, latest: dict[str, tuple[str, str, int]]
+        self, session: Session, latest: dict[str, tuple[str, str, int, int | None]]
     ) -> list[StateChange]:
         if len({name.rsplit("-", 1)[0] for name in latest}) > 1:
             raise RuntimeError("injected: a group fails")

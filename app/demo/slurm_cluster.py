@@ -1,0 +1,204 @@
+"""A throwaway Slurm cluster on this host: one slurmctld and one ``slurmd -N`` per node, each
+on a free port, with a config of its own under ``directory`` (tests, the Slurm benchmark).
+
+Every node has ``gpus`` GPUs as GRES, backed by plain files (without ``File=`` a node
+registers with no GPUs and goes INVAL). Workers form the default ``gpu`` partition; the hidden
+``spares`` partition holds every node, so a failed-over job can be placed on a spare. No
+munge (``auth/none``), no accounting database: ``squeue --json --states=all`` keeps ended jobs
+for ``MinJobAge``. Every daemon runs in the foreground (``-D``) as our child and is stopped by
+its PID; ``stop`` cancels the jobs first, so no job step outlives the cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.core.local_service import free_port
+from app.core.processes import stop_child
+
+WORKER_PARTITION = "gpu"
+SPARE_PARTITION = "spares"
+START_TIMEOUT_S = 30.0
+JOBS_GONE_TIMEOUT_S = 30.0
+
+
+class SlurmNotInstalled(RuntimeError):
+    pass
+
+
+def installed() -> bool:
+    return all(shutil.which(name) for name in ("slurmctld", "slurmd", "scontrol", "squeue"))
+
+
+@dataclass
+class LocalSlurm:
+    directory: Path
+    workers: list[str]
+    spares: list[str]
+    gpus: int = 2
+    controller: subprocess.Popen[bytes] | None = None
+    daemons: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def nodes(self) -> list[str]:
+        return [*self.workers, *self.spares]
+
+    @property
+    def conf(self) -> Path:
+        return self.directory / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if not installed():
+            raise SlurmNotInstalled("Slurm is not installed: apt-get install slurm-wlm")
+        self._write_config()
+        self.start_controller()
+        for node in self.nodes:
+            self.daemons[node] = self._daemon(
+                f"slurmd-{node}", ["slurmd", "-f", str(self.conf), "-N", node, "-D"]
+            )
+        self.wait_for(lambda: self.idle_nodes() >= set(self.nodes), "every node idle")
+
+    def start_controller(self) -> None:
+        """Start slurmctld (again, after ``stop_controller``: it reloads its saved state)."""
+        self.controller = self._daemon("slurmctld", ["slurmctld", "-f", str(self.conf), "-D", "-i"])
+        self.wait_for(self.controller_answers, "slurmctld answering")
+
+    def stop_controller(self) -> None:
+        if self.controller is not None:
+            stop_child(self.controller, "slurmctld")
+            self.controller = None
+
+    def stop(self) -> None:
+        """Cancel every job and wait for their steps to end, then stop the daemons by PID."""
+        try:
+            if self.controller is not None and self.controller.poll() is None:
+                self.scontrol_ok("scancel", "--full", "--user=root")
+                self.wait_for(lambda: not self.squeue_ids(), "every job gone", JOBS_GONE_TIMEOUT_S)
+        finally:
+            for name, daemon in self.daemons.items():
+                stop_child(daemon, f"slurmd-{name}")
+            self.daemons.clear()
+            self.stop_controller()
+
+    # --- what tests look at -----------------------------------------------------------------
+
+    def run(self, *command: str) -> str:
+        done = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=15)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)}: {done.stderr.strip() or done.stdout}")
+        return done.stdout
+
+    def scontrol_ok(self, *command: str) -> bool:
+        try:
+            self.run(*command)
+        except (RuntimeError, subprocess.TimeoutExpired):
+            return False
+        return True
+
+    def controller_answers(self) -> bool:
+        return self.scontrol_ok("scontrol", "ping")
+
+    def submit(self, account: str, nodes: int, *, gpus: int | None = None) -> int:
+        """A requeueable batch job holding ``gpus`` GPUs on each of ``nodes`` nodes."""
+        out = self.run(
+            "sbatch", "--parsable", f"--nodes={nodes}", f"--gres=gpu:{gpus or self.gpus}",
+            f"--account={account}", "--requeue", "--output=/dev/null",
+            f"--chdir={self.directory}", "--wrap", "sleep 100000",
+        )  # fmt: skip
+        return int(out.strip().split(";")[0])
+
+    def squeue_ids(self) -> list[str]:
+        return self.run("squeue", "-h", "-o", "%i").split()
+
+    def idle_nodes(self) -> set[str]:
+        out = self.run("sinfo", "-h", "-N", "-p", SPARE_PARTITION, "-o", "%N %t")
+        return {line.split()[0] for line in out.splitlines() if line.split()[1] == "idle"}
+
+    def node_state(self, node: str) -> str:
+        """Slurm's long state name, e.g. "idle", "drained", "allocated"."""
+        return self.run("sinfo", "-h", "-N", "-n", node, "-p", SPARE_PARTITION, "-o", "%T").strip()
+
+    def node_reason(self, node: str) -> str:
+        """Why the node is drained or down ("" when it is neither)."""
+        return self.run("sinfo", "-h", "-R", "-n", node, "-o", "%E").strip()
+
+    def partition_nodes(self, partition: str) -> list[str]:
+        out = self.run("sinfo", "-h", "-N", "-p", partition, "-o", "%N")
+        return sorted(set(out.split()))
+
+    def wait_for(self, ready, what: str, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not ready():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"Slurm: {what} not within {timeout_s:g} s (logs: {self.directory})"
+                )
+            time.sleep(0.2)
+
+    # --- set-up -----------------------------------------------------------------------------
+
+    def _daemon(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        with (self.directory / f"{name}.out").open("ab") as out:
+            return subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+
+    def _write_config(self) -> None:
+        d = self.directory
+        for sub in ("state", "spool", "dev"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        for i in range(self.gpus):
+            (d / "dev" / f"gpu{i}").touch()
+        nodes = "\n".join(
+            f"NodeName={node} NodeHostname=localhost Port={free_port()} CPUs=2 RealMemory=1000 "
+            f"Gres=gpu:{self.gpus} State=UNKNOWN"
+            for node in self.nodes
+        )
+        self.conf.write_text(f"""\
+ClusterName=gpumeter
+SlurmctldHost=localhost
+SlurmctldPort={free_port()}
+AuthType=auth/none
+CredType=cred/none
+SlurmUser=root
+SlurmdUser=root
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool/%n
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd-%n.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+MinJobAge=3600
+JobRequeue=1
+KillWait=2
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+{nodes}
+PartitionName={WORKER_PARTITION} Nodes={",".join(self.workers)} Default=YES State=UP
+PartitionName={SPARE_PARTITION} Nodes={",".join(self.nodes)} Hidden=YES State=UP
+""")
+        (d / "gres.conf").write_text(
+            "\n".join(
+                f"NodeName={node} Name=gpu File={d}/dev/gpu[0-{self.gpus - 1}]"
+                for node in self.nodes
+            )
+            + "\n"
+        )

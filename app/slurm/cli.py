@@ -1,0 +1,95 @@
+"""``gpumeter-slurm``: the Slurm adapter, run beside slurmctld with an admin key.
+
+It talks to gpumeter over its API only (no database), so it runs on the controller host with
+nothing but the Slurm client commands and this package."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from app.core.console_client import Api
+from app.core.logging import configure_logging
+from app.slurm.adapter import Adapter, AdapterConfig
+from app.slurm.scheduler import DEFAULT_TIMEOUT_S, Slurm
+
+API_TIMEOUT_S = 10.0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="gpumeter-slurm",
+        description="Attribute Slurm jobs to gpumeter rentals and carry out gpumeter's "
+        "failovers in Slurm (drain, requeue onto the hot spare, resume). Stops on SIGTERM.",
+    )
+    p.add_argument("--server", required=True, help="gpumeter's base URL, e.g. http://meter:8000")
+    key = p.add_mutually_exclusive_group(required=True)
+    key.add_argument(
+        "--token", help="an admin API key (prefer --token-file: argv is visible to other users)"
+    )
+    key.add_argument("--token-file", type=Path, help="file holding an admin API key")
+    p.add_argument("--cluster", required=True, help="this cluster's name in gpumeter")
+    p.add_argument(
+        "--worker-partition",
+        default="gpu",
+        help="the partition customers' jobs run in; the adapter keeps gpumeter's hot spares "
+        "out of it (default: gpu)",
+    )
+    p.add_argument(
+        "--spare-partition",
+        default="spares",
+        help="a hidden partition holding every node, where a failed-over job is placed on the "
+        "spare (default: spares)",
+    )
+    p.add_argument("--slurm-conf", type=Path, help="slurm.conf (default: Slurm's own lookup)")
+    p.add_argument(
+        "--poll-interval", type=float, default=1.0, help="seconds between rounds (default: 1)"
+    )
+    p.add_argument(
+        "--resume-deadline",
+        type=float,
+        default=90.0,
+        help="seconds a failed-over job may take to run on the spare before the failover is "
+        "abandoned (default: 90; keep it below the service's reservation time to live)",
+    )
+    p.add_argument(
+        "--slurm-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds one Slurm command may take (default: {DEFAULT_TIMEOUT_S:g})",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.poll_interval <= 0 or args.resume_deadline <= 0 or args.slurm_timeout <= 0:
+        print("gpumeter-slurm: intervals, deadlines and timeouts must be > 0", file=sys.stderr)
+        return 2
+    token = args.token if args.token_file is None else args.token_file.read_text().strip()
+    configure_logging(args.log_level)
+    config = AdapterConfig(
+        cluster=args.cluster,
+        worker_partition=args.worker_partition,
+        spare_partition=args.spare_partition,
+        poll_s=args.poll_interval,
+        resume_deadline_s=args.resume_deadline,
+    )
+    api = Api(args.server, token, timeout_s=API_TIMEOUT_S)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        Adapter(api, Slurm(args.slurm_conf, args.slurm_timeout), config).run(stop)
+    finally:
+        api.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

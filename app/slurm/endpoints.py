@@ -1,0 +1,92 @@
+"""The Slurm adapter's API (admin keys: the adapter runs beside slurmctld with one)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query
+
+from app.auth.deps import Admin
+from app.core.deps import DbSession
+from app.core.pagination import Page, Paging, paginate
+from app.slurm import repository, service
+from app.slurm.models import NAME_LENGTH
+from app.slurm.schemas import (
+    AccountMapping,
+    AccountRead,
+    ActionDone,
+    ActionRead,
+    JobRead,
+    Layout,
+    SlurmName,
+    Snapshot,
+    SnapshotResult,
+)
+
+router = APIRouter(prefix="/v1/slurm", tags=["slurm"])
+AccountName = Annotated[str, Path(min_length=1, max_length=NAME_LENGTH, pattern=r"^[^\s=,]+$")]
+ClusterName = Annotated[str, Query(min_length=1, max_length=NAME_LENGTH)]
+
+
+@router.put("/accounts/{account}")
+def map_account(
+    account: AccountName, body: AccountMapping, session: DbSession, caller: Admin
+) -> AccountRead:
+    """Bill the Slurm account's jobs to this customer on this plan (from their next snapshot;
+    jobs already attributed keep their rental)."""
+    return AccountRead.model_validate(service.map_account(session, account, body, caller))
+
+
+@router.get("/accounts")
+def list_accounts(session: DbSession, _: Admin, page: Paging) -> Page[AccountRead]:
+    return paginate(session, repository.accounts_query(), page, AccountRead)
+
+
+@router.delete("/accounts/{account}", status_code=204)
+def unmap_account(account: AccountName, session: DbSession, _: Admin) -> None:
+    """The account's new jobs are no longer attributed (each is reported as unknown_account)."""
+    service.unmap_account(session, account)
+
+
+@router.post("/snapshots")
+def record_snapshot(body: Snapshot, session: DbSession, _: Admin) -> SnapshotResult:
+    """What Slurm says about its jobs now (``squeue --json --states=all``): each job holding
+    GPUs becomes or moves its rental. Idempotent; the result lists the jobs that could not be
+    attributed and why."""
+    return service.record_snapshot(session, body)
+
+
+@router.get("/jobs")
+def list_jobs(
+    session: DbSession, _: Admin, page: Paging, cluster: SlurmName | None = None
+) -> Page[JobRead]:
+    """The jobs seen holding GPUs, each with its rental or the reason it has none."""
+    return paginate(session, repository.jobs_query(cluster), page, JobRead)
+
+
+@router.get("/actions")
+def pending_actions(
+    session: DbSession, _: Admin, page: Paging, cluster: ClusterName
+) -> Page[ActionRead]:
+    """What the adapter is to do in the cluster (drain and requeue, resume), oldest first."""
+    return paginate(session, repository.pending_actions_query(cluster), page, ActionRead)
+
+
+@router.post("/actions/{action_id}/done")
+def action_done(
+    action_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
+    body: ActionDone,
+    session: DbSession,
+    _: Admin,
+) -> ActionRead:
+    return ActionRead.model_validate(service.complete_action(session, action_id, body.outcome))
+
+
+@router.get("/layout")
+def layout(
+    session: DbSession,
+    _: Admin,
+    node: Annotated[list[SlurmName], Query(max_length=10_000)],
+) -> Layout:
+    """Which of these Slurm nodes are hot spares and which serve jobs, by gpumeter's pools."""
+    return service.layout(session, node)

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection
+
+from sqlalchemy import Select, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.slurm.models import ActionKind, SlurmAccount, SlurmAction, SlurmJob
+
+
+def accounts_query() -> Select[SlurmAccount]:
+    return select(SlurmAccount).order_by(SlurmAccount.account)
+
+
+def accounts(session: Session, names: Collection[str]) -> dict[str, SlurmAccount]:
+    rows = session.scalars(select(SlurmAccount).where(SlurmAccount.account.in_(names)))
+    return {row.account: row for row in rows}
+
+
+def upsert_account(
+    session: Session, account: str, customer_id: uuid.UUID, plan_id: uuid.UUID
+) -> SlurmAccount:
+    values = {"account": account, "customer_id": customer_id, "plan_id": plan_id}
+    statement = insert(SlurmAccount).values(values)
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=[SlurmAccount.account],
+            set_={"customer_id": customer_id, "plan_id": plan_id},
+        )
+    )
+    return session.get_one(SlurmAccount, account, populate_existing=True)
+
+
+def locked_jobs(session: Session, cluster: str, job_ids: Collection[int]) -> dict[int, SlurmJob]:
+    """The cluster's known jobs among these, locked in job order (two snapshots of one cluster
+    take them one after the other, never crosswise)."""
+    rows = session.scalars(
+        select(SlurmJob)
+        .where(SlurmJob.cluster == cluster, SlurmJob.job_id.in_(job_ids))
+        .order_by(SlurmJob.job_id)
+        .with_for_update()
+    )
+    return {row.job_id: row for row in rows}
+
+
+def open_jobs_missing(session: Session, cluster: str, seen: Collection[int]) -> list[SlurmJob]:
+    """Attributed jobs not yet ended that a complete snapshot no longer lists."""
+    return list(
+        session.scalars(
+            select(SlurmJob)
+            .where(
+                SlurmJob.cluster == cluster,
+                SlurmJob.rental_id.is_not(None),
+                SlurmJob.ended_at.is_(None),
+                SlurmJob.job_id.not_in(seen),
+            )
+            .order_by(SlurmJob.job_id)
+            .with_for_update()
+        )
+    )
+
+
+def job_of_rental(session: Session, rental_id: uuid.UUID) -> SlurmJob | None:
+    return session.scalar(select(SlurmJob).where(SlurmJob.rental_id == rental_id))
+
+
+def jobs_query(cluster: str | None) -> Select[SlurmJob]:
+    query = select(SlurmJob).order_by(SlurmJob.cluster, SlurmJob.job_id)
+    return query if cluster is None else query.where(SlurmJob.cluster == cluster)
+
+
+def add_action(session: Session, action: SlurmAction) -> bool:
+    """Record the action unless its unique key (one per failover, one open repair per node)
+    says it is recorded already (an event handled twice)."""
+    try:
+        with session.begin_nested():
+            session.add(action)
+            session.flush()
+    except IntegrityError:
+        if action in session:
+            session.expunge(action)
+        return False
+    return True
+
+
+def pending_actions_query(cluster: str) -> Select[SlurmAction]:
+    return (
+        select(SlurmAction)
+        .where(SlurmAction.cluster == cluster, SlurmAction.done_at.is_(None))
+        .order_by(SlurmAction.id)
+    )
+
+
+def locked_action(session: Session, action_id: int) -> SlurmAction | None:
+    return session.scalar(select(SlurmAction).where(SlurmAction.id == action_id).with_for_update())
+
+
+def last_failover_action_on_node(session: Session, node: str) -> SlurmAction | None:
+    """The latest failover that drained this node, if gpumeter drained it at all."""
+    return session.scalar(
+        select(SlurmAction)
+        .where(SlurmAction.kind == ActionKind.FAILOVER, SlurmAction.node == node)
+        .order_by(SlurmAction.id.desc())
+        .limit(1)
+    )
+
+
+def repaired_since(session: Session, drained: SlurmAction) -> bool:
+    """Whether a repair of the drained node was asked for after that drain."""
+    found = session.scalar(
+        select(SlurmAction.id).where(
+            SlurmAction.cluster == drained.cluster,
+            SlurmAction.kind == ActionKind.REPAIR,
+            SlurmAction.node == drained.node,
+            SlurmAction.id > drained.id,
+        )
+    )
+    return found is not None

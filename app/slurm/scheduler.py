@@ -1,0 +1,177 @@
+"""Slurm through its own commands: ``squeue --json`` for job records, ``scontrol`` to drain,
+resume, requeue and place. Every call is bounded by a timeout; a controller that does not answer
+is ``SlurmUnavailable`` (the adapter skips that round), a refused command ``SlurmRefused``.
+
+Why the commands and not slurmrestd: they come with every Slurm install (slurmrestd needs its
+own daemon, JWT auth and a versioned OpenAPI plugin), and ``squeue --json`` is the same data
+parser slurmrestd uses. Its shape changed across releases (22.05's plain numbers became
+``{"set", "number"}`` objects in 23.02, ``job_state`` a list): both are read here."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.slurm.schemas import JobObservation, NodeGpus
+
+DEFAULT_TIMEOUT_S = 10.0
+# One GRES of a node's gres_detail, e.g. "gpu:2(IDX:0-1)" or "gpu:h100:1(IDX:0,2-3)".
+_GPU_INDICES = re.compile(r"(?<![\w])gpu(?::[^:(,]+)?(?::\d+)?\(IDX:([0-9,\-]*)\)")
+_NODES = re.compile(r"(?:^|\s)Nodes=(\S+)")
+
+
+class SlurmUnavailable(RuntimeError):
+    """The command did not answer in time, or slurmctld is not reachable."""
+
+
+class SlurmRefused(RuntimeError):
+    """Slurm answered and refused the command (its message says why)."""
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """A job as ``squeue --json`` shows it, with what the adapter acts on."""
+
+    observation: JobObservation
+    partition: str
+
+    @property
+    def job_id(self) -> int:
+        return self.observation.job_id
+
+    @property
+    def state(self) -> str:
+        return self.observation.state
+
+    @property
+    def restarts(self) -> int:
+        return self.observation.restarts
+
+    @property
+    def nodes(self) -> list[str]:
+        return [held.node for held in self.observation.allocation]
+
+
+class Slurm:
+    def __init__(self, conf: Path | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.env = {**os.environ, **({"SLURM_CONF": str(conf)} if conf is not None else {})}
+        self.timeout_s = timeout_s
+
+    def run(self, *command: str) -> str:
+        try:
+            done = subprocess.run(
+                command, env=self.env, capture_output=True, text=True, timeout=self.timeout_s
+            )
+        except subprocess.TimeoutExpired:
+            raise SlurmUnavailable(f"{command[0]} did not answer in {self.timeout_s:g} s") from None
+        except FileNotFoundError:
+            raise SlurmUnavailable(
+                f"{command[0]} is not installed (apt-get install slurm-client)"
+            ) from None
+        if done.returncode != 0:
+            message = (done.stderr or done.stdout).strip()
+            error = SlurmUnavailable if _unreachable(message) else SlurmRefused
+            raise error(f"{' '.join(command[:3])}: {message[:500]}")
+        return done.stdout
+
+    # --- jobs -------------------------------------------------------------------------------
+
+    def jobs(self, job_id: int | None = None) -> list[SlurmJob]:
+        """Every job slurmctld holds (running, pending and, for MinJobAge, ended)."""
+        which = ["--jobs", str(job_id)] if job_id is not None else []
+        document = json.loads(self.run("squeue", "--json", "--states=all", *which))
+        return [parse_job(job) for job in document.get("jobs", [])]
+
+    def requeue(self, job_id: int) -> None:
+        self.run("scontrol", "requeue", str(job_id))
+
+    def place(self, job_id: int, partition: str, nodes: list[str]) -> None:
+        """Make a pending job run on exactly these nodes, in ``partition``, now (a requeue
+        sets its begin time about two minutes ahead)."""
+        self.run(
+            "scontrol", "update", f"JobId={job_id}", f"Partition={partition}",
+            f"ReqNodeList={','.join(nodes)}", "StartTime=now",
+        )  # fmt: skip
+
+    # --- nodes and partitions ---------------------------------------------------------------
+
+    def drain(self, node: str, reason: str) -> None:
+        self.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+    def resume(self, node: str) -> None:
+        """Back in service; a node that is not drained (resumed already) is left as it is."""
+        try:
+            self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+        except SlurmRefused as refused:
+            if "Invalid node state specified" not in str(refused):
+                raise
+
+    def partition_nodes(self, partition: str) -> list[str]:
+        found = _NODES.search(self.run("scontrol", "show", "partition", partition, "--oneliner"))
+        if found is None or found.group(1) == "(null)":
+            return []
+        return self.run("scontrol", "show", "hostnames", found.group(1)).split()
+
+    def set_partition_nodes(self, partition: str, nodes: list[str]) -> None:
+        self.run("scontrol", "update", f"PartitionName={partition}", f"Nodes={','.join(nodes)}")
+
+
+def _unreachable(message: str) -> bool:
+    return any(
+        sign in message
+        for sign in ("Unable to contact slurm controller", "Socket timed out", "Connection refused")
+    )
+
+
+def parse_job(job: Mapping[str, Any]) -> SlurmJob:
+    state = job.get("job_state")
+    state = state[0] if isinstance(state, list) and state else state
+    observation = JobObservation(
+        job_id=int(_number(job["job_id"]) or 0),
+        account=str(job.get("account") or "(none)"),
+        state=str(state or "UNKNOWN"),
+        restarts=int(_number(job.get("restart_cnt")) or 0),
+        submit_time=int(_number(job.get("submit_time")) or 0),
+        start_time=_number(job.get("start_time")) or None,
+        end_time=_number(job.get("end_time")) or None,
+        allocation=allocation(job),
+    )
+    return SlurmJob(observation, str(job.get("partition") or ""))
+
+
+def allocation(job: Mapping[str, Any]) -> list[NodeGpus]:
+    """Node by node, the GPU indices the job holds: ``gres_detail`` lists one entry per
+    allocated node, in the order of ``job_resources.allocated_nodes``."""
+    resources = job.get("job_resources") or {}
+    nodes = [str(n["nodename"]) for n in resources.get("allocated_nodes") or [] if "nodename" in n]
+    details = job.get("gres_detail") or []
+    held = []
+    for node, detail in zip(nodes, details, strict=False):
+        indices = [
+            i
+            for gres in _GPU_INDICES.finditer(str(detail))
+            for part in gres.group(1).split(",")
+            if part
+            for i in _span(part)
+        ]
+        if indices:
+            held.append(NodeGpus(node=node, gpu_indices=indices))
+    return held
+
+
+def _span(part: str) -> range:
+    first, _, last = part.partition("-")
+    return range(int(first), int(last or first) + 1)
+
+
+def _number(value: Any) -> int | None:
+    """22.05 gives a plain number; 23.02 on an object ``{"set": bool, "number": n}``."""
+    if isinstance(value, dict):
+        return int(value["number"]) if value.get("set") else None
+    return None if value is None else int(value)

@@ -1,0 +1,131 @@
+"""The Slurm adapter's API: account mappings, job snapshots, and the actions it carries out.
+
+A snapshot is what ``squeue --json --states=all`` says about every job at one moment, reduced
+to what attribution needs; times are Slurm's own epoch seconds."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated
+
+from pydantic import Field
+
+from app.core.schemas import Schema
+from app.slurm.models import NAME_LENGTH, ActionKind
+
+SlurmName = Annotated[str, Field(min_length=1, max_length=NAME_LENGTH, pattern=r"^[^\s=,]+$")]
+EpochSecond = Annotated[int, Field(ge=0, le=2**33)]  # until the year 2242
+# Slurm's job states (squeue --json's job_state) that hold their nodes, and those that wait.
+RUNNING_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "STOPPED", "RESIZING"})
+PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"})
+MAX_JOBS = 20_000  # a snapshot's jobs: Slurm's default MaxJobCount is 10,000
+MAX_NODES_PER_JOB = 4_096
+
+
+class AccountMapping(Schema):
+    customer_id: uuid.UUID
+    plan_id: uuid.UUID
+
+
+class AccountRead(AccountMapping):
+    account: str
+    created_at: datetime
+
+
+class NodeGpus(Schema):
+    """The GPUs a job holds on one node: Slurm's GRES indices (``gpu:2(IDX:0-1)``)."""
+
+    node: SlurmName
+    gpu_indices: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(max_length=1024)
+
+
+class JobObservation(Schema):
+    job_id: int = Field(ge=1, le=2**63 - 1)
+    account: SlurmName
+    state: str = Field(min_length=1, max_length=32, description="Slurm's job state, e.g. RUNNING")
+    restarts: int = Field(ge=0, le=2**31 - 1, description="Slurm's restart_cnt (requeues)")
+    submit_time: EpochSecond = Field(description="a requeue sets it: the previous run's end")
+    start_time: EpochSecond | None = None
+    end_time: EpochSecond | None = Field(default=None, description="set once the job ended")
+    allocation: list[NodeGpus] = Field(default_factory=list, max_length=MAX_NODES_PER_JOB)
+
+
+def requeue_settling(job: JobObservation, known_restarts: int) -> bool:
+    """Requeued and still COMPLETING its last run: its restart count is already the new one,
+    its submit time (the run's end) not yet, and its end time is a guess. Wait a round."""
+    return job.restarts > known_restarts and job.state == "COMPLETING"
+
+
+def ended(job: JobObservation) -> bool:
+    """Done for good (completed, cancelled, failed, timed out, ...), with its end time."""
+    return (
+        job.end_time is not None
+        and job.state not in RUNNING_STATES
+        and job.state not in PENDING_STATES
+    )
+
+
+class Snapshot(Schema):
+    cluster: SlurmName
+    taken_at: EpochSecond
+    jobs: list[JobObservation] = Field(max_length=MAX_JOBS)
+    complete: bool = Field(
+        default=True,
+        description="every job Slurm knows is listed: an attributed job missing from it ended "
+        "unseen (it aged out of slurmctld) and is ended at the last second it was seen",
+    )
+
+
+class JobProblem(Schema):
+    job_id: int
+    reason: str  # unknown_account, unknown_node, unknown_gpu_index, mixed_models, ...
+    detail: str
+
+
+class SnapshotResult(Schema):
+    attributed: int  # jobs whose rental changed (began, moved, requeued or ended)
+    unchanged: int
+    deferred: int  # a failover of the job is under way: attributed once it is resumed
+    problems: list[JobProblem]
+
+
+class ActionRead(Schema):
+    id: int
+    kind: ActionKind
+    cluster: str
+    node: str
+    failover_id: uuid.UUID | None
+    job_id: int | None
+    spare_node: str | None
+    nodes_after: list[str]
+    restarts_before: int | None
+    reason: str
+    created_at: datetime
+    done_at: datetime | None
+    outcome: str | None
+
+
+class ActionDone(Schema):
+    outcome: str = Field(min_length=1, max_length=500)
+
+
+class Layout(Schema):
+    """Which Slurm nodes are hot spares (every GPU in the spare pool) and which serve jobs."""
+
+    spare_nodes: list[str]
+    worker_nodes: list[str]
+
+
+class JobRead(Schema):
+    cluster: str
+    job_id: int
+    account: str
+    rental_id: uuid.UUID | None
+    state: str
+    restarts: int
+    run_start_at: datetime | None
+    nodes: list[str]
+    last_seen_at: datetime
+    ended_at: datetime | None
+    problem: str | None

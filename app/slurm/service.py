@@ -1,0 +1,461 @@
+"""Slurm in the loop: jobs become rentals, failovers become scheduler actions.
+
+Attribution is from Slurm's own job records, which the adapter sends as snapshots
+(``squeue --json --states=all``, which lists running jobs and, for ``MinJobAge``, ended ones).
+A snapshot is idempotent, so a repeated or late one changes nothing and a missed poll is caught
+up by the next: a job's run is identified by Slurm's restart count, a higher count is a requeue
+whose ``submit_time`` is the second the previous run ended, and an ended job carries its end.
+Each GPU a job holds is named by node and GRES index; the agent reports each GPU's device
+index, which is how an index becomes a UUID. A job that cannot be attributed (an account
+mapped to no customer, a node no agent reports, an index with no UUID, a rental the rules
+refuse) is kept with its reason, counted, logged and published once as
+``slurm.job_unattributed``, and attributed by the first snapshot after the cause is fixed.
+
+A failover of a Slurm job's GPU becomes a ``failover`` action (drain the failed node, requeue
+the job onto the spare's node); while it is under way the job's snapshots are deferred, so the
+migration the adapter reports (``resumed``) and the requeue's new run never contradict each
+other. A failed GPU healthy again on a node gpumeter drained becomes a ``repair`` action.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sqlalchemy.orm import Session
+
+from app.auth.service import Principal
+from app.core.epoch import from_epoch
+from app.core.errors import ApiError, Unprocessable, not_found
+from app.core.metrics import SLURM_JOB_PROBLEMS
+from app.customers import service as customers
+from app.events.models import DomainEvent
+from app.events.service import publish
+from app.failover import service as failover
+from app.fleet import service as fleet
+from app.fleet.models import Gpu, Pool
+from app.plans import service as plans
+from app.rentals import service as rentals
+from app.rentals.models import Rental
+from app.rentals.schemas import AssignmentCreate, RentalCreate
+from app.slurm import repository
+from app.slurm.models import ActionKind, SlurmAccount, SlurmAction, SlurmJob
+from app.slurm.schemas import (
+    RUNNING_STATES,
+    AccountMapping,
+    JobObservation,
+    JobProblem,
+    Layout,
+    NodeGpus,
+    Snapshot,
+    SnapshotResult,
+    ended,
+    requeue_settling,
+)
+
+log = logging.getLogger(__name__)
+
+REASON_LENGTH = 500
+
+
+# --- account mappings -------------------------------------------------------------------------
+
+
+def map_account(
+    session: Session, account: str, data: AccountMapping, principal: Principal
+) -> SlurmAccount:
+    """Bill the account's jobs to this customer on this plan (checked now, not at the first
+    job: a wrong mapping is a 4xx here, not a problem later)."""
+    customer = customers.get_customer(session, data.customer_id, principal)
+    plan = plans.get_plan(session, data.plan_id, principal)
+    if plan.currency != customer.currency:
+        raise Unprocessable(
+            f"plan {plan.name!r} is priced in {plan.currency} but customer {customer.name!r} is "
+            f"billed in {customer.currency}",
+            ("body", "plan_id"),
+        )
+    return repository.upsert_account(session, account, customer.id, plan.id)
+
+
+def unmap_account(session: Session, account: str) -> None:
+    row = session.get(SlurmAccount, account)
+    if row is None:
+        raise not_found("Slurm account", account, ("path", "account"))
+    session.delete(row)
+    session.flush()
+
+
+# --- attribution ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Snapshot:
+    """One snapshot's lookups, read once for all its jobs."""
+
+    cluster: str
+    now: datetime
+    accounts: dict[str, SlurmAccount]
+    nodes: dict[str, list[Gpu]]
+    attributed: int = 0
+    unchanged: int = 0
+    deferred: int = 0
+    problems: list[JobProblem] = field(default_factory=list)
+
+
+class _Unattributable(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason, self.detail = reason, detail
+
+
+def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
+    ids = [job.job_id for job in snapshot.jobs]
+    known = repository.locked_jobs(session, snapshot.cluster, ids)
+    context = _Snapshot(
+        cluster=snapshot.cluster,
+        now=from_epoch(snapshot.taken_at),
+        accounts=repository.accounts(session, {job.account for job in snapshot.jobs}),
+        nodes=fleet.gpus_of_nodes(
+            session, {a.node for job in snapshot.jobs for a in job.allocation}
+        ),
+    )
+    for job in snapshot.jobs:
+        _observe(session, context, known.get(job.job_id), job)
+    if snapshot.complete:
+        for row in repository.open_jobs_missing(session, snapshot.cluster, ids):
+            _vanished(session, context, row)
+    return SnapshotResult(
+        attributed=context.attributed,
+        unchanged=context.unchanged,
+        deferred=context.deferred,
+        problems=context.problems,
+    )
+
+
+def _observe(session: Session, ctx: _Snapshot, row: SlurmJob | None, job: JobObservation) -> None:
+    if row is None:
+        if not job.allocation or job.start_time is None:
+            ctx.unchanged += 1  # holds no GPUs, or has not run yet
+            return
+        row = SlurmJob(
+            cluster=ctx.cluster, job_id=job.job_id, account=job.account, state=job.state,
+            restarts=job.restarts, nodes=[], last_seen_at=ctx.now,
+        )  # fmt: skip
+        session.add(row)
+    if row.ended_at is not None:
+        ctx.unchanged += 1
+        return
+    row.state, row.last_seen_at = job.state, max(row.last_seen_at, ctx.now)
+    try:
+        with session.begin_nested():
+            changed = _attribute(session, ctx, row, job)
+    except _Unattributable as problem:
+        _record_problem(session, ctx, row, problem)
+        return
+    except _Deferred:
+        ctx.deferred += 1
+        return
+    row.problem = None
+    if changed:
+        ctx.attributed += 1
+    else:
+        ctx.unchanged += 1
+
+
+class _Deferred(Exception):
+    """A failover of the job is under way."""
+
+
+def _attribute(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservation) -> bool:
+    """Bring the job's rental in line with what Slurm says; whether anything changed."""
+    if row.rental_id is None:
+        return _first_run(session, ctx, row, job)
+    rental = rentals.rental_by_id(session, row.rental_id)
+    if failover.requested_for_rental(session, rental.id) is not None:
+        raise _Deferred
+    if requeue_settling(job, row.restarts):
+        return False
+    changed = False
+    if job.restarts > row.restarts:
+        # Requeued since the run last attributed: that run ended at the requeue.
+        changed |= _end_open(session, rental, from_epoch(job.submit_time))
+        row.restarts, row.run_start_at, row.nodes = job.restarts, None, []
+    if ended(job):
+        assert job.end_time is not None
+        changed |= _end_rental(session, rental, from_epoch(job.end_time))
+        row.ended_at = from_epoch(job.end_time)
+        return True
+    if job.state in RUNNING_STATES and job.start_time is not None:
+        changed |= _follow_run(session, ctx, row, rental, job)
+    return changed
+
+
+def _first_run(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservation) -> bool:
+    if job.start_time is None or not job.allocation:
+        return False  # requeued before it was ever attributed: wait for its next run
+    mapping = ctx.accounts.get(job.account)
+    if mapping is None:
+        raise _Unattributable(
+            "unknown_account",
+            f"Slurm account {job.account!r} is mapped to no customer: "
+            f"PUT /v1/slurm/accounts/{job.account} with its customer_id and plan_id",
+        )
+    gpus = _gpus(ctx, job.allocation)
+    models = sorted({gpu.model for gpu in gpus})
+    if len(models) != 1:
+        raise _Unattributable("mixed_models", f"the job holds GPUs of several models: {models}")
+    start = from_epoch(job.start_time)
+    end = from_epoch(job.end_time) if ended(job) and job.end_time is not None else None
+    if end is not None and end <= start:
+        row.ended_at = end  # ran for no whole second: nothing to bill
+        return False
+    body = RentalCreate(
+        customer_id=mapping.customer_id, plan_id=mapping.plan_id, gpu_model=models[0],
+        gpu_count=len(gpus), start_at=start, end_at=end,
+    )  # fmt: skip
+    try:
+        rental = rentals.create_rental(session, body)
+        for gpu in gpus:
+            rentals.assign_gpu(session, rental, AssignmentCreate(gpu_uuid=gpu.uuid, start_at=start))
+    except ApiError as refused:
+        raise _Unattributable("rental_refused", str(refused)) from None
+    row.rental_id, row.restarts, row.run_start_at = rental.id, job.restarts, start
+    row.nodes = [a.node for a in job.allocation]
+    row.ended_at = end
+    return True
+
+
+def _follow_run(
+    session: Session, ctx: _Snapshot, row: SlurmJob, rental: Rental, job: JobObservation
+) -> bool:
+    """The run Slurm reports holds exactly its GPUs: new ones from the run's start (or, added
+    to a run already attributed, from now), ones it let go end now."""
+    assert job.start_time is not None
+    start = from_epoch(job.start_time)
+    new_run = row.run_start_at != start
+    gpus = {gpu.uuid for gpu in _gpus(ctx, job.allocation)}
+    held = {a.gpu_uuid: a for a in rental.assignments if a.end_at is None}
+    changed = False
+    for gone in sorted(held.keys() - gpus):
+        if held[gone].start_at < ctx.now:
+            rentals.end_assignment(session, rental, held[gone].id, ctx.now)
+            changed = True
+    for gpu_uuid in sorted(gpus - held.keys()):
+        since = start if new_run else ctx.now
+        rentals.assign_gpu(session, rental, AssignmentCreate(gpu_uuid=gpu_uuid, start_at=since))
+        changed = True
+    row.run_start_at, row.nodes = start, [a.node for a in job.allocation]
+    return changed
+
+
+def _gpus(ctx: _Snapshot, allocation: list[NodeGpus]) -> list[Gpu]:
+    """The GPUs Slurm gave the job, by node and GRES index."""
+    found: list[Gpu] = []
+    for held in allocation:
+        gpus = ctx.nodes.get(held.node)
+        if not gpus:
+            why = "is not a gpumeter node" if gpus is None else "has reported no GPUs"
+            raise _Unattributable(
+                "unknown_node",
+                f"node {held.node!r} {why}: register it (POST /v1/nodes, hostname = its Slurm "
+                "NodeName) and run gpumeter-agent on it",
+            )
+        by_index = {gpu.device_index: gpu for gpu in gpus if gpu.device_index is not None}
+        missing = [i for i in held.gpu_indices if i not in by_index]
+        if missing:
+            raise _Unattributable(
+                "unknown_gpu_index",
+                f"node {held.node!r} GPU index(es) {missing} have no reported UUID (reported: "
+                f"{sorted(by_index)}); the agent reports device indices since protocol 1.1",
+            )
+        found += [by_index[i] for i in held.gpu_indices]
+    return found
+
+
+def _end_open(session: Session, rental: Rental, at: datetime) -> bool:
+    """End the rental's open assignments that began before ``at`` there (a spare's that a
+    failover opened at the next run's start stays)."""
+    ending = [a for a in rental.assignments if a.end_at is None and a.start_at < at]
+    for assignment in ending:
+        rentals.end_assignment(session, rental, assignment.id, at)
+    return bool(ending)
+
+
+def _end_rental(session: Session, rental: Rental, at: datetime) -> bool:
+    if rental.end_at is not None:
+        return False
+    if at <= rental.start_at:
+        raise _Unattributable("bad_end", f"the job ended at {at.isoformat()}, before it began")
+    try:
+        rentals.end_rental(session, rental, at)
+    except ApiError as refused:
+        raise _Unattributable("rental_refused", str(refused)) from None
+    return True
+
+
+def _vanished(session: Session, ctx: _Snapshot, row: SlurmJob) -> None:
+    """An attributed job no longer in Slurm's records ended unseen (slurmctld forgot it after
+    MinJobAge): it ends at the last second it was seen, and that is reported."""
+    assert row.rental_id is not None
+    rental = rentals.rental_by_id(session, row.rental_id)
+    if failover.requested_for_rental(session, rental.id) is not None:
+        ctx.deferred += 1
+        return
+    at = row.last_seen_at
+    try:
+        with session.begin_nested():
+            _end_rental(session, rental, at)
+    except _Unattributable as problem:
+        _record_problem(session, ctx, row, problem)
+        return
+    row.ended_at = at
+    _record_problem(
+        session, ctx, row,
+        _Unattributable(
+            "vanished",
+            f"job {row.job_id} left Slurm's records unseen; ended at {at.isoformat()}, the last "
+            "second it was seen (raise MinJobAge above the adapter's longest outage)",
+        ),
+    )  # fmt: skip
+
+
+def _record_problem(
+    session: Session, ctx: _Snapshot, row: SlurmJob, problem: _Unattributable
+) -> None:
+    """Listed in every snapshot's result; counted, logged and published once per cause."""
+    ctx.problems.append(JobProblem(job_id=row.job_id, reason=problem.reason, detail=problem.detail))
+    text = f"{problem.reason}: {problem.detail}"[:REASON_LENGTH]
+    if row.problem == text:
+        return
+    row.problem = text
+    SLURM_JOB_PROBLEMS.labels(problem.reason).inc()
+    log.warning(
+        "slurm_job_unattributed",
+        extra={"cluster": row.cluster, "job_id": row.job_id, "reason": problem.reason,
+               "detail": problem.detail},
+    )  # fmt: skip
+    session.flush()
+    publish(
+        session,
+        "slurm.job_unattributed",
+        {"cluster": row.cluster, "job_id": row.job_id, "account": row.account,
+         "reason": problem.reason, "detail": problem.detail, "rental_id": row.rental_id},
+        subject=f"slurm/{row.cluster}/{row.job_id}",
+    )  # fmt: skip
+
+
+# --- failovers and repairs (subscribers, in the publishing transaction) ------------------------
+
+
+def on_failover_requested(session: Session, event: DomainEvent) -> None:
+    """A spare is reserved for a Slurm job's failed GPU: ask the adapter to drain the failed
+    node and requeue the job onto the spare's node (with the job's other nodes)."""
+    data = event.data
+    job = repository.job_of_rental(session, uuid.UUID(data["rental_id"]))
+    failed = fleet.gpu_site(session, data["failed_gpu_uuid"])
+    spare = fleet.gpu_site(session, data["spare_gpu_uuid"])
+    if job is None or job.ended_at is not None or failed is None or spare is None:
+        return
+    failed_node, spare_node = failed[1].hostname, spare[1].hostname
+    action = SlurmAction(
+        kind=ActionKind.FAILOVER,
+        cluster=job.cluster,
+        node=failed_node,
+        failover_id=uuid.UUID(data["failover_id"]),
+        job_id=job.job_id,
+        spare_node=spare_node,
+        nodes_after=sorted((set(job.nodes) - {failed_node}) | {spare_node}),
+        restarts_before=job.restarts,
+        reason=drain_reason(failed[0], data["failover_id"], data["evidence"]),
+    )
+    repository.add_action(session, action)
+
+
+def drain_reason(gpu: Gpu, failover_id: str, evidence: list[dict]) -> str:
+    """What ``sinfo -R`` shows: gpumeter's evidence, in Slurm's one-line reason."""
+    causes = [
+        " ".join(str(part) for part in (e.get("kind"), e.get("code"), e.get("rule")) if part)
+        for e in evidence
+    ]
+    index = "?" if gpu.device_index is None else gpu.device_index
+    cause = "; ".join(dict.fromkeys(c for c in causes if c)) or "failed"
+    return f"gpumeter: GPU {index} ({gpu.uuid}) {cause}; failover {failover_id}"[:REASON_LENGTH]
+
+
+def on_failover_resumed(session: Session, event: DomainEvent) -> None:
+    """The job runs on the spare's node: Slurm moves whole nodes, so the node's other spares
+    serve the job too and leave the spare pool with the one the failover took."""
+    data = event.data
+    if repository.job_of_rental(session, uuid.UUID(data["rental_id"])) is None:
+        return
+    site = fleet.gpu_site(session, data["spare_gpu_uuid"])
+    if site is None:
+        return
+    for gpu in fleet.gpus_of_nodes(session, [site[1].hostname]).get(site[1].hostname, []):
+        if gpu.pool == Pool.SPARE:
+            fleet.move_to_pool(
+                session, gpu.uuid, Pool.RENTABLE, f"its node {site[1].hostname} serves a Slurm job"
+            )
+
+
+def on_gpu_state_changed(session: Session, event: DomainEvent) -> None:
+    """A GPU healthy again on a node gpumeter drained, with no GPU of it still failed: the
+    node is resumed; if its spare pool is short (or the repaired GPU joined it), the whole
+    node becomes a hot spare, as the spare it replaced was."""
+    if event.data["to_state"] != "healthy":
+        return
+    site = fleet.gpu_site(session, event.data["gpu_uuid"])
+    if site is None:
+        return
+    gpu, node = site
+    drained = repository.last_failover_action_on_node(session, node.hostname)
+    if drained is None or repository.repaired_since(session, drained):
+        return
+    gpus = fleet.gpus_of_nodes(session, [node.hostname])[node.hostname]
+    if any(g.last_state == "failed" for g in gpus):
+        return
+    repair = SlurmAction(
+        kind=ActionKind.REPAIR,
+        cluster=drained.cluster,
+        node=node.hostname,
+        reason=f"gpumeter: GPU {gpu.uuid} healthy again",
+    )
+    if not repository.add_action(session, repair):
+        return
+    short = failover.spare_pool_below_target(session, node.datacenter, gpu.model)
+    if short or any(g.pool == Pool.SPARE for g in gpus):
+        now = datetime.now(UTC)
+        for g in gpus:
+            if g.pool == Pool.RENTABLE and rentals.holder_at(session, g.uuid, now) is None:
+                fleet.move_to_pool(session, g.uuid, Pool.SPARE, "repaired: its node is a spare")
+
+
+# --- the adapter's actions and layout ---------------------------------------------------------
+
+
+def complete_action(session: Session, action_id: int, outcome: str) -> SlurmAction:
+    """The adapter did it (or gave it up, saying why); done again changes nothing."""
+    action = repository.locked_action(session, action_id)
+    if action is None:
+        raise not_found("Slurm action", action_id, ("path", "action_id"))
+    if action.done_at is None:
+        action.done_at, action.outcome = datetime.now(UTC), outcome
+        session.flush()
+    return action
+
+
+def layout(session: Session, nodes: list[str]) -> Layout:
+    """Of these Slurm nodes, the hot spares (every GPU in the spare pool) and the rest that
+    gpumeter knows; nodes it does not know are in neither list."""
+    known = fleet.gpus_of_nodes(session, nodes)
+    spares = sorted(
+        n for n, gpus in known.items() if gpus and all(g.pool == Pool.SPARE for g in gpus)
+    )
+    workers = sorted(n for n, gpus in known.items() if gpus and n not in spares)
+    return Layout(spare_nodes=spares, worker_nodes=workers)
+
+
+def _all_spare(gpus: list[Gpu]) -> bool:
+    return all(gpu.pool == Pool.SPARE for gpu in gpus)

@@ -12,6 +12,7 @@ its PID; ``stop`` cancels the jobs first, so no job step outlives the cluster.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -126,8 +127,10 @@ class LocalSlurm:
         return {line.split()[0] for line in out.splitlines() if line.split()[1] == "idle"}
 
     def node_state(self, node: str) -> str:
-        """Slurm's long state name, e.g. "idle", "drained", "allocated"."""
-        return self.run("sinfo", "-h", "-N", "-n", node, "-p", SPARE_PARTITION, "-o", "%T").strip()
+        """The node's state as scontrol shows it, e.g. "IDLE", "IDLE+DRAIN", "MIXED"."""
+        shown = self.run("scontrol", "show", "node", node, "--oneliner")
+        found = re.search(r"\bState=(\S+)", shown)
+        return "" if found is None else found.group(1)
 
     def node_reason(self, node: str) -> str:
         """Why the node is drained or down ("" when it is neither)."""

@@ -130,7 +130,8 @@ class Adapter:
             self.slurm.requeue(job_id)
             job = self._settled(job_id, before)
         if job.restarts > before and job.state in PENDING_STATES:
-            self.slurm.place(job_id, self.config.spare_partition, action["nodes_after"])
+            if job.partition != self.config.spare_partition:  # placed once, not pushed back
+                self.slurm.place(job_id, self.config.spare_partition, action["nodes_after"])
         elif job.restarts > before and job.state in RUNNING_STATES:
             if action["spare_node"] in job.nodes and job.observation.start_time is not None:
                 return self._resumed(action, job.observation.start_time)

@@ -6,6 +6,7 @@ nothing but the Slurm client commands and this package."""
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
@@ -73,6 +74,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     token = args.token if args.token_file is None else args.token_file.read_text().strip()
     configure_logging(args.log_level)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per call, every round
     config = AdapterConfig(
         cluster=args.cluster,
         worker_partition=args.worker_partition,

@@ -21,6 +21,7 @@ from typing import Any
 from app.slurm.schemas import JobObservation, NodeGpus
 
 DEFAULT_TIMEOUT_S = 10.0
+RESTART_DELAY_S = 2
 # One GRES of a node's gres_detail, e.g. "gpu:2(IDX:0-1)" or "gpu:h100:1(IDX:0,2-3)".
 _GPU_INDICES = re.compile(r"(?<![\w])gpu(?::[^:(,]+)?(?::\d+)?\(IDX:([0-9,\-]*)\)")
 _NODES = re.compile(r"(?:^|\s)Nodes=(\S+)")
@@ -86,17 +87,22 @@ class Slurm:
         """Every job slurmctld holds (running, pending and, for MinJobAge, ended)."""
         which = ["--jobs", str(job_id)] if job_id is not None else []
         document = json.loads(self.run("squeue", "--json", "--states=all", *which))
+        if errors := document.get("errors"):
+            # slurmctld down: exit status 0, no jobs and an error; never "no jobs".
+            raise SlurmUnavailable(f"squeue: {json.dumps(errors)[:500]}")
         return [parse_job(job) for job in document.get("jobs", [])]
 
     def requeue(self, job_id: int) -> None:
         self.run("scontrol", "requeue", str(job_id))
 
     def place(self, job_id: int, partition: str, nodes: list[str]) -> None:
-        """Make a pending job run on exactly these nodes, in ``partition``, now (a requeue
-        sets its begin time about two minutes ahead)."""
+        """Make a pending job run on exactly these nodes, in ``partition``, in two seconds. A
+        requeue sets its begin time about two minutes ahead; not the same second either: a
+        run started in the second its previous run's credential was revoked is killed ("Job
+        credential revoked")."""
         self.run(
             "scontrol", "update", f"JobId={job_id}", f"Partition={partition}",
-            f"ReqNodeList={','.join(nodes)}", "StartTime=now",
+            f"ReqNodeList={','.join(nodes)}", f"StartTime=now+{RESTART_DELAY_S}",
         )  # fmt: skip
 
     # --- nodes and partitions ---------------------------------------------------------------

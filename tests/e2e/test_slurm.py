@@ -1,0 +1,232 @@
+"""The failure loop on a real Slurm: slurmctld and three ``slurmd -N`` (n1, n2 workers, n3 the
+hot spare) on this host, a real service and worker, real agents simulating each node's two GPUs,
+and the real adapter (``gpumeter-slurm``). A two-node job runs on n1 + n2; n1's GPU 0 falls off
+the bus (XID 79); the adapter drains n1 with the evidence as its reason and requeues the job
+onto n2 + n3; the invoice credits exactly resumed - failed seconds; the rental's assignments
+are what Slurm says ran where, to the second. The second test restarts slurmctld while the
+failover is under way: nothing is lost or done twice.
+
+Slurm comes from ``apt-get install slurm-wlm`` (``.ci/run`` installs it); without it these
+tests skip, except in CI, where they fail."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.core.console_client import Api
+from app.core.epoch import epoch, from_epoch
+from app.core.processes import stop_child
+from app.demo.slurm_cluster import SPARE_PARTITION, WORKER_PARTITION, LocalSlurm, installed
+from app.slurm.scheduler import Slurm, SlurmJob
+from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
+from tests.e2e.conftest import BIN, Fleet
+from tests.harness import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("slurm")]
+
+CLUSTER = "e2e"
+ACCOUNT = "acme-ml"
+PRICE = "36.00"  # one cent a second: credited cents = credited seconds
+WORKERS, SPARES = ["n1", "n2"], ["n3"]
+FAULT_AT_S = 15  # after the agent starts: the job is attributed by then
+RECOVER_AT_S = 40
+LOOP_TIMEOUT_S = 90
+
+
+@pytest.fixture
+def slurm(tmp_path: Path) -> Iterator[LocalSlurm]:
+    if not installed():
+        if os.environ.get("CI") == "true":
+            pytest.fail("Slurm is not installed; .ci/run installs slurm-wlm")
+        pytest.skip("Slurm is not installed: apt-get install slurm-wlm (CI installs it)")
+    directory = tmp_path / "slurm"
+    directory.mkdir()
+    cluster = LocalSlurm(directory, WORKERS, SPARES)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@dataclass(frozen=True)
+class Provider:
+    api: Api
+    customer: str
+    tokens: dict[str, str]
+
+
+@pytest.fixture
+def provider(fleet: Fleet) -> Iterator[Provider]:
+    """Nodes n1..n3 (n3's GPUs hot spares), a per-second plan, Acme AI and its account."""
+    api = Api(fleet.service.url, fleet.admin)
+    tokens = {}
+    for node in WORKERS + SPARES:
+        created = api.post("/v1/nodes", {"hostname": node, "datacenter": "e2e",
+                                         "topology_group": "nvl-1"})  # fmt: skip
+        tokens[node] = created["token"]["key"]
+        pool = "spare" if node in SPARES else "rentable"
+        for i in range(2):
+            api.post("/v1/gpus", {"uuid": gpu(node, i), "node_id": created["node"]["id"],
+                                  "model": DEFAULT_MODEL, "pool": pool})  # fmt: skip
+    prices = [{"gpu_model": DEFAULT_MODEL, "price_per_hour": PRICE,
+               "effective_from": "2026-01-01T00:00:00Z"}]  # fmt: skip
+    plan = api.post("/v1/plans", {"name": "per second", "prices": prices})
+    customer = api.post("/v1/customers", {"name": "Acme AI", "currency": "USD"})
+    mapping = {"customer_id": customer["id"], "plan_id": plan["id"]}
+    api.call("PUT", f"/v1/slurm/accounts/{ACCOUNT}", mapping)
+    yield Provider(api, customer["id"], tokens)
+    api.close()
+
+
+def gpu(node: str, index: int) -> str:
+    return sim_uuid(node, index, node)
+
+
+def start_agents(fleet: Fleet, provider: Provider) -> None:
+    faults = [{"at": FAULT_AT_S, "gpu": 0, "fault": "xid", "xid": 79},
+              {"at": RECOVER_AT_S, "gpu": 0, "fault": "recover"}]  # fmt: skip
+    for node, token in provider.tokens.items():
+        fleet.agent(node, token, "--simulate", "2", faults=faults if node == "n1" else None)
+
+
+@pytest.fixture
+def adapter(fleet: Fleet, slurm: LocalSlurm, provider: Provider) -> Iterator[subprocess.Popen]:
+    log = (fleet.tmp / "adapter.log").open("wb")
+    process = subprocess.Popen(
+        [str(BIN / "gpumeter-slurm"), "--server", fleet.service.url, "--token", fleet.admin,
+         "--cluster", CLUSTER, "--slurm-conf", str(slurm.conf), "--poll-interval", "0.5",
+         "--worker-partition", WORKER_PARTITION, "--spare-partition", SPARE_PARTITION],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    yield process
+    assert stop_child(process, "gpumeter-slurm") == 0  # SIGTERM: a clean stop
+    log.close()
+
+
+def wait_for_node(slurm: LocalSlurm, node: str, state: str) -> None:
+    try:
+        wait_for(lambda: slurm.node_state(node) == state, f"{node} {state}", LOOP_TIMEOUT_S)
+    except AssertionError as late:
+        nodes = slurm.run("scontrol", "show", "nodes", "--oneliner")
+        raise AssertionError(f"{late}; Slurm's nodes:\n{nodes}") from None
+
+
+def job_record(slurm: LocalSlurm, job_id: int) -> SlurmJob:
+    [job] = Slurm(slurm.conf).jobs(job_id)
+    return job
+
+
+def attributed(api: Api, job_id: int) -> dict[str, Any] | None:
+    rows = api.get("/v1/slurm/jobs", cluster=CLUSTER)["items"]
+    row = next((r for r in rows if r["job_id"] == job_id), None)
+    return row if row is not None and row["rental_id"] else None
+
+
+def failover_in(api: Api, state: str) -> dict[str, Any] | None:
+    items = api.get("/v1/failovers", state=state)["items"]
+    return items[0] if items else None
+
+
+def assignments(api: Api, rental_id: str) -> list[tuple[str, int, int | None]]:
+    rental = api.get(f"/v1/rentals/{rental_id}")
+    return sorted(
+        (a["gpu_uuid"], _s(a["start_at"]), _s(a["end_at"])) for a in rental["assignments"]
+    )
+
+
+def _s(moment: str | None) -> int | None:
+    return None if moment is None else epoch(datetime.fromisoformat(moment))
+
+
+def run_the_failure_loop(
+    fleet: Fleet, slurm: LocalSlurm, provider: Provider, *, restart_controller: bool
+) -> None:
+    api = provider.api
+    start_agents(fleet, provider)
+    job_id = slurm.submit(ACCOUNT, nodes=2)
+    wait_for(lambda: attributed(api, job_id), "the job attributed to a rental", timeout_s=30)
+    first = job_record(slurm, job_id)
+    assert first.nodes == ["n1", "n2"] and first.restarts == 0
+    assert first.observation.start_time is not None
+    rental = attributed(api, job_id)["rental_id"]  # type: ignore[index]
+    if restart_controller:
+        slurm.stop_controller()  # down before the GPU fails: the adapter must ride it out
+        wait_for(lambda: failover_in(api, "requested"), "the failover requested", LOOP_TIMEOUT_S)
+        [action] = api.get("/v1/slurm/actions", cluster=CLUSTER)["items"]
+        assert action["done_at"] is None  # nothing could be done in Slurm meanwhile
+        slurm.start_controller()
+    wait_for(lambda: failover_in(api, "resumed"), "the failover resumed", LOOP_TIMEOUT_S)
+    failover = failover_in(api, "resumed")
+    assert failover is not None
+
+    # Slurm: n1 drained with gpumeter's evidence, the job requeued once and running on n2 + n3.
+    assert slurm.node_reason("n1").startswith(f"gpumeter: GPU 0 ({gpu('n1', 0)}) xid 79")
+    rerun = job_record(slurm, job_id)
+    assert (rerun.state, rerun.restarts, rerun.nodes) == ("RUNNING", 1, ["n2", "n3"])
+    assert rerun.observation.start_time is not None
+    failed_s, resumed_s = _s(failover["failed_at"]), _s(failover["resumed_at"])
+    assert resumed_s == rerun.observation.start_time
+    assert failover["spare_gpu_uuid"] in (gpu("n3", 0), gpu("n3", 1))
+
+    # The repaired GPU: n1 resumed, a hot spare now (the site had none left), out of "gpu".
+    wait_for_node(slurm, "n1", "IDLE")
+    wait_for(lambda: slurm.partition_nodes(WORKER_PARTITION) == ["n2", "n3"], "n1 a spare", 30)
+    pools = {g["uuid"]: g["pool"] for g in api.get("/v1/gpus", limit=100)["items"]}
+    assert [pools[gpu("n1", i)] for i in (0, 1)] == ["spare", "spare"]
+
+    # The job ends: the rental ends at Slurm's end second.
+    slurm.run("scancel", str(job_id))
+    wait_for(lambda: attributed(api, job_id)["ended_at"], "the job's end attributed", 30)  # type: ignore[index]
+    done = job_record(slurm, job_id)
+    end_s = done.observation.end_time
+    assert end_s is not None
+    cut = rerun.observation.submit_time  # the requeue's second: the first run's end
+    start_s, start2 = first.observation.start_time, rerun.observation.start_time
+    spare = failover["spare_gpu_uuid"]
+    [other] = {gpu("n3", 0), gpu("n3", 1)} - {spare}
+    assert assignments(api, rental) == sorted([
+        (gpu("n1", 0), start_s, failed_s),  # the failed GPU, to its first failed second
+        (gpu("n1", 1), start_s, cut),
+        (gpu("n2", 0), start_s, cut),
+        (gpu("n2", 1), start_s, cut),
+        (spare, start2, end_s),  # the failover's migration, from the resumption
+        (other, start2, end_s),
+        (gpu("n2", 0), start2, end_s),
+        (gpu("n2", 1), start2, end_s),
+    ])  # fmt: skip
+    [migration] = api.get(f"/v1/rentals/{rental}")["migrations"]
+    assert (_s(migration["failed_at"]), _s(migration["resumed_at"])) == (failed_s, resumed_s)
+    assert api.get("/v1/slurm/actions", cluster=CLUSTER)["items"] == []  # all done
+
+    # The invoice credits exactly the migration window of the failed GPU, in cents.
+    api.post("/v1/invoices/runs", {"period": f"{from_epoch(end_s):%Y-%m}"})
+    (listed,) = api.get("/v1/invoices", customer_id=provider.customer)["items"]
+    invoice = api.get(f"/v1/invoices/{listed['id']}")
+    credits = [line for line in invoice["lines"] if line["kind"].endswith("_credit")]
+    assert failed_s is not None and resumed_s is not None
+    assert sum(line["seconds"] for line in credits) == resumed_s - failed_s
+    assert -sum(Decimal(line["amount"]) for line in credits) == Decimal(resumed_s - failed_s) / 100
+    assert {line["gpu_uuid"] for line in credits} == {gpu("n1", 0)}
+
+
+def test_a_gpu_failure_fails_the_job_over_to_the_spare_through_slurm(
+    fleet: Fleet, slurm: LocalSlurm, provider: Provider, adapter: subprocess.Popen
+) -> None:
+    run_the_failure_loop(fleet, slurm, provider, restart_controller=False)
+
+
+def test_slurmctld_restarted_mid_failover_loses_and_doubles_nothing(
+    fleet: Fleet, slurm: LocalSlurm, provider: Provider, adapter: subprocess.Popen
+) -> None:
+    run_the_failure_loop(fleet, slurm, provider, restart_controller=True)
+    assert adapter.poll() is None  # the adapter rode the outage out

@@ -61,6 +61,9 @@ class Adapter:
         self.api, self.slurm, self.config = api, slurm, config
         self.rounds = 0
         self.failed_rounds = 0
+        # Failover actions whose job was placed: placing again would push its start back. (An
+        # adapter restarted mid-way places it once more: two seconds later, nothing else.)
+        self._placed: set[int] = set()
 
     def run(self, stop: threading.Event) -> None:
         """Round after round until ``stop`` is set (SIGTERM); a failed round is logged and the
@@ -78,8 +81,9 @@ class Adapter:
     def round(self) -> None:
         jobs = {job.job_id: job for job in self.slurm.jobs()}
         actions = self._pending_actions()
+        draining = {a["node"] for a in actions if a["kind"] == "failover"}
         for action in actions:
-            self._act(action, jobs)
+            self._act(action, jobs, draining)
         if actions:
             jobs = {job.job_id: job for job in self.slurm.jobs()}
         self._send_snapshot(list(jobs.values()))
@@ -103,11 +107,11 @@ class Adapter:
         page = self.api.get("/v1/slurm/actions", cluster=self.config.cluster, limit=100)
         return list(page["items"])
 
-    def _act(self, action: dict[str, Any], jobs: dict[int, SlurmJob]) -> None:
+    def _act(self, action: dict[str, Any], jobs: dict[int, SlurmJob], draining: set[str]) -> None:
         try:
             if action["kind"] == "failover":
                 self._failover(action, jobs)
-            else:
+            elif action["node"] not in draining:  # its failover first: it drains the node
                 self._repair(action)
         except SlurmRefused as refused:
             # Slurm said no (a node or job it does not know): give up this action, saying why.
@@ -130,8 +134,9 @@ class Adapter:
             self.slurm.requeue(job_id)
             job = self._settled(job_id, before)
         if job.restarts > before and job.state in PENDING_STATES:
-            if job.partition != self.config.spare_partition:  # placed once, not pushed back
+            if action["id"] not in self._placed:
                 self.slurm.place(job_id, self.config.spare_partition, action["nodes_after"])
+                self._placed.add(action["id"])
         elif job.restarts > before and job.state in RUNNING_STATES:
             if action["spare_node"] in job.nodes and job.observation.start_time is not None:
                 return self._resumed(action, job.observation.start_time)

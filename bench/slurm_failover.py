@@ -1,0 +1,243 @@
+"""The failure loop through a real Slurm: fault -> failover.requested -> the adapter drains the
+node and requeues the job onto the spare -> the job RUNNING there -> resumed -> the exact credit.
+
+Real processes on this host: slurmctld and a ``slurmd -N`` per node (``app.demo.slurm_cluster``:
+n1, n2 workers, n3 the hot spare, two GPUs each), ``gpumeter serve`` on a fresh database, a
+simulating ``gpumeter-agent`` per node, and the adapter (``gpumeter-slurm``). One two-node job
+runs throughout. Failure k fails GPU 0 of the node that is then the job's first (XID 79) and
+resets it ``--repair-after`` seconds later; the adapter resumes the repaired node and it becomes
+the spare, so the next failure moves the job again: n1 -> n3, n2 -> n1, n3 -> n2, ...
+
+Measured per failure, from the first failed second (the failover's ``failed_at``, from
+telemetry) to the second Slurm started the job on the spare (its ``start_time``, which the
+adapter reports as ``resumed_at``). Offered vs done: failures scripted, failovers requested,
+resumed, jobs running on the spare; a failure that did not fail over counts against the run.
+Credited: the invoice's credit lines against the sum of resumed - failed seconds.
+
+Prints progress on stderr and one final JSON line on stdout. Needs Slurm (apt-get install
+slurm-wlm) and runs as root (slurmd). Creates and drops its own database on the server of
+GPUMETER_DATABASE_URL (default postgresql://postgres@127.0.0.1/postgres).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from failover import percentile, say  # bench/ is this script's directory
+
+import app.models  # noqa: F401 - registers every table, so foreign keys resolve
+from app.auth.models import KeyKind
+from app.auth.service import issue_key
+from app.billing.lines import CREDIT_KINDS
+from app.core import migrate
+from app.core.console_client import Api
+from app.core.db import get_engine, transaction
+from app.core.epoch import epoch, from_epoch
+from app.core.local_service import free_port, wait_until_ready
+from app.core.processes import stop_child, wait_until
+from app.core.scratch_db import scratch_database, server_from_environment
+from app.demo.slurm_cluster import SPARE_PARTITION, WORKER_PARTITION, LocalSlurm, installed
+from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
+
+BIN = Path(sys.executable).parent
+NODES = ["n1", "n2", "n3"]  # the job starts on n1 + n2; n3 is the spare
+TARGET_P99_S = 30.0  # the seed's promise: fault -> job running on the spare
+FIRST_FAULT_S = 15.0  # after the agents start: the job is attributed by then
+ACCOUNT = "bench"
+PRICE = "36.00"  # one cent a second
+
+
+def failing_node(k: int) -> str:
+    """The job's first node at failure k: each failover swaps the failed node for the spare."""
+    return NODES[k % len(NODES)]
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, directory: Path, stack: ExitStack) -> None:
+        self.args, self.directory, self.stack = args, directory, stack
+        self.started = 0  # processes, for their log files' names
+
+    def run(self, url: str) -> dict[str, Any]:
+        migrate.upgrade(url)
+        with transaction(get_engine(url)) as session:
+            admin = issue_key(session, KeyKind.ADMIN, "bench slurm adapter").secret
+        slurm = LocalSlurm(self.directory / "slurm", NODES[:2], NODES[2:])
+        slurm.directory.mkdir()
+        slurm.start()
+        self.stack.callback(slurm.stop)
+        base = self._serve(url)
+        api = Api(base, admin)
+        self.stack.callback(api.close)
+        customer, tokens = self._provider(api)
+        self._start("gpumeter-slurm", [
+            "--server", base, "--token", admin, "--cluster", "bench", "--slurm-conf",
+            str(slurm.conf), "--poll-interval", "0.5", "--worker-partition", WORKER_PARTITION,
+            "--spare-partition", SPARE_PARTITION,
+        ])  # fmt: skip
+        for node in NODES:
+            self._agent(base, node, tokens[node])
+        job_id = slurm.submit(ACCOUNT, nodes=2)
+        say(f"job {job_id} on n1 + n2; {self.args.failures} failures every {self.args.every} s")
+        last = FIRST_FAULT_S + (self.args.failures - 1) * self.args.every
+        wait_until(
+            lambda: self._progress(api) >= self.args.failures,
+            last + self.args.settle,
+            poll_s=1.0,
+        )
+        slurm.run("scancel", str(job_id))
+        wait_until(lambda: _ended(api, job_id), 30, poll_s=0.5)
+        return self._measure(api, slurm, customer, job_id)
+
+    def _progress(self, api: Api) -> int:
+        resumed = len(api.get("/v1/failovers", state="resumed", limit=1000)["items"])
+        say(f"{resumed} of {self.args.failures} failovers resumed")
+        return resumed
+
+    def _serve(self, url: str) -> str:
+        port = free_port()
+        env = {**os.environ, "GPUMETER_DATABASE_URL": url,
+               "GPUMETER_SECRET_KEY": secrets.token_urlsafe(32)}  # fmt: skip
+        server = self._start("gpumeter", ["serve", "--port", str(port)], env)
+        base = f"http://127.0.0.1:{port}"
+        wait_until_ready(base, server, timeout_s=90)
+        return base
+
+    def _start(
+        self, command: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        self.started += 1
+        log = (self.directory / f"{command}-{self.started}.log").open("wb")
+        self.stack.callback(log.close)
+        process = subprocess.Popen(
+            [str(BIN / command), *argv], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+        self.stack.callback(stop_child, process, command)
+        return process
+
+    def _provider(self, api: Api) -> tuple[str, dict[str, str]]:
+        prices = [{"gpu_model": DEFAULT_MODEL, "price_per_hour": PRICE,
+                   "effective_from": "2026-01-01T00:00:00Z"}]  # fmt: skip
+        plan = api.post("/v1/plans", {"name": "bench", "prices": prices})
+        customer = api.post("/v1/customers", {"name": "Bench AI"})
+        api.call("PUT", f"/v1/slurm/accounts/{ACCOUNT}",
+                 {"customer_id": customer["id"], "plan_id": plan["id"]})  # fmt: skip
+        tokens = {}
+        for node in NODES:
+            created = api.post("/v1/nodes", {"hostname": node, "datacenter": "bench-1"})
+            tokens[node] = created["token"]["key"]
+            pool = "spare" if node == NODES[-1] else "rentable"
+            for i in range(2):
+                api.post("/v1/gpus", {"uuid": sim_uuid(node, i, node), "model": DEFAULT_MODEL,
+                                      "node_id": created["node"]["id"], "pool": pool})  # fmt: skip
+        return customer["id"], tokens
+
+    def _agent(self, base: str, node: str, token: str) -> None:
+        steps = []
+        for k in range(self.args.failures):
+            if failing_node(k) == node:
+                at = FIRST_FAULT_S + k * self.args.every
+                repaired = at + self.args.repair_after
+                steps += [{"at": at, "gpu": 0, "fault": "xid", "xid": 79},
+                          {"at": repaired, "gpu": 0, "fault": "recover"}]  # fmt: skip
+        script = self.directory / f"faults-{node}.json"
+        script.write_text(json.dumps(steps))
+        self._start("gpumeter-agent", [
+            "--server", base, "--token", token,
+            "--spool-dir", str(self.directory / f"spool-{node}"),
+            "--node-name", node, "--uuid-prefix", node, "--simulate", "2", "--faults", str(script),
+            "--upload-interval", "1",
+        ])  # fmt: skip
+
+    def _measure(self, api: Api, slurm: LocalSlurm, customer: str, job_id: int) -> dict[str, Any]:
+        failovers = api.get("/v1/failovers", limit=1000)["items"]
+        resumed = [f for f in failovers if f["state"] == "resumed"]
+        latency = [float(_s(f["resumed_at"]) - _s(f["failed_at"])) for f in resumed]
+        expected = sum(_s(f["resumed_at"]) - _s(f["failed_at"]) for f in resumed)
+        api.post("/v1/invoices/runs", {"period": f"{from_epoch(int(time.time())):%Y-%m}"})
+        credited, cents = 0, Decimal(0)
+        for listed in api.get("/v1/invoices", customer_id=customer)["items"]:
+            for line in api.get(f"/v1/invoices/{listed['id']}")["lines"]:
+                if line["kind"] in CREDIT_KINDS:
+                    credited += line["seconds"] or 0
+                    cents -= Decimal(line["amount"]) * 100
+        restarts = json.loads(slurm.run("squeue", "--json", "--states=all", "--jobs", str(job_id)))
+        figures = {
+            "fault_to_running_p50_s": percentile(latency, 0.5),
+            "fault_to_running_p99_s": percentile(latency, 0.99),
+            "fault_to_running_max_s": max(latency, default=None),
+        }
+        passed = {
+            "every_failure_failed_over": len(resumed) == self.args.failures,
+            "p99_within_target": figures["fault_to_running_p99_s"] is not None
+            and figures["fault_to_running_p99_s"] <= TARGET_P99_S,
+            "credited_exact": credited == expected and cents == expected,
+        }
+        return {
+            "bench": "slurm_failover",
+            "failures_scripted": self.args.failures,
+            "failovers_requested": len(failovers),
+            "failovers_resumed": len(resumed),
+            "job_restarts": restarts["jobs"][0]["restart_cnt"],
+            **figures,
+            "latencies_s": latency,
+            "credited_s": credited,
+            "credited_cents": str(cents),
+            "expected_credited_s": expected,
+            "target_p99_s": TARGET_P99_S,
+            "pass": passed,
+            "ok": all(passed.values()),
+            "loadavg_1m": round(os.getloadavg()[0], 2),
+        }
+
+
+def _s(moment: str) -> int:
+    return epoch(datetime.fromisoformat(moment))
+
+
+def _ended(api: Api, job_id: int) -> bool:
+    rows = api.get("/v1/slurm/jobs", cluster="bench")["items"]
+    return any(r["job_id"] == job_id and r["ended_at"] for r in rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--failures", type=int, default=6, help="GPU failures, one at a time")
+    parser.add_argument("--every", type=float, default=30.0, help="seconds between failures")
+    parser.add_argument("--repair-after", type=float, default=12.0, help="seconds to the reset")
+    parser.add_argument("--settle", type=float, default=60.0, help="seconds after the last")
+    parser.add_argument("--keep", type=Path, help="keep the logs and spools in this directory")
+    args = parser.parse_args()
+    if not installed():
+        raise SystemExit("Slurm is not installed: apt-get install slurm-wlm")
+    if args.repair_after >= args.every:
+        raise SystemExit("--repair-after must be shorter than --every (the node must be a spare)")
+    # SIGTERM unwinds the stack like an error: every process it started is stopped by its PID.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    started = time.monotonic()
+    with ExitStack() as stack:
+        if args.keep:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            directory = args.keep
+        else:
+            directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="slurm-")))
+        url = stack.enter_context(scratch_database(server_from_environment(), "gpumeter_slurm"))
+        result = Bench(args, directory, stack).run(url)
+    result["wall_s"] = round(time.monotonic() - started, 1)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,8 @@
 """The import contracts in pyproject.toml hold, and each one catches the import it forbids.
 
-`lint-imports` runs on a copy of the source tree with one forbidden import per contract added;
-every contract must report BROKEN, naming the offending module.
+`lint-imports` runs on a copy of the source tree with one forbidden import (or, for table
+ownership, one cross-owner query) per contract added; every contract must report BROKEN,
+naming the offending module.
 """
 
 from __future__ import annotations
@@ -19,7 +20,18 @@ BAD_IMPORTS = [
     ("metering_agent/records.py", "import app.settings", "The agent deploys alone"),
     ("app/core/money.py", "import app.billing.lines", "app.core is infrastructure"),
     ("app/metering/segments.py", "import app.billing.domain", "Layers: each imports only"),
-    ("app/rentals/service.py", "import app.fleet.repository", "Each table's package alone"),
+    ("app/rentals/service.py", "import app.fleet.repository", "Each table's package alone uses"),
+    # A query on another package's model, and another package's table in SQL text.
+    (
+        "app/customers/service.py",
+        "from app.billing.models import Invoice\nOPEN = select(Invoice.id)",
+        "Each table's package alone queries",
+    ),
+    (
+        "app/auth/service.py",
+        'GPUS = text("SELECT count(*) FROM gpus")',
+        "Each table's package alone queries",
+    ),
 ]
 
 
@@ -50,4 +62,7 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path: Path) -> None:
         assert broken, f"{contract!r} missing from:\n{summary}"
         importer = module.removesuffix(".py").replace("/", ".")
         assert importer in result.stdout, f"{bad_import} in {module} not reported"
-    assert "Contracts: 0 kept, 4 broken." in result.stdout
+    assert "app.customers.service (l." in result.stdout  # names the line, and what it queries
+    assert "queries app.billing's Invoice" in result.stdout
+    assert "queries app.fleet's table gpus in SQL" in result.stdout
+    assert "Contracts: 0 kept, 5 broken." in result.stdout

@@ -6,7 +6,7 @@ import contextlib
 import json
 import uuid
 from collections import defaultdict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -415,3 +415,37 @@ def lock_credit_note(session: Session, credit_note_id: uuid.UUID) -> CreditNote 
         .with_for_update(skip_locked=True)
     )
     return session.scalars(query).first()
+
+
+# --- read by the dashboard --------------------------------------------------------------------
+
+
+_REVENUE = text("""
+SELECT i.period, i.currency, l.kind, sum(l.amount) AS amount, count(DISTINCT i.id) AS invoices
+FROM invoices i
+JOIN invoice_lines l ON l.invoice_id = i.id
+WHERE i.status <> 'void' AND i.period >= :first AND i.period <= :last
+GROUP BY 1, 2, 3
+ORDER BY 1 DESC, 2, 3
+""")
+
+
+def revenue_by_period(session: Session, first: str, last: str) -> list[dict[str, Any]]:
+    return [dict(r._mapping) for r in session.execute(_REVENUE, {"first": first, "last": last})]
+
+
+def live_invoice(session: Session, customer_id: uuid.UUID, period: str) -> Invoice | None:
+    """The customer's invoice for the period (draft or finalized), if the run made one."""
+    query = invoices_query(customer_id=customer_id, period=period)
+    return session.scalar(query.where(Invoice.status != InvoiceStatus.VOID))
+
+
+def lines_of(session: Session, invoice_id: uuid.UUID, batch: int) -> Iterator[InvoiceLineRow]:
+    """The invoice's lines in order, read ``batch`` at a time."""
+    query = (
+        select(InvoiceLineRow)
+        .where(InvoiceLineRow.invoice_id == invoice_id)
+        .order_by(InvoiceLineRow.position)
+        .execution_options(yield_per=batch)
+    )
+    return iter(session.scalars(query))

@@ -3,9 +3,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Iterable
 from datetime import datetime
+from typing import Any
 
 from psycopg.errors import LockNotAvailable
-from sqlalchemy import Exists, Select, select, text
+from sqlalchemy import Exists, Select, Text, and_, cast, func, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -208,3 +209,33 @@ def gpu_counts(session: Session) -> list[tuple[str | None, str, int]]:
         text("SELECT last_state, pool::text, count(*) FROM gpus GROUP BY 1, 2 ORDER BY 1, 2")
     )
     return [(state, pool, n) for state, pool, n in rows]
+
+
+# --- read by the operators' dashboard -------------------------------------------------------
+
+
+def fleet_counts(session: Session) -> list[dict[str, Any]]:
+    """GPUs per model, datacenter, pool, last state and whether a rental holds one now."""
+    held = served().subquery()
+    keys = (
+        Gpu.model,
+        Node.datacenter,
+        cast(Gpu.pool, Text).label("pool"),
+        func.coalesce(Gpu.last_state, "unknown").label("state"),
+        held.c.gpu_uuid.is_not(None).label("rented"),
+    )
+    query = (
+        select(*keys, func.count().label("gpus"))
+        .join(Node, Node.id == Gpu.node_id)
+        .outerjoin(held, and_(held.c.gpu_uuid == Gpu.uuid, held.c.end_at.is_(None)))
+        .group_by(*keys)
+        .order_by(*keys)
+    )
+    return [dict(r._mapping) for r in session.execute(query)]
+
+
+def gpu_places(session: Session, gpu_uuids: Collection[str]) -> dict[str, tuple[str, str]]:
+    """Each GPU's model and datacenter."""
+    query = select(Gpu.uuid, Gpu.model, Node.datacenter).join(Node, Node.id == Gpu.node_id)
+    rows = session.execute(query.where(Gpu.uuid.in_(gpu_uuids)))
+    return {gpu: (model, datacenter) for gpu, model, datacenter in rows}

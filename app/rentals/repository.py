@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, Select, exists, func, or_, select
+from sqlalchemy import ColumnElement, Select, exists, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
@@ -157,3 +157,27 @@ def changed_since(
     )
     query = select(or_(overlapping(Rental), overlapping(GpuAssignment), migrated))
     return bool(session.scalar(query))
+
+
+# When a rental was moved off a GPU after it failed at ``at`` (within a day), when that rental
+# resumed on its new GPU.
+_MOVED_AFTER = text("""
+SELECT f.gpu, f.at, extract(epoch FROM m.resumed_at)::bigint AS resumed_s, m.to_gpu_uuid
+FROM unnest(CAST(:g AS text[]), CAST(:a AS bigint[])) AS f(gpu, at)
+JOIN LATERAL (
+  SELECT resumed_at, to_gpu_uuid FROM rental_migrations
+  WHERE from_gpu_uuid = f.gpu AND failed_at >= to_timestamp(f.at)
+    AND failed_at < to_timestamp(f.at) + interval '1 day'
+  ORDER BY failed_at LIMIT 1
+) m ON true
+""")
+
+
+def moved_after(
+    session: Session, failures: Collection[tuple[str, int]]
+) -> dict[tuple[str, int], tuple[int, str]]:
+    """For each (GPU, failure second), the first migration off that GPU in the day after it:
+    (resumed second, the GPU it moved to); failures nothing moved after are left out."""
+    params = {"g": [gpu for gpu, _ in failures], "a": [at for _, at in failures]}
+    rows = session.execute(_MOVED_AFTER, params)
+    return {(gpu, at): (resumed_s, to_gpu) for gpu, at, resumed_s, to_gpu in rows}

@@ -4,8 +4,20 @@ import uuid
 from collections.abc import Collection, Sequence
 from datetime import datetime
 
-from sqlalchemy import ColumnElement, Select, exists, func, or_, select, text
-from sqlalchemy.orm import Session
+from sqlalchemy import (
+    ARRAY,
+    ColumnElement,
+    Select,
+    Uuid,
+    any_,
+    cast,
+    exists,
+    func,
+    or_,
+    select,
+    text,
+)
+from sqlalchemy.orm import Session, lazyload
 
 from app.auth.service import Principal
 from app.rentals.models import GpuAssignment, Migration, Rental
@@ -157,6 +169,49 @@ def changed_since(
     )
     query = select(or_(overlapping(Rental), overlapping(GpuAssignment), migrated))
     return bool(session.scalar(query))
+
+
+# --- read by billing's loader -------------------------------------------------------------
+
+
+def rentals_overlapping(
+    session: Session,
+    customer_ids: Collection[uuid.UUID],
+    start: datetime,
+    end: datetime,
+    rental_ids: Collection[uuid.UUID] | None = None,
+) -> list[Rental]:
+    """Rentals of ``customer_ids`` overlapping [start, end) (optionally only ``rental_ids``),
+    by customer and start."""
+    query = (
+        select(Rental)
+        .where(
+            Rental.customer_id.in_(customer_ids),
+            Rental.start_at < end,
+            or_(Rental.end_at.is_(None), Rental.end_at > start),
+        )
+        # The caller reads assignments and migrations in one query each, not per rental.
+        .options(lazyload(Rental.assignments), lazyload(Rental.migrations))
+        .order_by(Rental.customer_id, Rental.start_at, Rental.id)
+    )
+    if rental_ids is not None:
+        query = query.where(Rental.id.in_(rental_ids))
+    return list(session.scalars(query))
+
+
+def migrations_overlapping(
+    session: Session, rental_ids: list[uuid.UUID], start: datetime, end: datetime
+) -> list[Migration]:
+    """The rentals' migrations whose [failed_at, resumed_at) overlaps [start, end)."""
+    return list(
+        session.scalars(
+            select(Migration).where(
+                Migration.rental_id == any_(cast(rental_ids, ARRAY(Uuid))),
+                Migration.failed_at < end,
+                Migration.resumed_at > start,
+            )
+        )
+    )
 
 
 # When a rental was moved off a GPU after it failed at ``at`` (within a day), when that rental

@@ -14,8 +14,7 @@ from app.auth.service import Principal
 from app.core.db import pipelined
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.fleet.schemas import SiteGpu
-from app.rentals.models import GpuAssignment
-from app.rentals.visibility import served
+from app.rentals.visibility import ever_served, served
 
 
 def nodes_query() -> Select[Node]:
@@ -54,7 +53,7 @@ def gpus_query(
 
 def gpu_served_customer(customer_id: uuid.UUID) -> Exists:
     """Whether the GPU of the enclosing query ever served one of the customer's rentals."""
-    return served(customer_id=customer_id).where(GpuAssignment.gpu_uuid == Gpu.uuid).exists()
+    return ever_served(customer_id, Gpu.uuid)
 
 
 def gpus_by_uuid(session: Session, gpu_uuids: Collection[str]) -> list[Gpu]:
@@ -67,22 +66,6 @@ def open_maintenance_window(session: Session, gpu_uuid: str) -> MaintenanceWindo
             MaintenanceWindow.gpu_uuid == gpu_uuid, MaintenanceWindow.end_at.is_(None)
         )
     )
-
-
-def rentals_assigned(
-    session: Session, gpu_uuid: str, start: datetime, end: datetime
-) -> list[uuid.UUID]:
-    """The rentals that held the GPU at some time in [start, end)."""
-    query = (
-        select(GpuAssignment.rental_id)
-        .distinct()
-        .where(
-            GpuAssignment.gpu_uuid == gpu_uuid,
-            GpuAssignment.start_at < end,
-            (GpuAssignment.end_at.is_(None)) | (GpuAssignment.end_at > start),
-        )
-    )
-    return sorted(session.scalars(query))
 
 
 def maintenance_windows(

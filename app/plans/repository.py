@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.plans.models import PlanPrice, PricePlan
-from app.rentals.models import Rental
+from app.rentals.visibility import rents_on
 
 
 def readable_plans(principal: Principal) -> Select[PricePlan]:
@@ -27,9 +27,7 @@ def plans_query(*, customer_id: uuid.UUID | None = None) -> Select[PricePlan]:
     """Plans; with customer_id, only plans that customer rents on."""
     query = select(PricePlan).order_by(PricePlan.name)
     if customer_id is not None:
-        query = query.where(
-            exists().where(Rental.plan_id == PricePlan.id, Rental.customer_id == customer_id)
-        )
+        query = query.where(rents_on(customer_id, PricePlan.id))
     return query
 
 
@@ -55,7 +53,7 @@ def prices_added_since(
             PlanPrice.created_at > since,
             PlanPrice.effective_from < before,
             or_(PlanPrice.customer_id.is_(None), PlanPrice.customer_id == customer_id),
-            exists().where(Rental.plan_id == PlanPrice.plan_id, Rental.customer_id == customer_id),
+            rents_on(customer_id, PlanPrice.plan_id),
         )
     )
     return bool(session.scalar(query))

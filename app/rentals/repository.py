@@ -171,6 +171,22 @@ def changed_since(
     return bool(session.scalar(query))
 
 
+def rentals_holding(
+    session: Session, gpu_uuid: str, start: datetime, end: datetime
+) -> list[uuid.UUID]:
+    """The rentals that held the GPU at some time in [start, end)."""
+    query = (
+        select(GpuAssignment.rental_id)
+        .distinct()
+        .where(
+            GpuAssignment.gpu_uuid == gpu_uuid,
+            GpuAssignment.start_at < end,
+            (GpuAssignment.end_at.is_(None)) | (GpuAssignment.end_at > start),
+        )
+    )
+    return sorted(session.scalars(query))
+
+
 # --- read by billing's loader -------------------------------------------------------------
 
 

@@ -7,9 +7,11 @@ naming the offending module.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -66,3 +68,19 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path: Path) -> None:
     assert "queries app.billing's Invoice" in result.stdout
     assert "queries app.fleet's table gpus in SQL" in result.stdout
     assert "Contracts: 0 kept, 5 broken." in result.stdout
+
+
+def test_the_readme_pictures_the_layers_of_the_contract() -> None:
+    """Each line of the README's layer picture (``a > b`` for layers in order, ``a : b`` and
+    ``a | b`` for one layer) reads, top to bottom, as the contract's layers."""
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    [layers] = [c["layers"] for c in contracts["contracts"] if c["type"] == "layers"]
+    readme = (REPO / "README.md").read_text()
+    picture = readme.split("packages joined by `|` may not:")[1].split("```")[1]
+    pictured = [
+        layer.replace("app.", "").strip()
+        for line in picture.splitlines()
+        if line.strip().startswith("app.")
+        for layer in re.split(r"\s{2,}", line.strip())[0].split(" > ")
+    ]
+    assert pictured == layers

@@ -55,7 +55,6 @@ class Settings(BaseSettings):
         default=5, ge=1, description="On SIGTERM, how long running requests may finish."
     )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
-    # --- ingest (issue 17) ---
     auth_revocation_check_s: float = Field(
         default=5.0,
         gt=0,
@@ -92,7 +91,6 @@ class Settings(BaseSettings):
         "the agent's 10-s timeout; it re-sends, and what was stored meanwhile counts as "
         "duplicates).",
     )
-    # --- end ingest ---
     max_clock_skew_s: int = Field(
         default=10, ge=0, description="How far in the future a telemetry timestamp may be."
     )
@@ -102,14 +100,12 @@ class Settings(BaseSettings):
     ingest_retention_days: int = Field(
         default=400, ge=1, description="How old telemetry may be and still be accepted."
     )
-    # --- telemetry partitions (issue 17, fleetscale) ---
     telemetry_retention_days: int = Field(
         default=400,
         ge=1,
         description="Days telemetry partitions are kept; a month's partition is dropped whole "
         "once all of it is older.",
     )
-    # --- end telemetry partitions ---
     invoice_grace_hours: int = Field(
         default=6, ge=0, description="Hours after a period ends before its invoices may finalize."
     )

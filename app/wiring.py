@@ -18,10 +18,13 @@ from app.events import stream
 from app.events.service import ALL_TYPES, subscribe
 from app.failover import jobs as failover_jobs
 from app.failover.service import on_gpu_state_changed, refuse_reserved_spare
+from app.fleet.service import RENTAL_GPUS
 from app.metering import retention
 from app.payments import jobs as payments_jobs
 from app.payments.service import on_invoice_event
-from app.rentals.service import add_assign_check, add_create_check
+from app.plans.service import RENTAL_PLANS
+from app.rentals.ports import Catalogue
+from app.rentals.service import add_assign_check, add_create_check, use_catalogue
 from app.schedule import jobs as schedule_jobs
 from app.settings import get_settings
 from app.slurm import service as slurm
@@ -44,6 +47,7 @@ def install() -> None:
     subscribe("invoice.finalized", on_invoice_event)
     subscribe("invoice.voided", on_invoice_event)
     subscribe(ALL_TYPES, deliver_to_webhooks)
+    use_catalogue(Catalogue(RENTAL_GPUS, RENTAL_PLANS))
     add_create_check(refuse_rental_over_hard_limit)
     # The failure loop: a rented GPU turning failed opens a failover; reserved spares are
     # refused to new assignments.

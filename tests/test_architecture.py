@@ -1,14 +1,17 @@
 """The import contracts in pyproject.toml hold, and each one catches the import it forbids.
 
-`lint-imports` runs on a copy of the source tree with one forbidden import per contract added;
-every contract must report BROKEN, naming the offending module.
+`lint-imports` runs on a copy of the source tree with one forbidden import (or, for table
+ownership, one cross-owner query) per contract added; every contract must report BROKEN,
+naming the offending module.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,7 +22,18 @@ BAD_IMPORTS = [
     ("metering_agent/records.py", "import app.settings", "The agent deploys alone"),
     ("app/core/money.py", "import app.billing.lines", "app.core is infrastructure"),
     ("app/metering/segments.py", "import app.billing.domain", "Layers: each imports only"),
-    ("app/rentals/service.py", "import app.fleet.repository", "Each table's package alone"),
+    ("app/rentals/service.py", "import app.fleet.repository", "Each table's package alone uses"),
+    # A query on another package's model, and another package's table in SQL text.
+    (
+        "app/customers/service.py",
+        "from app.billing.models import Invoice\nOPEN = select(Invoice.id)",
+        "Each table's package alone queries",
+    ),
+    (
+        "app/auth/service.py",
+        'GPUS = text("SELECT count(*) FROM gpus")',
+        "Each table's package alone queries",
+    ),
 ]
 
 
@@ -50,4 +64,23 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path: Path) -> None:
         assert broken, f"{contract!r} missing from:\n{summary}"
         importer = module.removesuffix(".py").replace("/", ".")
         assert importer in result.stdout, f"{bad_import} in {module} not reported"
-    assert "Contracts: 0 kept, 4 broken." in result.stdout
+    assert "app.customers.service (l." in result.stdout  # names the line, and what it queries
+    assert "queries app.billing's Invoice" in result.stdout
+    assert "queries app.fleet's table gpus in SQL" in result.stdout
+    assert "Contracts: 0 kept, 5 broken." in result.stdout
+
+
+def test_the_readme_pictures_the_layers_of_the_contract() -> None:
+    """Each line of the README's layer picture (``a > b`` for layers in order, ``a : b`` and
+    ``a | b`` for one layer) reads, top to bottom, as the contract's layers."""
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
+    [layers] = [c["layers"] for c in contracts["contracts"] if c["type"] == "layers"]
+    readme = (REPO / "README.md").read_text()
+    picture = readme.split("packages joined by `|` may not:")[1].split("```")[1]
+    pictured = [
+        layer.replace("app.", "").strip()
+        for line in picture.splitlines()
+        if line.strip().startswith("app.")
+        for layer in re.split(r"\s{2,}", line.strip())[0].split(" > ")
+    ]
+    assert pictured == layers

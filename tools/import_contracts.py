@@ -8,6 +8,12 @@ lists them), never through the repository itself.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from grimp import ImportGraph
@@ -75,3 +81,205 @@ def _repositories(graph: ImportGraph, container: str) -> set[str]:
 def _covers(pair: tuple[str, ...], importer: str, repository: str) -> bool:
     source, target = pair
     return target == repository and (importer == source or importer.startswith(source + "."))
+
+
+# Calls that take a mapped class to query or write its table (``select(Invoice)``,
+# ``session.get(Customer, id)``, ``.join(Gpu, ...)``); constructing the class writes it too.
+_QUERY_CALLS = frozenset(
+    {
+        "select",
+        "insert",
+        "update",
+        "delete",
+        "get",
+        "get_one",
+        "join",
+        "outerjoin",
+        "join_from",
+        "select_from",
+        "aliased",
+        "exists",
+        "query",
+        "with_entities",
+    }
+)
+# A table named in SQL text; the keywords are written in capitals throughout, so prose in a
+# message ("moved from gpus") does not count.
+_SQL_TABLE = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+(?:ONLY\s+)?([a-z_][a-z0-9_]*)")
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """Who owns what: mapped class names and table names per package."""
+
+    classes: dict[str, frozenset[str]]
+    names: dict[str, str]  # table name -> owning package
+
+
+class OwnTablesContract(Contract):
+    """A module queries and writes only its own package's tables.
+
+    Options: ``containers`` (as above), ``exempt`` (modules that name every table on
+    purpose: the metadata for Alembic) and ``pending`` (``"module -> owner"`` pairs still to
+    move behind the owner's interface; an entry that matches nothing breaks the contract, so
+    the list only shrinks). A package's tables are the classes with a
+    ``__tablename__`` in its ``models`` module. Broken by, outside the owner: a mapped class
+    imported from its ``models`` and used in a query (``Invoice.status``, ``select(Invoice)``,
+    ``session.get(Invoice, ...)``, ``Invoice(...)``), or its table named in SQL text. Taking
+    an instance the owner's service returned, or the class as a type hint, is fine.
+    """
+
+    type_name = "own tables"
+
+    containers = fields.ListField(subfield=fields.StringField())
+    exempt = fields.ListField(subfield=fields.StringField(), required=False, default=[])
+    pending = fields.ListField(subfield=fields.StringField(), required=False, default=[])
+
+    def check(self, graph: ImportGraph, verbose: bool) -> ContractCheck:
+        containers: list[str] = self.containers  # type: ignore[assignment]  # parsed by then
+        exempt: list[str] = self.exempt  # type: ignore[assignment]
+        pending = {pair.replace(" ", "") for pair in self.pending}  # type: ignore[attr-defined]
+        used: set[str] = set()
+        violations: list[dict[str, Any]] = []
+        for container in containers:
+            root = _source_root(container)
+            modules = sorted(graph.find_descendants(container) - set(exempt))
+            tables = _tables(root, container, graph)
+            for module in modules:
+                tree = ast.parse(_source_path(root, container, module).read_text())
+                owner = ".".join(module.split(".")[: container.count(".") + 2])
+                for line, table_owner, what in _foreign_queries(tree, owner, tables):
+                    if f"{module}->{table_owner}" in pending:
+                        used.add(f"{module}->{table_owner}")
+                        continue
+                    violations.append({"module": module, "line": line, "what": what})
+        unused = sorted(pending - used)
+        return ContractCheck(
+            kept=not violations and not unused,
+            metadata={"violations": violations, "unused": unused},
+        )
+
+    def render_broken_contract(self, check: ContractCheck) -> None:
+        for v in check.metadata["violations"]:
+            output.print_error(f"{v['module']} (l.{v['line']}) queries {v['what']}", bold=False)
+            output.new_line()
+        for pair in check.metadata["unused"]:
+            output.print_error(f"pending entry matches no query: {pair}", bold=False)
+            output.new_line()
+
+
+def _source_root(container: str) -> Path:
+    spec = importlib.util.find_spec(container)
+    assert spec is not None and spec.submodule_search_locations, container
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _source_path(root: Path, container: str, module: str) -> Path:
+    parts = module.split(".")[container.count(".") + 1 :]
+    path = root.joinpath(*parts)
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def _tables(root: Path, container: str, graph: ImportGraph) -> _Tables:
+    classes: dict[str, frozenset[str]] = {}
+    names: dict[str, str] = {}
+    for package in graph.find_children(container):
+        models = package + ".models"
+        if models not in graph.modules:
+            continue
+        tree = ast.parse(_source_path(root, container, models).read_text())
+        mapped = {c.name: _tablename(c) for c in tree.body if isinstance(c, ast.ClassDef)}
+        classes[package] = frozenset(name for name, table in mapped.items() if table)
+        names.update({table: package for table in mapped.values() if table})
+    return _Tables(classes, names)
+
+
+def _tablename(cls: ast.ClassDef) -> str | None:
+    for statement in cls.body:
+        if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+            target: ast.expr | None = statement.targets[0]
+        elif isinstance(statement, ast.AnnAssign):
+            target = statement.target
+        else:
+            continue
+        value = statement.value
+        if isinstance(target, ast.Name) and target.id == "__tablename__":
+            return str(value.value) if isinstance(value, ast.Constant) else None
+    return None
+
+
+def _foreign_queries(
+    tree: ast.Module, owner: str, tables: _Tables
+) -> Iterator[tuple[int, str, str]]:
+    """(line, owning package, what) for each use of another package's table, once per line."""
+    foreign = _foreign_classes(tree, owner, tables)
+    docstrings = _docstrings(tree)
+    seen: set[tuple[int, str]] = set()
+    for node in ast.walk(tree):
+        for table_owner, what in _uses(node, foreign, docstrings, owner, tables):
+            line: int = node.lineno  # type: ignore[attr-defined]  # every node _uses yields for
+            if (line, what) not in seen:
+                seen.add((line, what))
+                yield line, table_owner, what
+
+
+def _uses(
+    node: ast.AST,
+    foreign: dict[str, tuple[str, str]],
+    docstrings: set[int],
+    owner: str,
+    tables: _Tables,
+) -> Iterator[tuple[str, str]]:
+    """(owning package, what) for each foreign table ``node`` queries."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        if node.value.id in foreign:
+            yield foreign[node.value.id]
+    elif isinstance(node, ast.Call):
+        callee = node.func.attr if isinstance(node.func, ast.Attribute) else None
+        if isinstance(node.func, ast.Name):
+            callee = node.func.id
+            if callee in foreign:
+                yield foreign[callee]
+        if callee in _QUERY_CALLS:
+            for arg in node.args:
+                if isinstance(arg, ast.Name) and arg.id in foreign:
+                    yield foreign[arg.id]
+    elif (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    ):
+        for table in _SQL_TABLE.findall(node.value):
+            table_owner = tables.names.get(table, owner)
+            if table_owner != owner:
+                yield table_owner, f"{table_owner}'s table {table} in SQL"
+
+
+def _foreign_classes(tree: ast.Module, owner: str, tables: _Tables) -> dict[str, tuple[str, str]]:
+    """Local name -> (owning package, "owner's Class") for mapped classes imported from
+    another package."""
+    foreign: dict[str, tuple[str, str]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ImportFrom) or not node.module:
+            continue
+        package = node.module.removesuffix(".models")
+        if package == node.module or package == owner or package not in tables.classes:
+            continue
+        for alias in node.names:
+            if alias.name in tables.classes[package]:
+                foreign[alias.asname or alias.name] = (package, f"{package}'s {alias.name}")
+    return foreign
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    scopes = [tree, *(n for n in ast.walk(tree) if isinstance(n, _SCOPES))]
+    return {
+        id(scope.body[0].value)
+        for scope in scopes
+        if scope.body
+        and isinstance(scope.body[0], ast.Expr)
+        and isinstance(scope.body[0].value, ast.Constant)
+    }
+
+
+_SCOPES = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)

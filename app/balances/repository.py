@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Collection
 
 from sqlalchemy import Select, select
+from sqlalchemy.dialects.postgresql import distinct_on
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
@@ -50,7 +51,7 @@ def latest_of(
     query = (
         select(BalanceEntry)
         .where(BalanceEntry.customer_id.in_(customer_ids))
-        .distinct(BalanceEntry.customer_id, BalanceEntry.currency)
+        .ext(distinct_on(BalanceEntry.customer_id, BalanceEntry.currency))
         .order_by(BalanceEntry.customer_id, BalanceEntry.currency, BalanceEntry.seq.desc())
     )
     return {(e.customer_id, e.currency): e for e in session.scalars(query)}

@@ -23,8 +23,7 @@ from decimal import Decimal
 from typing import TypeVar
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import ARRAY, ColumnElement, Text, Uuid, any_, cast, or_, select
-from sqlalchemy.orm import InstrumentedAttribute, Session, lazyload
+from sqlalchemy.orm import Session
 
 from app.billing.domain import (
     Assignment,
@@ -38,12 +37,11 @@ from app.billing.domain import (
 from app.billing.intervals import Span
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import Unprocessable
-from app.fleet.models import MaintenanceWindow
+from app.fleet import repository as fleet_repository
 from app.metering.repository import segments_between
-from app.plans.models import PlanPrice, PricePlan
+from app.plans import repository as plans_repository
 from app.plans.service import price_schedule
-from app.rentals.models import Migration as MigrationRow
-from app.rentals.models import Rental
+from app.rentals import repository as rentals_repository
 from app.rentals.visibility import served
 from metering_agent.protocol import GpuState
 
@@ -130,7 +128,9 @@ def load_inputs(
 ) -> PeriodInputs:
     """Rentals of ``customer_ids`` overlapping ``span`` (optionally only ``rental_ids``)."""
     inputs = PeriodInputs(span)
-    rentals = _rentals(session, customer_ids, span, rental_ids)
+    rentals = rentals_repository.rentals_overlapping(
+        session, customer_ids, from_epoch(span[0]), from_epoch(span[1]), rental_ids
+    )
     if not rentals:
         return inputs
     plans = _PlanBook(session, customer_ids)
@@ -170,36 +170,6 @@ def _group(items: Iterable[_T], customer_of: dict[str, uuid.UUID]) -> dict[uuid.
     return dict(groups)
 
 
-def _overlapping(
-    start_col: InstrumentedAttribute[datetime],
-    end_col: InstrumentedAttribute[datetime | None],
-    span: Span,
-) -> tuple[ColumnElement[bool], ColumnElement[bool]]:
-    """``[start_col, end_col)`` overlaps ``span``; a NULL end is still open."""
-    return start_col < from_epoch(span[1]), or_(end_col.is_(None), end_col > from_epoch(span[0]))
-
-
-def _rentals(
-    session: Session,
-    customer_ids: Collection[uuid.UUID],
-    span: Span,
-    rental_ids: Collection[uuid.UUID] | None,
-) -> list[Rental]:
-    query = (
-        select(Rental)
-        .where(
-            Rental.customer_id.in_(customer_ids),
-            *_overlapping(Rental.start_at, Rental.end_at, span),
-        )
-        # Assignments and migrations come in one query each below, not per rental.
-        .options(lazyload(Rental.assignments), lazyload(Rental.migrations))
-        .order_by(Rental.customer_id, Rental.start_at, Rental.id)
-    )
-    if rental_ids is not None:
-        query = query.where(Rental.id.in_(rental_ids))
-    return list(session.scalars(query))
-
-
 def _assignments(session: Session, rental_ids: list[uuid.UUID], span: Span) -> list[Assignment]:
     query = served(rental_ids=rental_ids, start=from_epoch(span[0]), end=from_epoch(span[1]))
     rows = session.execute(query)
@@ -211,12 +181,8 @@ def _assignments(session: Session, rental_ids: list[uuid.UUID], span: Span) -> l
 
 
 def _migrations(session: Session, rental_ids: list[uuid.UUID], span: Span) -> list[Migration]:
-    rows = session.scalars(
-        select(MigrationRow).where(
-            MigrationRow.rental_id == any_(cast(rental_ids, ARRAY(Uuid))),
-            MigrationRow.failed_at < from_epoch(span[1]),
-            MigrationRow.resumed_at > from_epoch(span[0]),
-        )
+    rows = rentals_repository.migrations_overlapping(
+        session, rental_ids, from_epoch(span[0]), from_epoch(span[1])
     )
     return [
         Migration(
@@ -232,16 +198,9 @@ def _migrations(session: Session, rental_ids: list[uuid.UUID], span: Span) -> li
     ]
 
 
-def _maintenance(session: Session, gpus: Iterable[str], span: Span) -> dict[str, list[Span]]:
-    rows = session.execute(
-        select(
-            MaintenanceWindow.gpu_uuid, MaintenanceWindow.start_at, MaintenanceWindow.end_at
-        ).where(
-            # One array parameter, not one per GPU: a 3,000-GPU customer's IN list cost more
-            # to build and send than the query took.
-            MaintenanceWindow.gpu_uuid == any_(cast(list(gpus), ARRAY(Text))),
-            *_overlapping(MaintenanceWindow.start_at, MaintenanceWindow.end_at, span),
-        )
+def _maintenance(session: Session, gpus: list[str], span: Span) -> dict[str, list[Span]]:
+    rows = fleet_repository.maintenance_spans(
+        session, gpus, from_epoch(span[0]), from_epoch(span[1])
     )
     out: dict[str, list[Span]] = defaultdict(list)
     for gpu, start, end in rows:
@@ -256,14 +215,7 @@ class _PlanBook:
     def __init__(self, session: Session, customer_ids: Collection[uuid.UUID]) -> None:
         self._session = session
         self._terms: dict[tuple[uuid.UUID, str, uuid.UUID | None, bool], PlanTerms] = {}
-        self._overridden = {
-            (plan, customer)
-            for plan, customer in session.execute(
-                select(PlanPrice.plan_id, PlanPrice.customer_id)
-                .distinct()
-                .where(PlanPrice.customer_id.in_(customer_ids))
-            )
-        }
+        self._overridden = plans_repository.contract_priced(session, customer_ids)
 
     def terms(
         self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID, preemptible: bool
@@ -278,7 +230,7 @@ class _PlanBook:
     def _load(
         self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID, preemptible: bool
     ) -> PlanTerms:
-        plan = self._session.get_one(PricePlan, plan_id)
+        plan = plans_repository.plan_by_id(self._session, plan_id)
         schedule = price_schedule(
             self._session, plan_id, gpu_model, customer_id, preemptible=preemptible
         )

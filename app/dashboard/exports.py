@@ -29,13 +29,12 @@ from enum import StrEnum
 from itertools import pairwise
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.billing import repository as billing_repository
 from app.billing.lines import LineKind
 from app.billing.loader import BillingPeriod
-from app.billing.models import Invoice, InvoiceLineRow, InvoiceStatus
+from app.billing.models import Invoice, InvoiceLineRow
 from app.billing.rollups import day_bounds
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import NotFound
@@ -166,8 +165,7 @@ class DayPart:
 
 def find_invoice(session: Session, customer: Customer, period: BillingPeriod) -> Invoice | None:
     """The customer's invoice for the period (draft or finalized), if the run made one."""
-    query = billing_repository.invoices_query(customer_id=customer.id, period=period.name)
-    return session.scalar(query.where(Invoice.status != InvoiceStatus.VOID))
+    return billing_repository.live_invoice(session, customer.id, period.name)
 
 
 def period_invoice(session: Session, customer: Customer, period: BillingPeriod) -> Invoice:
@@ -183,14 +181,8 @@ def period_invoice(session: Session, customer: Customer, period: BillingPeriod) 
 
 def day_parts(session: Session, invoice: Invoice, period: BillingPeriod) -> Iterator[DayPart]:
     """The invoice's lines split by local day, in line order, read a batch at a time."""
-    query = (
-        select(InvoiceLineRow)
-        .where(InvoiceLineRow.invoice_id == invoice.id)
-        .order_by(InvoiceLineRow.position)
-        .execution_options(yield_per=_BATCH)
-    )
     days = day_bounds(period)
-    for line in session.scalars(query):
+    for line in billing_repository.lines_of(session, invoice.id, _BATCH):
         yield from _split(line, days, period, invoice.currency)
         session.expunge(line)  # keep the identity map (and memory) flat
 

@@ -37,11 +37,14 @@ from app.billing.schemas import money
 from app.core.epoch import epoch, from_epoch
 from app.core.schemas import Schema
 from app.customers.models import Customer
-from app.dashboard import exports, repository, wording
+from app.dashboard import exports, wording
 from app.dashboard.formatting import Formatter, duration
+from app.failover import repository as failover_repository
 from app.failover.models import Failover
+from app.metering import repository as metering_repository
 from app.rentals.models import Migration
 from app.rentals.service import customer_migrations
+from app.rentals.visibility import served
 
 MAX_INCIDENTS = 1000  # per period: a page lists them all; a fleet-wide storm is cut here
 _CREDIT_KINDS = {LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT}
@@ -89,19 +92,33 @@ class _Failure:
     received_s: int | None
 
 
+def latest_events(
+    session: Session,
+    customer_id: uuid.UUID,
+    lo: int,
+    hi: int,
+    limit: int,
+    *,
+    failures_only: bool = False,
+) -> list[dict[str, Any]]:
+    """Newest first: events of [lo, hi) on GPUs during (or ending) the customer's assignments."""
+    held = served(customer_id=customer_id, start=from_epoch(lo), end=from_epoch(hi)).subquery()
+    return metering_repository.events_while_held(
+        session, held, lo, hi, limit, failures_only=failures_only
+    )
+
+
 def incidents(
     session: Session, customer: Customer, period: BillingPeriod, now: datetime, fmt: Formatter
 ) -> list[IncidentRead]:
     lo, hi = period.span[0], min(period.span[1], epoch(now))
-    events = repository.latest_events(
-        session, customer.id, lo, hi, MAX_INCIDENTS, failures_only=True
-    )
+    events = latest_events(session, customer.id, lo, hi, MAX_INCIDENTS, failures_only=True)
     failures = [_failure(e) for e in reversed(events)]  # oldest first
     migrations = customer_migrations(session, customer.id, from_epoch(lo), from_epoch(hi))
     invoice = exports.find_invoice(session, customer, period)
     failovers = {
         (fo.rental_id, fo.failed_gpu_uuid, epoch(fo.failed_at)): fo
-        for fo in repository.failovers_of(session, customer.id, lo, hi, MAX_INCIDENTS)
+        for fo in failover_repository.failovers_of(session, customer.id, lo, hi, MAX_INCIDENTS)
     }
     return [
         _read(f, m, failovers.get((f.rental_id, f.gpu_uuid, f.at)), invoice, customer.currency, fmt)

@@ -28,14 +28,18 @@ from decimal import Decimal
 from pydantic import Field
 from sqlalchemy.orm import Session
 
+from app.billing import repository as billing_repository
 from app.billing.lines import LineKind
 from app.billing.schemas import money
 from app.core.epoch import epoch, from_epoch
 from app.core.schemas import Schema
-from app.dashboard import repository, wording
+from app.dashboard import wording
 from app.failover.schemas import SiteLatency, SparePoolRead
 from app.failover.service import pool_view
 from app.failover.service import summary as failover_summary
+from app.fleet import repository as fleet_repository
+from app.metering import repository as metering_repository
+from app.rentals import repository as rentals_repository
 
 SPARE_TARGET = Decimal("0.05")
 FAILURE_WINDOW_S = 86_400
@@ -87,18 +91,13 @@ class FleetRead(Schema):
 
 def fleet(session: Session, now: datetime) -> FleetRead:
     until = epoch(now)
-    failures = [
-        _failure(row)
-        for row in repository.failures_between(
-            session, until - FAILURE_WINDOW_S, until + 1, MAX_FAILURES
-        )
-    ]
+    failures = _failures(session, until - FAILURE_WINDOW_S, until + 1)
     per_group: defaultdict[tuple[str, str], int] = defaultdict(int)
     for f in failures:
         per_group[(f.model, f.datacenter)] += 1
     return FleetRead(
         at=now,
-        groups=_groups(repository.fleet_counts(session), per_group),
+        groups=_groups(fleet_repository.fleet_counts(session), per_group),
         failures_24h=failures,
         reported_after=_latency([f.reported_after_s for f in failures]),
         resumed_after=_latency([f.resumed_after_s for f in failures]),
@@ -146,6 +145,26 @@ def _groups(
             )
         )
     return out
+
+
+def _failures(session: Session, since: int, until: int) -> list[FailureRead]:
+    """Failures since ``since``, each with its GPU's place and, when a rental was moved off
+    the GPU after it, when that rental resumed on its new GPU."""
+    rows = metering_repository.failures_between(session, since, until, MAX_FAILURES)
+    places = fleet_repository.gpu_places(session, {row["gpu_uuid"] for row in rows})
+    moves = rentals_repository.moved_after(session, [(r["gpu_uuid"], r["at"]) for r in rows])
+    failures = []
+    for row in rows:
+        model, datacenter = places[row["gpu_uuid"]]
+        resumed_s, to_gpu = moves.get((row["gpu_uuid"], row["at"]), (None, None))
+        failures.append(
+            _failure(
+                row
+                | {"model": model, "datacenter": datacenter}
+                | {"resumed_s": resumed_s, "to_gpu_uuid": to_gpu}
+            )
+        )
+    return failures
 
 
 def _failure(row: dict[str, object]) -> FailureRead:
@@ -209,7 +228,7 @@ _COLUMNS = {
 def revenue(session: Session, first: str, last: str) -> RevenueRead:
     sums: dict[tuple[str, str], dict[str, Decimal]] = {}
     invoices: dict[tuple[str, str], int] = {}
-    for row in repository.revenue_by_period(session, first, last):
+    for row in billing_repository.revenue_by_period(session, first, last):
         key = (str(row["period"]), str(row["currency"]))
         cells = sums.setdefault(key, defaultdict(Decimal))
         invoices[key] = max(invoices.get(key, 0), int(row["invoices"]))

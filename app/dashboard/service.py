@@ -31,7 +31,7 @@ from app.core.errors import NotFound, Unprocessable, not_found
 from app.customers.models import Customer
 from app.customers.repository import customers_query
 from app.customers.service import get_customer
-from app.dashboard import bands, incidents, repository
+from app.dashboard import bands, incidents
 from app.dashboard.formatting import Formatter
 from app.rentals.models import Rental
 from app.rentals.service import get_rental
@@ -112,7 +112,7 @@ class Overview:
 def overview(session: Session, v: Viewer, period: BillingPeriod, now: datetime) -> Overview:
     usage = billing_usage.usage(session, v.customer, period.name, now)
     hi = min(period.span[1], epoch(now))
-    events = repository.latest_events(session, v.customer.id, period.span[0], hi, LATEST_EVENTS)
+    events = incidents.latest_events(session, v.customer.id, period.span[0], hi, LATEST_EVENTS)
     found = incidents.incidents(session, v.customer, period, now, v.fmt)
     spend = budgets.status(budgets.budgets_of(session, v.customer), usage)
     currency = v.customer.currency

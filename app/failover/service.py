@@ -47,6 +47,7 @@ from app.fleet.schemas import SiteGpu
 from app.metering import reads
 from app.rentals import service as rentals
 from app.rentals.models import Rental
+from app.rentals.ports import RentalGpu
 from app.rentals.schemas import MigrationCreate
 from app.settings import get_settings
 
@@ -338,7 +339,7 @@ def _require(failover: Failover, state: FailoverState, action: str) -> None:
 # --- the rentals service's assignment check ---------------------------------------------------
 
 
-def refuse_reserved_spare(session: Session, gpu: Gpu, rental: Rental) -> None:
+def refuse_reserved_spare(session: Session, gpu: RentalGpu, rental: Rental) -> None:
     """No new rental (or manual migration) takes a spare a failover holds. Called with the
     GPU's row locked, which a reservation also takes, so the two are checked in turn."""
     held = repository.reservations(session, [gpu.uuid]).get(gpu.uuid)

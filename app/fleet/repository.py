@@ -3,9 +3,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Iterable
 from datetime import datetime
+from typing import Any
 
 from psycopg.errors import LockNotAvailable
-from sqlalchemy import Exists, Select, select, text
+from sqlalchemy import ARRAY, Exists, Select, Text, and_, any_, cast, func, or_, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -13,8 +14,7 @@ from app.auth.service import Principal
 from app.core.db import pipelined
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.fleet.schemas import SiteGpu
-from app.rentals.models import GpuAssignment
-from app.rentals.visibility import served
+from app.rentals.visibility import ever_served, served
 
 
 def nodes_query() -> Select[Node]:
@@ -53,7 +53,7 @@ def gpus_query(
 
 def gpu_served_customer(customer_id: uuid.UUID) -> Exists:
     """Whether the GPU of the enclosing query ever served one of the customer's rentals."""
-    return served(customer_id=customer_id).where(GpuAssignment.gpu_uuid == Gpu.uuid).exists()
+    return ever_served(customer_id, Gpu.uuid)
 
 
 def gpus_of_nodes(session: Session, hostnames: Collection[str]) -> dict[str, list[Gpu]]:
@@ -84,22 +84,6 @@ def open_maintenance_window(session: Session, gpu_uuid: str) -> MaintenanceWindo
     )
 
 
-def rentals_assigned(
-    session: Session, gpu_uuid: str, start: datetime, end: datetime
-) -> list[uuid.UUID]:
-    """The rentals that held the GPU at some time in [start, end)."""
-    query = (
-        select(GpuAssignment.rental_id)
-        .distinct()
-        .where(
-            GpuAssignment.gpu_uuid == gpu_uuid,
-            GpuAssignment.start_at < end,
-            (GpuAssignment.end_at.is_(None)) | (GpuAssignment.end_at > start),
-        )
-    )
-    return sorted(session.scalars(query))
-
-
 def maintenance_windows(
     session: Session, gpu_uuids: list[str], start: datetime, end: datetime
 ) -> list[MaintenanceWindow]:
@@ -112,6 +96,24 @@ def maintenance_windows(
             )
         )
     )
+
+
+def maintenance_spans(
+    session: Session, gpu_uuids: list[str], start: datetime, end: datetime
+) -> list[tuple[str, datetime, datetime | None]]:
+    """(GPU, start, end or None while open) of the GPUs' windows overlapping [start, end)."""
+    rows = session.execute(
+        select(
+            MaintenanceWindow.gpu_uuid, MaintenanceWindow.start_at, MaintenanceWindow.end_at
+        ).where(
+            # One array parameter, not one per GPU: a 3,000-GPU customer's IN list cost more
+            # to build and send than the query took.
+            MaintenanceWindow.gpu_uuid == any_(cast(gpu_uuids, ARRAY(Text))),
+            MaintenanceWindow.start_at < end,
+            or_(MaintenanceWindow.end_at.is_(None), MaintenanceWindow.end_at > start),
+        )
+    )
+    return [(gpu, window_start, window_end) for gpu, window_start, window_end in rows]
 
 
 def gpus_of_pool_site(session: Session, model: str, datacenter: str, at: datetime) -> list[SiteGpu]:
@@ -227,3 +229,33 @@ def gpu_counts(session: Session) -> list[tuple[str | None, str, int]]:
         text("SELECT last_state, pool::text, count(*) FROM gpus GROUP BY 1, 2 ORDER BY 1, 2")
     )
     return [(state, pool, n) for state, pool, n in rows]
+
+
+# --- read by the operators' dashboard -------------------------------------------------------
+
+
+def fleet_counts(session: Session) -> list[dict[str, Any]]:
+    """GPUs per model, datacenter, pool, last state and whether a rental holds one now."""
+    held = served().subquery()
+    keys = (
+        Gpu.model,
+        Node.datacenter,
+        cast(Gpu.pool, Text).label("pool"),
+        func.coalesce(Gpu.last_state, "unknown").label("state"),
+        held.c.gpu_uuid.is_not(None).label("rented"),
+    )
+    query = (
+        select(*keys, func.count().label("gpus"))
+        .join(Node, Node.id == Gpu.node_id)
+        .outerjoin(held, and_(held.c.gpu_uuid == Gpu.uuid, held.c.end_at.is_(None)))
+        .group_by(*keys)
+        .order_by(*keys)
+    )
+    return [dict(r._mapping) for r in session.execute(query)]
+
+
+def gpu_places(session: Session, gpu_uuids: Collection[str]) -> dict[str, tuple[str, str]]:
+    """Each GPU's model and datacenter."""
+    query = select(Gpu.uuid, Gpu.model, Node.datacenter).join(Node, Node.id == Gpu.node_id)
+    rows = session.execute(query.where(Gpu.uuid.in_(gpu_uuids)))
+    return {gpu: (model, datacenter) for gpu, model, datacenter in rows}

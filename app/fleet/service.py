@@ -14,6 +14,8 @@ from app.fleet import repository
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.fleet.schemas import GpuCreate, GpuUpdate, MaintenanceCreate, NodeCreate, SiteGpu
 from app.metering.ports import GpuRegistry, StateChange
+from app.rentals.ports import Gpus, RentalGpu
+from app.rentals.service import rentals_holding
 
 
 def get_node(session: Session, node_id: uuid.UUID) -> Node:
@@ -90,7 +92,7 @@ def record_maintenance(
     window = MaintenanceWindow(gpu_uuid=gpu.uuid, **data.model_dump())
     session.add(window)
     session.flush()
-    return window, repository.rentals_assigned(session, gpu.uuid, data.start_at, data.end_at)
+    return window, rentals_holding(session, gpu.uuid, data.start_at, data.end_at)
 
 
 def change_pool(session: Session, gpu: Gpu, data: GpuUpdate) -> Gpu:
@@ -158,6 +160,19 @@ class _IngestGpus:
 
 
 GPU_REGISTRY: GpuRegistry = _IngestGpus()
+
+
+class _RentalGpus:
+    """The fleet's answers to rentals (app.rentals.ports.Gpus)."""
+
+    def lock(self, session: Session, gpu_uuid: str) -> RentalGpu | None:
+        gpu = session.get(Gpu, gpu_uuid, with_for_update=True)
+        if gpu is None:
+            return None
+        return RentalGpu(gpu.uuid, gpu.model, in_maintenance=gpu.pool == Pool.MAINTENANCE)
+
+
+RENTAL_GPUS: Gpus = _RentalGpus()
 
 
 def maintenance_recorded_since(

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import BigInteger, Subquery, cast, extract, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from app.core.db import Statement, lock_keys_statement, pipelined
 from app.metering import idle, packing
+from app.metering.models import HealthEventRow
 from app.metering.segments import Span
 from metering_agent.protocol import HealthEvent
 
@@ -395,3 +396,49 @@ def failed_since(session: Session, since: int) -> list[dict[str, Any]]:
         {"since": since},
     )
     return [dict(row._mapping) for row in rows]
+
+
+# --- read by the dashboard: a customer's events and the fleet's failures -------------------
+
+
+def events_while_held(
+    session: Session, held: Subquery, lo: int, hi: int, limit: int, *, failures_only: bool
+) -> list[dict[str, Any]]:
+    """Newest first: events of [lo, hi) on the GPUs of ``held`` (assignment intervals
+    ``rental_id, gpu_uuid, start_at, end_at``, as rentals' ``served``) while held; with
+    ``failures_only``, only the state changes to ``failed``.
+
+    An interval's end second is included: a migration ends the failed GPU's assignment at
+    ``failed_at``, the very second of the failure event that caused it."""
+    held_from = func.greatest(cast(extract("epoch", held.c.start_at), BigInteger), lo)
+    held_end = cast(extract("epoch", held.c.end_at), BigInteger)
+    e = HealthEventRow
+    received_s = cast(extract("epoch", e.received_at), BigInteger).label("received_s")
+    query = (
+        select(e.event_id, e.gpu_uuid, e.at, e.kind, e.code, e.state, e.rule, e.detail)
+        .add_columns(held.c.rental_id, received_s)
+        .join(held, e.gpu_uuid == held.c.gpu_uuid)
+        .where(e.at >= held_from, e.at < hi, or_(held.c.end_at.is_(None), e.at <= held_end))
+        .order_by(e.at.desc(), e.event_id)
+        .limit(limit)
+    )
+    if failures_only:
+        query = query.where(e.kind == "state_change", e.state == "failed")
+    return [dict(row._mapping) for row in session.execute(query)]
+
+
+_FAILURES = text("""
+SELECT event_id, gpu_uuid, at, code, rule, detail,
+  extract(epoch FROM received_at)::bigint AS received_s
+FROM health_events
+WHERE kind = 'state_change' AND state = 'failed' AND at >= :since AND at < :until
+ORDER BY at DESC, event_id
+LIMIT :limit
+""")
+
+
+def failures_between(session: Session, since: int, until: int, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` changes to ``failed`` in [since, until), newest first, each with
+    when the service heard of it."""
+    params = {"since": since, "until": until, "limit": limit}
+    return [dict(r._mapping) for r in session.execute(_FAILURES, params)]

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import contextlib
 import uuid
 from datetime import datetime
 from typing import Any
@@ -9,7 +8,6 @@ from sqlalchemy import Select, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from app.billing.models import CreditNote, Invoice
 from app.payments.models import PaymentFailure, StripeOutbox, StripeWebhookEvent, SyncState
 
 
@@ -55,16 +53,6 @@ def outbox_query(
     return query
 
 
-def invoice_for_stripe(
-    session: Session, stripe_invoice_id: str, our_id: str | None
-) -> Invoice | None:
-    """Our invoice, by the Stripe id we stored or else by the id in the Stripe metadata."""
-    conditions = [Invoice.stripe_invoice_id == stripe_invoice_id]
-    with contextlib.suppress(ValueError):  # metadata not ours: match by Stripe id alone
-        conditions.append(Invoice.id == uuid.UUID(our_id or ""))
-    return session.scalars(select(Invoice).where(or_(*conditions)).with_for_update()).first()
-
-
 def insert_event(session: Session, event_id: str, type_: str, payload: dict[str, Any]) -> bool:
     """Store the event unless its id is already in the inbox; True when it is new."""
     statement = (
@@ -85,30 +73,3 @@ def payment_failures_query(
     if invoice_id is not None:
         query = query.where(PaymentFailure.invoice_id == invoice_id)
     return query
-
-
-def credit_notes_to_mirror(session: Session) -> list[CreditNote]:
-    """Credit notes not yet in Stripe (and not failed there) whose corrected invoice is open
-    or paid in Stripe, oldest first."""
-    query = (
-        select(CreditNote)
-        .join(Invoice, Invoice.id == CreditNote.invoice_id)
-        .where(
-            CreditNote.stripe_id.is_(None),
-            CreditNote.stripe_error.is_(None),
-            Invoice.stripe_invoice_id.is_not(None),
-            Invoice.stripe_status.in_(("open", "paid")),
-        )
-        .order_by(CreditNote.issued_at, CreditNote.number)
-    )
-    return list(session.scalars(query))
-
-
-def lock_credit_note(session: Session, credit_note_id: uuid.UUID) -> CreditNote | None:
-    """The credit note, locked, if it is still to be mirrored and no other worker holds it."""
-    query = (
-        select(CreditNote)
-        .where(CreditNote.id == credit_note_id, CreditNote.stripe_id.is_(None))
-        .with_for_update(skip_locked=True)
-    )
-    return session.scalars(query).first()

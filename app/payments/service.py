@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.balances import service as balances_service
+from app.billing import repository as billing_repository
 from app.billing import service as billing_service
 from app.billing.models import Invoice, InvoiceStatus
 from app.core.epoch import from_epoch
@@ -47,7 +48,7 @@ def stripe_enabled() -> bool:
 def on_invoice_event(session: Session, event: DomainEvent) -> None:
     """``invoice.finalized`` / ``invoice.voided``: queue the Stripe mirror of the invoice, in
     the transaction that finalized or voided it (the outbox guarantee)."""
-    invoice = session.get_one(Invoice, uuid.UUID(event.data["invoice_id"]))
+    invoice = billing_repository.invoice_by_id(session, uuid.UUID(event.data["invoice_id"]))
     queue_stripe_sync(session, invoice)
 
 
@@ -185,7 +186,7 @@ def _top_up(session: Session, obj: dict[str, Any]) -> str:
 def _our_invoice(session: Session, obj: dict[str, Any]) -> Invoice | None:
     if obj.get("object") != "invoice":
         return None
-    return repository.invoice_for_stripe(
+    return billing_repository.invoice_for_stripe(
         session, obj.get("id", ""), (obj.get("metadata") or {}).get(META_INVOICE)
     )
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from datetime import datetime
 
 from sqlalchemy import Select, exists, or_, select
@@ -8,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.plans.models import PlanPrice, PricePlan
-from app.rentals.models import Rental
+from app.rentals.visibility import rents_on
 
 
 def readable_plans(principal: Principal) -> Select[PricePlan]:
@@ -26,9 +27,7 @@ def plans_query(*, customer_id: uuid.UUID | None = None) -> Select[PricePlan]:
     """Plans; with customer_id, only plans that customer rents on."""
     query = select(PricePlan).order_by(PricePlan.name)
     if customer_id is not None:
-        query = query.where(
-            exists().where(Rental.plan_id == PricePlan.id, Rental.customer_id == customer_id)
-        )
+        query = query.where(rents_on(customer_id, PricePlan.id))
     return query
 
 
@@ -54,7 +53,26 @@ def prices_added_since(
             PlanPrice.created_at > since,
             PlanPrice.effective_from < before,
             or_(PlanPrice.customer_id.is_(None), PlanPrice.customer_id == customer_id),
-            exists().where(Rental.plan_id == PlanPrice.plan_id, Rental.customer_id == customer_id),
+            rents_on(customer_id, PlanPrice.plan_id),
         )
     )
     return bool(session.scalar(query))
+
+
+# --- read by billing's loader -------------------------------------------------------------
+
+
+def plan_by_id(session: Session, plan_id: uuid.UUID) -> PricePlan:
+    return session.get_one(PricePlan, plan_id)
+
+
+def contract_priced(
+    session: Session, customer_ids: Collection[uuid.UUID]
+) -> set[tuple[uuid.UUID, uuid.UUID | None]]:
+    """(plan, customer) for each plan with a contract price of one of the customers."""
+    query = (
+        select(PlanPrice.plan_id, PlanPrice.customer_id)
+        .distinct()
+        .where(PlanPrice.customer_id.in_(customer_ids))
+    )
+    return {(plan, customer) for plan, customer in session.execute(query)}

@@ -14,6 +14,7 @@ from app.customers.models import Customer
 from app.plans import repository
 from app.plans.models import PlanPrice, PricePlan
 from app.plans.schemas import PlanCreate, PlanUpdate, PriceCreate, PriceRead
+from app.rentals.ports import Plans, RentalPlan
 
 
 def get_plan(session: Session, plan_id: uuid.UUID, principal: Principal) -> PricePlan:
@@ -130,3 +131,27 @@ def prices_added_since(
     """Whether a price effective before ``before`` was added after ``since`` to a plan the
     customer rents on (base or its own contract price): billing re-rates finalized periods."""
     return repository.prices_added_since(session, customer_id, before, since)
+
+
+class _RentalPlans:
+    """The plans' answers to rentals (app.rentals.ports.Plans)."""
+
+    def plan(self, session: Session, plan_id: uuid.UUID) -> RentalPlan | None:
+        plan = session.get(PricePlan, plan_id)
+        return None if plan is None else RentalPlan(plan.name, plan.currency)
+
+    def has_price(
+        self,
+        session: Session,
+        plan_id: uuid.UUID,
+        gpu_model: str,
+        customer_id: uuid.UUID,
+        *,
+        preemptible: bool,
+    ) -> bool:
+        return bool(
+            price_schedule(session, plan_id, gpu_model, customer_id, preemptible=preemptible)
+        )
+
+
+RENTAL_PLANS: Plans = _RentalPlans()

@@ -14,11 +14,9 @@ from app.auth.service import Principal
 from app.core.errors import Conflict, Loc, NotFound, Unprocessable, not_found
 from app.customers.models import Customer
 from app.events.service import publish
-from app.fleet.models import Gpu, Pool
-from app.plans.models import PricePlan
-from app.plans.service import price_schedule
 from app.rentals import repository
 from app.rentals.models import GpuAssignment, Migration, Rental
+from app.rentals.ports import Catalogue, RentalGpu
 from app.rentals.schemas import AssignmentCreate, MigrationCreate, RentalCreate
 
 
@@ -32,6 +30,13 @@ def get_rental(session: Session, rental_id: uuid.UUID, principal: Principal) -> 
 def rental_by_id(session: Session, rental_id: uuid.UUID) -> Rental:
     """Read interface for the service's own rules (no caller to scope by): the rental."""
     return session.get_one(Rental, rental_id)
+
+
+def rentals_holding(
+    session: Session, gpu_uuid: str, start: datetime, end: datetime
+) -> list[uuid.UUID]:
+    """Read interface: the rentals that held the GPU at some time in [start, end)."""
+    return repository.rentals_holding(session, gpu_uuid, start, end)
 
 
 def customer_migrations(
@@ -56,7 +61,7 @@ def add_create_check(check: CreateCheck) -> None:
 # Checks that may refuse assigning a GPU (raising an ApiError), registered by the composition
 # root: e.g. the failover's spare reservations, which sit above rentals. Called with the GPU's
 # row locked, so they see every assignment committed before.
-AssignCheck = Callable[[Session, Gpu, Rental], None]
+AssignCheck = Callable[[Session, RentalGpu, Rental], None]
 _assign_checks: list[AssignCheck] = []
 
 
@@ -66,13 +71,28 @@ def add_assign_check(check: AssignCheck) -> None:
         _assign_checks.append(check)
 
 
+# Where rentals look up the GPUs and plans they reference, set by the composition root.
+_catalogues: list[Catalogue] = []
+
+
+def use_catalogue(catalogue: Catalogue) -> None:
+    _catalogues[:] = [catalogue]
+
+
+def _catalogue() -> Catalogue:
+    if not _catalogues:
+        raise RuntimeError("no rentals catalogue: the composition root calls use_catalogue")
+    return _catalogues[0]
+
+
 def create_rental(session: Session, data: RentalCreate) -> Rental:
     customer = session.get(Customer, data.customer_id)
     if customer is None:
         raise not_found("customer", data.customer_id, ("body", "customer_id"))
     for check in _create_checks:
         check(session, customer)
-    plan = session.get(PricePlan, data.plan_id)
+    plans = _catalogue().plans
+    plan = plans.plan(session, data.plan_id)
     if plan is None:
         raise not_found("price plan", data.plan_id, ("body", "plan_id"))
     if plan.currency != customer.currency:
@@ -81,8 +101,8 @@ def create_rental(session: Session, data: RentalCreate) -> Rental:
             f"{customer.currency}",
             ("body", "plan_id"),
         )
-    if not price_schedule(
-        session, plan.id, data.gpu_model, customer.id, preemptible=data.preemptible
+    if not plans.has_price(
+        session, data.plan_id, data.gpu_model, customer.id, preemptible=data.preemptible
     ):
         kind = "preemptible price" if data.preemptible else "price"
         raise Unprocessable(
@@ -269,11 +289,10 @@ def _check_assignable(
     *,
     gpu_field: str = "gpu_uuid",
 ) -> None:
-    # Lock the GPU row: concurrent assignments of one GPU are checked one after the other.
-    gpu = session.get(Gpu, gpu_uuid, with_for_update=True)
+    gpu = _catalogue().gpus.lock(session, gpu_uuid)
     if gpu is None:
         raise NotFound(f"GPU {gpu_uuid} not found", (*loc, gpu_field))
-    if gpu.pool == Pool.MAINTENANCE:
+    if gpu.in_maintenance:
         raise Conflict(
             f"GPU {gpu_uuid} is in maintenance and cannot be assigned", (*loc, gpu_field)
         )

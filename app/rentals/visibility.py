@@ -1,4 +1,5 @@
-"""Customer-GPU visibility: which GPUs served which rentals (and customers), and when.
+"""Customer-GPU visibility: which GPUs served which rentals (and customers), and when; and
+the plans a customer rents on.
 
 The one definition of the rule, owned by rentals (assignments are its table) and used by every
 reader: the fleet's GPU lists and telemetry, billing's rating and late-data checks, the
@@ -12,9 +13,10 @@ import uuid
 from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import Select, or_, select
+from sqlalchemy import Exists, Select, exists, or_, select
+from sqlalchemy.orm import InstrumentedAttribute
 
-from app.rentals.models import GpuAssignment
+from app.rentals.models import GpuAssignment, Rental
 
 
 def served(
@@ -45,3 +47,15 @@ def served(
     if start is not None:
         query = query.where(or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > start))
     return query
+
+
+def ever_served(customer_id: uuid.UUID, gpu_uuid: InstrumentedAttribute[str]) -> Exists:
+    """Whether the GPU ``gpu_uuid`` (a column of the enclosing query) ever served one of the
+    customer's rentals."""
+    return served(customer_id=customer_id).where(GpuAssignment.gpu_uuid == gpu_uuid).exists()
+
+
+def rents_on(customer_id: uuid.UUID, plan_id: InstrumentedAttribute[uuid.UUID]) -> Exists:
+    """Whether the customer has a rental on the plan ``plan_id`` (a column of the enclosing
+    query): the plans a customer may read."""
+    return exists().where(Rental.plan_id == plan_id, Rental.customer_id == customer_id)

@@ -14,6 +14,10 @@ from dataclasses import asdict, dataclass
 
 from sqlalchemy.orm import Session
 
+from app.fleet.service import RENTAL_GPUS
+from app.plans.service import RENTAL_PLANS
+from app.rentals.ports import Catalogue
+from app.rentals.service import use_catalogue
 from app.simulate import store
 from app.simulate.attribution import (
     AUTO_WINDOW_S,
@@ -61,6 +65,8 @@ class Report:
 
 def simulate(session: Session, gpus: list[SimGpu], options: Options, progress: Progress) -> Report:
     began = time.monotonic()
+    # The simulator is its own composition root: its migrations check GPUs as the API's do.
+    use_catalogue(Catalogue(RENTAL_GPUS, RENTAL_PLANS))
     rng = random.Random(options.seed)
     gpus = sorted(gpus, key=lambda g: g.uuid)  # closed hours are copied in key order
     start, end = options.start, options.end

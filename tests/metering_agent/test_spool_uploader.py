@@ -116,6 +116,7 @@ def test_uploader_survives_500s_and_timeouts(tmp_path: Path, sink: Sink) -> None
         assert seconds == list(range(T0 + 1, T0 + 201)), "the run is covered, no gaps"
     assert metrics.get("gpumeter_agent_upload_errors_total") == 5
     assert sink.tokens == {"Bearer tok"}
+    uploader.transport.close()  # its run() would: no socket left for the GC to warn about
 
 
 def test_rejected_batch_goes_to_dead_letter_and_upload_carries_on(
@@ -133,6 +134,7 @@ def test_rejected_batch_goes_to_dead_letter_and_upload_carries_on(
     assert [p.name for p in spool.dead_dir.iterdir()] == [first.name]
     assert sorted(sink.records()) == [("GPU-a", T0 + i) for i in range(2, 6)]
     assert metrics.get("gpumeter_agent_batches_dead_lettered_total") == 1
+    uploader.transport.close()
 
 
 def test_429_is_retried_not_dead_lettered(tmp_path: Path, sink: Sink) -> None:
@@ -141,8 +143,10 @@ def test_429_is_retried_not_dead_lettered(tmp_path: Path, sink: Sink) -> None:
     spool.flush()
     spool.seal(force=True)
     sink.script = [429]
-    assert Uploader(spool, sink.url, "tok", backoff=FAST).upload_pending(threading.Event())
+    uploader = Uploader(spool, sink.url, "tok", backoff=FAST)
+    assert uploader.upload_pending(threading.Event())
     assert list(spool.dead_dir.iterdir()) == [] and len(sink.records()) == 1
+    uploader.transport.close()
 
 
 def test_upload_deadline_leaves_batches_spooled(tmp_path: Path) -> None:

@@ -96,6 +96,7 @@ def test_batches_share_one_kept_alive_connection_gzip_encoded(tmp_path: Path, si
     sent = metrics.get("gpumeter_agent_upload_bytes_total")
     raw = metrics.get("gpumeter_agent_upload_uncompressed_bytes_total")
     assert sent and raw and sent < raw
+    uploader.transport.close()  # its run() would: no socket left for the GC to warn about
 
 
 def test_a_connection_the_service_dropped_is_reopened_and_the_batch_sent(
@@ -107,12 +108,14 @@ def test_a_connection_the_service_dropped_is_reopened_and_the_batch_sent(
     assert uploader.upload_pending(threading.Event())
     assert len(sink.stored) == 3 and sink.connections == 3
     assert sink.requests == 3, "no batch needed a second attempt beyond the reconnect"
+    uploader.transport.close()
 
 
 def test_without_gzip_bodies_go_plain(tmp_path: Path, sink: Sink) -> None:
     uploader = Uploader(spool_batches(tmp_path, 1), sink.url, "tok", backoff=FAST, compress=False)
     assert uploader.upload_pending(threading.Event())
     assert sink.encodings == ["identity"] and len(sink.stored) == 1
+    uploader.transport.close()
 
 
 def test_send_at_wakes_the_uploader_at_that_time_not_a_round_later(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import stripe
@@ -13,6 +14,7 @@ from sqlalchemy import Engine, func, select, update
 from app.billing.models import Invoice
 from app.core.db import transaction
 from app.customers.models import Customer
+from app.payments import stripe_mirror
 from app.payments.models import StripeOutbox
 from app.payments.stripe_api import make_client
 from app.payments.stripe_mirror import claim
@@ -175,6 +177,19 @@ def test_lost_answers_are_replayed_not_created_twice(mirror: Mirror, fake: FakeS
     assert per_key[f"gpumeter-customer-{customer_id}"] >= 2  # lost, then replayed
 
 
+class FrozenClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
 @pytest.mark.e2e
 def test_stripe_outage_then_recovery(
     mirror: Mirror, fake: FakeStripe, monkeypatch: pytest.MonkeyPatch
@@ -194,12 +209,15 @@ def test_stripe_outage_then_recovery(
         if created == 2:
             fake.outage = "503"
 
-    started = time.monotonic()
+    # The backoff runs on the mirror's clock, which moves 0.2 s a poll: the attempts made in
+    # the 8 s do not depend on how long each poll took.
+    clock = FrozenClock(datetime.now(UTC))
+    monkeypatch.setattr(stripe_mirror, "_now", clock)
     mirror.sync(after_item=outage_after_two)
     second = mirror.finalized()  # finalizing during the outage still commits and queues
-    while time.monotonic() - started < 8:
+    for _ in range(40):
+        clock.advance(0.2)
         mirror.sync()
-        time.sleep(0.2)
     rows = [mirror.row(first), mirror.row(second)]
     # Backoff 0.25, 0.5, 1, 2, 2 ... s: a handful of attempts in 8 s, not one per poll.
     assert all(r["state"] == "pending" and 3 <= r["attempts"] <= 8 for r in rows), rows
@@ -210,8 +228,8 @@ def test_stripe_outage_then_recovery(
     while time.monotonic() < deadline and any(
         mirror.row(i)["state"] != "synced" for i in (first, second)
     ):
+        clock.advance(0.2)
         mirror.sync()
-        time.sleep(0.2)
     for invoice_id in (first, second):
         assert mirror.row(invoice_id)["state"] == "synced"
         stripe_id = mirror.invoice(invoice_id).stripe_invoice_id

@@ -42,13 +42,14 @@ class Service:
 
     def start(self) -> None:
         env = {**os.environ, "GPUMETER_DATABASE_URL": self.database_url}
-        log = open(self.logs / f"service-{time.time():.0f}.log", "wb")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [str(BIN / "gpumeter"), "serve", "--port", str(self.port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        # The child keeps its own descriptor of the log; ours is closed at once.
+        with open(self.logs / f"service-{time.time():.0f}.log", "wb") as log:
+            self.process = subprocess.Popen(
+                [str(BIN / "gpumeter"), "serve", "--port", str(self.port)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         try:
             wait_until_ready(self.url, self.process, timeout_s=120)
         except NotReady:
@@ -116,8 +117,8 @@ class Fleet:
             script = self.tmp / f"faults-{name}.json"
             script.write_text(json.dumps(faults))
             args += ["--faults", str(script)]
-        log = open(self.tmp / f"agent-{name}-{time.time():.0f}.log", "wb")  # noqa: SIM115
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        with open(self.tmp / f"agent-{name}-{time.time():.0f}.log", "wb") as log:
+            process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         self.agents.append(process)
         return process
 

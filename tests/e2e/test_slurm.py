@@ -101,16 +101,15 @@ def start_agents(fleet: Fleet, provider: Provider) -> None:
 
 @pytest.fixture
 def adapter(fleet: Fleet, slurm: LocalSlurm, provider: Provider) -> Iterator[subprocess.Popen]:
-    log = (fleet.tmp / "adapter.log").open("wb")
-    process = subprocess.Popen(
-        [str(BIN / "gpumeter-slurm"), "--server", fleet.service.url, "--token", fleet.admin,
-         "--cluster", CLUSTER, "--slurm-conf", str(slurm.conf), "--poll-interval", "0.5",
-         "--worker-partition", WORKER_PARTITION, "--spare-partition", SPARE_PARTITION],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+    with (fleet.tmp / "adapter.log").open("wb") as log:
+        process = subprocess.Popen(
+            [str(BIN / "gpumeter-slurm"), "--server", fleet.service.url, "--token", fleet.admin,
+             "--cluster", CLUSTER, "--slurm-conf", str(slurm.conf), "--poll-interval", "0.5",
+             "--worker-partition", WORKER_PARTITION, "--spare-partition", SPARE_PARTITION],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     yield process
     assert stop_child(process, "gpumeter-slurm") == 0  # SIGTERM: a clean stop
-    log.close()
 
 
 def wait_for_node(slurm: LocalSlurm, node: str, state: str) -> None:

@@ -56,14 +56,13 @@ def gpu_served_customer(customer_id: uuid.UUID) -> Exists:
     return ever_served(customer_id, Gpu.uuid)
 
 
-def gpus_of_nodes(session: Session, hostnames: Collection[str]) -> dict[str, list[Gpu]]:
-    """The nodes of these hostnames that exist, each with its GPUs (none reported: empty)."""
-    rows = session.execute(
-        select(Node.hostname, Gpu)
-        .outerjoin(Gpu, Gpu.node_id == Node.id)
-        .where(Node.hostname.in_(hostnames))
-        .order_by(Node.hostname, Gpu.uuid)
-    )
+def gpus_of_nodes(session: Session, hostnames: Collection[str] | None) -> dict[str, list[Gpu]]:
+    """The nodes of these hostnames (None: every node) that exist, each with its GPUs (none
+    reported: empty)."""
+    query = select(Node.hostname, Gpu).outerjoin(Gpu, Gpu.node_id == Node.id)
+    if hostnames is not None:
+        query = query.where(Node.hostname.in_(hostnames))
+    rows = session.execute(query.order_by(Node.hostname, Gpu.uuid))
     found: dict[str, list[Gpu]] = {}
     for hostname, gpu in rows:
         found.setdefault(hostname, [])

@@ -132,9 +132,11 @@ def pool_sites(session: Session) -> list[tuple[str, str]]:
     return repository.pool_sites(session)
 
 
-def gpus_of_nodes(session: Session, hostnames: Collection[str]) -> dict[str, list[Gpu]]:
+def gpus_of_nodes(
+    session: Session, hostnames: Collection[str] | None = None
+) -> dict[str, list[Gpu]]:
     """Read interface (a scheduler's attribution): the GPUs of each node by hostname, for
-    the nodes that exist."""
+    the nodes that exist (None: every node)."""
     return repository.gpus_of_nodes(session, hostnames)
 
 

@@ -194,9 +194,10 @@ class Adapter:
         every = self.slurm.partition_nodes(self.config.spare_partition)
         if not every:
             return
-        layout = self.api.get("/v1/slurm/layout", node=every)
+        layout = self.api.get("/v1/slurm/layout")
         current = self.slurm.partition_nodes(self.config.worker_partition)
         wanted = (set(current) | set(layout["worker_nodes"])) - set(layout["spare_nodes"])
+        wanted &= set(every)  # gpumeter's nodes that are not in this cluster stay out
         if wanted and wanted != set(current):
             ordered = [node for node in every if node in wanted]
             self.slurm.set_partition_nodes(self.config.worker_partition, ordered)

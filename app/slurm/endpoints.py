@@ -83,10 +83,7 @@ def action_done(
 
 
 @router.get("/layout")
-def layout(
-    session: DbSession,
-    _: Admin,
-    node: Annotated[list[SlurmName], Query(max_length=10_000)],
-) -> Layout:
-    """Which of these Slurm nodes are hot spares and which serve jobs, by gpumeter's pools."""
-    return service.layout(session, node)
+def layout(session: DbSession, _: Admin) -> Layout:
+    """Which nodes are hot spares and which serve jobs, by gpumeter's pools (the adapter
+    keeps the spares out of the worker partition)."""
+    return service.layout(session)

@@ -446,10 +446,9 @@ def complete_action(session: Session, action_id: int, outcome: str) -> SlurmActi
     return action
 
 
-def layout(session: Session, nodes: list[str]) -> Layout:
-    """Of these Slurm nodes, the hot spares (every GPU in the spare pool) and the rest that
-    gpumeter knows; nodes it does not know are in neither list."""
-    known = fleet.gpus_of_nodes(session, nodes)
+def layout(session: Session) -> Layout:
+    """gpumeter's nodes with GPUs: the hot spares (every GPU in the spare pool) and the rest."""
+    known = fleet.gpus_of_nodes(session)
     spares = sorted(
         n for n, gpus in known.items() if gpus and all(g.pool == Pool.SPARE for g in gpus)
     )

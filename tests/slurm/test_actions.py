@@ -81,7 +81,7 @@ def test_a_failover_of_a_slurm_job_is_carried_out_through_actions(world: SlurmWo
     [repair] = _actions(world)
     assert (repair["kind"], repair["node"]) == ("repair", "n1")
     assert _pools(world, "n1") == ["spare", "spare"]
-    layout = world.get("/v1/slurm/layout?node=n1&node=n2&node=n3&node=login")
+    layout = world.get("/v1/slurm/layout")
     assert layout == {"spare_nodes": ["n1"], "worker_nodes": ["n2", "n3"]}
     world.report("n1", [(0, t0 + 61, t0 + 62, "failed"), (0, t0 + 62, t0 + 63, "healthy")])
     assert [a["id"] for a in _actions(world)] == [repair["id"]]  # one open repair per node

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
@@ -22,6 +22,10 @@ from starlette.routing import compile_path
 log = logging.getLogger(__name__)
 
 Loc = Sequence[str | int]
+
+# The largest Postgres BIGINT: every integer id, cursor and cent amount the API takes is
+# range-checked against it where it enters, so none reaches the database out of range.
+BIGINT_MAX = 2**63 - 1
 
 
 class ApiError(Exception):
@@ -207,6 +211,15 @@ def database_unavailable(exc: Exception, path: str) -> ServiceUnavailable | None
     return None
 
 
+def data_error(exc: DataError) -> Unprocessable:
+    """The 422 for a value the database refused as out of its type's range or form (a
+    backstop: inputs are range-checked where they enter), with Postgres's own reason."""
+    diag = getattr(exc.orig, "diag", None)
+    reason = getattr(diag, "message_primary", None) or "a value is out of range"
+    log.warning("database refused a value", extra={"error": reason})
+    return Unprocessable(f"a value the database cannot store: {reason}")
+
+
 def not_found(what: str, ident: object, loc: Loc = ("path", "id")) -> NotFound:
     return NotFound(f"{what} {ident} not found", loc)
 
@@ -219,6 +232,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DBAPIError)
     @app.exception_handler(PoolTimeout)
     async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, DataError):  # a value the database cannot hold: the input's fault
+            return api_error_response(data_error(exc))
         unavailable = database_unavailable(exc, request.url.path)
         if unavailable is None:
             raise exc

@@ -20,6 +20,7 @@ from app.balances.endpoints import router as balances_router
 from app.billing.endpoints import customer_router as billing_customer_router
 from app.billing.endpoints import router as invoices_router
 from app.budgets.endpoints import router as budgets_router
+from app.core.browser import SecurityHeaders
 from app.core.db import get_engine
 from app.core.errors import document_errors, install_error_handlers
 from app.core.health import router as health_router
@@ -118,6 +119,7 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     # Outermost first on the way in: size and concurrency limits, then the key, then the app.
     app.add_middleware(AuthenticateFirst)
     app.add_middleware(RequestLimits)
+    app.add_middleware(SecurityHeaders)  # on every answer, the limits' 503s and 413s too
     # Ingest has in-flight slots of its own: its requests hold no database connection while
     # they wait for their writer, so the pool-sized slots would only cap its groups.
     settings = get_settings()

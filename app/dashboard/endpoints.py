@@ -30,6 +30,7 @@ from app.auth.models import KeyKind
 from app.auth.service import Principal, authenticate
 from app.billing.endpoints import Now
 from app.billing.loader import PERIOD_PATTERN, BillingPeriod
+from app.core.browser import same_origin
 from app.core.db import transaction
 from app.core.deps import DbSession
 from app.core.epoch import from_epoch
@@ -291,7 +292,7 @@ async def _form(request: Request) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(body, max_num_fields=10).items()}
 
 
-@pages.post("/sign-in")
+@pages.post("/sign-in", dependencies=[Depends(same_origin)])
 def sign_in(session: DbSession, form: Annotated[dict[str, str], Depends(_form)]) -> Response:
     target = _safe_next(form.get("next"))
     principal = authenticate(session, form.get("api_key", "").strip()[:200])
@@ -303,7 +304,7 @@ def sign_in(session: DbSession, form: Annotated[dict[str, str], Depends(_form)])
     return response
 
 
-@pages.post("/sign-out")
+@pages.post("/sign-out", dependencies=[Depends(same_origin)])
 def sign_out() -> Response:
     response = RedirectResponse("/dashboard/sign-in", status_code=303)
     sessions.clear_session_cookie(response)

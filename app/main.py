@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
 from app.auth.endpoints import router as keys_router
 from app.auth.middleware import AuthenticateFirst
+from app.auth.throttle import FailedAuthThrottle, ThrottleFailedAuth
 from app.balances.endpoints import router as balances_router
 from app.billing.endpoints import customer_router as billing_customer_router
 from app.billing.endpoints import router as invoices_router
@@ -126,7 +127,11 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     limits = replace(Limits.of(settings), max_in_flight=settings.ingest_in_flight)
     endpoint = RequestLimits(ingest.IngestEndpoint(app.state.ingest_writers), limits)
     build_stack = app.build_middleware_stack  # Starlette builds it at the first request
-    app.build_middleware_stack = lambda: IngestFirst(build_stack(), endpoint)  # type: ignore[method-assign]
+    # Failed authentication is throttled outermost: ingest's node tokens too.
+    app.state.auth_throttle = throttle = FailedAuthThrottle.of(settings)
+    app.build_middleware_stack = lambda: ThrottleFailedAuth(  # type: ignore[method-assign]
+        IngestFirst(build_stack(), endpoint), throttle
+    )
     for router in ROUTERS:
         app.include_router(router)
     document_errors(app, served_elsewhere=ingest.document)

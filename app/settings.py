@@ -232,6 +232,23 @@ class Settings(BaseSettings):
         decimal_places=3,
         description="A prepaid balance falling below this publishes balance.low.",
     )
+    # --- security review (issue 35) ---
+    auth_failures_per_window: int = Field(
+        default=20,
+        ge=1,
+        description="Failed authentications one client address, or one key prefix, may make "
+        "per window; past it, requests presenting a key get 429 Retry-After until it ends.",
+    )
+    auth_failure_window_s: float = Field(
+        default=60.0, gt=0, description="The window of auth_failures_per_window, in seconds."
+    )
+    auth_throttle_tracked: int = Field(
+        default=100_000,
+        ge=1,
+        description="Most client addresses (and, apart, key prefixes) whose failures a process "
+        "remembers; past it the least recently seen are forgotten (bounded memory).",
+    )
+    # --- end security review ---
     secret_key: str | None = Field(
         default=None,
         min_length=16,

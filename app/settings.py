@@ -248,6 +248,18 @@ class Settings(BaseSettings):
         description="Most client addresses (and, apart, key prefixes) whose failures a process "
         "remembers; past it the least recently seen are forgotten (bounded memory).",
     )
+    gpu_auto_admit: bool = Field(
+        default=False,
+        description="GPUs a node reports for the first time enter the rentable pool at once "
+        "(a fleet whose nodes are trusted); false: they wait in the quarantine pool, metered "
+        "but never assigned, until an operator admits them (PATCH /v1/gpus/{uuid}).",
+    )
+    max_gpus_per_node: int = Field(
+        default=16,
+        ge=1,
+        description="Most GPUs one node may have; a batch that would register more is refused "
+        "(403), so a node token cannot flood the fleet with made-up GPUs.",
+    )
     # --- end security review ---
     secret_key: str | None = Field(
         default=None,

@@ -260,6 +260,9 @@ class Settings(BaseSettings):
         description="Most GPUs one node may have; a batch that would register more is refused "
         "(403), so a node token cannot flood the fleet with made-up GPUs.",
     )
+    max_budgets_per_customer: int = Field(
+        default=50, ge=1, description="Most budgets one customer may have (409 past it)."
+    )
     # --- end security review ---
     secret_key: str | None = Field(
         default=None,

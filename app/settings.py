@@ -263,6 +263,12 @@ class Settings(BaseSettings):
     max_budgets_per_customer: int = Field(
         default=50, ge=1, description="Most budgets one customer may have (409 past it)."
     )
+    encryption_keys: list[str] = Field(
+        default=[],
+        description="Fernet keys (JSON list, newest first) that encrypt secrets kept in the "
+        "database (webhook signing secrets): the first encrypts, all decrypt. Empty: one key "
+        "derived from secret_key. Rotation: README, Configuration.",
+    )
     # --- end security review ---
     secret_key: str | None = Field(
         default=None,

@@ -16,10 +16,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
 from app.auth.endpoints import router as keys_router
 from app.auth.middleware import AuthenticateFirst
+from app.auth.throttle import FailedAuthThrottle, ThrottleFailedAuth
 from app.balances.endpoints import router as balances_router
 from app.billing.endpoints import customer_router as billing_customer_router
 from app.billing.endpoints import router as invoices_router
 from app.budgets.endpoints import router as budgets_router
+from app.core.browser import SecurityHeaders
 from app.core.db import get_engine
 from app.core.errors import document_errors, install_error_handlers
 from app.core.health import router as health_router
@@ -120,13 +122,18 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     # Outermost first on the way in: size and concurrency limits, then the key, then the app.
     app.add_middleware(AuthenticateFirst)
     app.add_middleware(RequestLimits)
+    app.add_middleware(SecurityHeaders)  # on every answer, the limits' 503s and 413s too
     # Ingest has in-flight slots of its own: its requests hold no database connection while
     # they wait for their writer, so the pool-sized slots would only cap its groups.
     settings = get_settings()
     limits = replace(Limits.of(settings), max_in_flight=settings.ingest_in_flight)
     endpoint = RequestLimits(ingest.IngestEndpoint(app.state.ingest_writers), limits)
     build_stack = app.build_middleware_stack  # Starlette builds it at the first request
-    app.build_middleware_stack = lambda: IngestFirst(build_stack(), endpoint)  # type: ignore[method-assign]
+    # Failed authentication is throttled outermost: ingest's node tokens too.
+    app.state.auth_throttle = throttle = FailedAuthThrottle.of(settings)
+    app.build_middleware_stack = lambda: ThrottleFailedAuth(  # type: ignore[method-assign]
+        IngestFirst(build_stack(), endpoint), throttle
+    )
     for router in ROUTERS:
         app.include_router(router)
     document_errors(app, served_elsewhere=ingest.document)

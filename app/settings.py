@@ -228,6 +228,44 @@ class Settings(BaseSettings):
         decimal_places=3,
         description="A prepaid balance falling below this publishes balance.low.",
     )
+    # --- security review (issue 35) ---
+    auth_failures_per_window: int = Field(
+        default=20,
+        ge=1,
+        description="Failed authentications one client address, or one key prefix, may make "
+        "per window; past it, requests presenting a key get 429 Retry-After until it ends.",
+    )
+    auth_failure_window_s: float = Field(
+        default=60.0, gt=0, description="The window of auth_failures_per_window, in seconds."
+    )
+    auth_throttle_tracked: int = Field(
+        default=100_000,
+        ge=1,
+        description="Most client addresses (and, apart, key prefixes) whose failures a process "
+        "remembers; past it the least recently seen are forgotten (bounded memory).",
+    )
+    gpu_auto_admit: bool = Field(
+        default=False,
+        description="GPUs a node reports for the first time enter the rentable pool at once "
+        "(a fleet whose nodes are trusted); false: they wait in the quarantine pool, metered "
+        "but never assigned, until an operator admits them (PATCH /v1/gpus/{uuid}).",
+    )
+    max_gpus_per_node: int = Field(
+        default=16,
+        ge=1,
+        description="Most GPUs one node may have; a batch that would register more is refused "
+        "(403), so a node token cannot flood the fleet with made-up GPUs.",
+    )
+    max_budgets_per_customer: int = Field(
+        default=50, ge=1, description="Most budgets one customer may have (409 past it)."
+    )
+    encryption_keys: list[str] = Field(
+        default=[],
+        description="Fernet keys (JSON list, newest first) that encrypt secrets kept in the "
+        "database (webhook signing secrets): the first encrypts, all decrypt. Empty: one key "
+        "derived from secret_key. Rotation: README, Configuration.",
+    )
+    # --- end security review ---
     secret_key: str | None = Field(
         default=None,
         min_length=16,

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 from app.balances import repository
 from app.balances.models import BalanceEntry, EntryKind
 from app.core.errors import Conflict, Unprocessable
-from app.core.money import from_minor, round_money, to_minor
+from app.core.money import MAX_AMOUNT, from_minor, round_money, to_minor
 from app.customers.models import Customer
 from app.events.service import publish
 from app.settings import get_settings
@@ -161,6 +161,13 @@ def _post(
         raise Conflict(
             f"the balance is {from_minor(before, customer.currency)} {customer.currency}: "
             f"{from_minor(-units, customer.currency)} cannot be taken from it",
+            ("body", "amount"),
+        )
+    if after > to_minor(MAX_AMOUNT, customer.currency):
+        raise Unprocessable(
+            f"the balance is {from_minor(before, customer.currency)} {customer.currency}: "
+            f"{from_minor(units, customer.currency)} more would take it past the largest a "
+            f"balance may hold, {MAX_AMOUNT:f}",
             ("body", "amount"),
         )
     entry = BalanceEntry(

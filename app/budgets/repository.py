@@ -4,7 +4,7 @@ import uuid
 from datetime import datetime
 from decimal import Decimal
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -21,6 +21,11 @@ def readable_budgets(principal: Principal) -> Select[Budget]:
 def budgets_query(customer_id: uuid.UUID | None = None) -> Select[Budget]:
     query = select(Budget).order_by(Budget.customer_id, Budget.created_at, Budget.id)
     return query if customer_id is None else query.where(Budget.customer_id == customer_id)
+
+
+def budget_count(session: Session, customer_id: uuid.UUID) -> int:
+    query = select(func.count()).select_from(Budget).where(Budget.customer_id == customer_id)
+    return session.scalar(query) or 0
 
 
 def customers_with_budgets(session: Session) -> list[uuid.UUID]:

@@ -30,11 +30,13 @@ from app.budgets.schemas import (
     CheckRead,
     ThresholdStatus,
 )
+from app.core.db import lock_keys
 from app.core.errors import Conflict, not_found
 from app.core.money import round_money
 from app.customers.models import Customer
 from app.events.service import publish
 from app.rentals.service import get_rental
+from app.settings import get_settings
 
 THRESHOLD_CROSSED = "budget.threshold_crossed"
 
@@ -46,6 +48,14 @@ def create_budget(
         rental = get_rental(session, data.rental_id, caller)
         if rental.customer_id != customer.id:
             raise not_found("rental", data.rental_id, ("body", "rental_id"))
+    lock_keys(session, [f"budgets:{customer.id}"])  # two creations count one after the other
+    cap = get_settings().max_budgets_per_customer
+    if repository.budget_count(session, customer.id) >= cap:
+        raise Conflict(
+            f"customer {customer.id} has {cap} budgets, the most one may have: delete one "
+            "first (GPUMETER_MAX_BUDGETS_PER_CUSTOMER)",
+            ("body",),
+        )
     budget = Budget(
         customer_id=customer.id,
         rental_id=data.rental_id,

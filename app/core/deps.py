@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from sqlalchemy.orm import Session
 
 from app.core.db import transaction
+from app.core.errors import BIGINT_MAX
 
 
 def _request_session(request: Request) -> Iterator[Session]:
@@ -19,3 +20,7 @@ def _request_session(request: Request) -> Iterator[Session]:
 
 
 DbSession = Annotated[Session, Depends(_request_session, scope="function")]
+
+# A row id in the path (a BIGINT identity): out of its range is a 422 naming the parameter,
+# never a statement the database refuses.
+RowId = Annotated[int, Path(ge=1, le=BIGINT_MAX)]

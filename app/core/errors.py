@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
@@ -22,6 +22,10 @@ from starlette.routing import compile_path
 log = logging.getLogger(__name__)
 
 Loc = Sequence[str | int]
+
+# The largest Postgres BIGINT: every integer id, cursor and cent amount the API takes is
+# range-checked against it where it enters, so none reaches the database out of range.
+BIGINT_MAX = 2**63 - 1
 
 
 class ApiError(Exception):
@@ -75,6 +79,22 @@ class ServiceUnavailable(ApiError):
     error_type = "unavailable"
 
 
+class TooManyRequests(ApiError):
+    status_code = 429
+    error_type = "too_many_requests"
+    retry_after_s = 1
+
+    @classmethod
+    def after(cls, seconds: int) -> TooManyRequests:
+        error = cls(
+            f"too many failed authentications from this address or for this key; retry in "
+            f"{seconds} s",
+            ("header", "authorization"),
+        )
+        error.retry_after_s = seconds
+        return error
+
+
 # Seconds a shed or database-less request should wait before it is re-sent.
 RETRY_AFTER_S = 1
 
@@ -99,6 +119,7 @@ _MEANINGS = {
     409: "conflicts with stored state; each conflict is listed",
     413: "the request body or batch is too large",
     422: "invalid input, each problem listed with where it is",
+    429: "too many failed authentications; retry after `Retry-After` seconds",
     503: "overloaded or the database is unreachable; retry after `Retry-After` seconds",
 }
 
@@ -131,8 +152,8 @@ def add_component(schema: dict[str, Any], name: str, definition: dict[str, Any])
 def document_errors(
     app: FastAPI, served_elsewhere: Callable[[dict[str, Any]], None] | None = None
 ) -> None:
-    """Add the error statuses every operation can answer to the OpenAPI: 401/403 when it is
-    authenticated, 404 with a path parameter, 400/404/409/413 with a body (not JSON, naming a
+    """Add the error statuses every operation can answer to the OpenAPI: 401/403/429 when it
+    is authenticated, 404 with a path parameter, 400/404/409/413 with a body (not JSON, naming a
     missing object, a conflict with stored state, too large), 422 with any input, 503 always
     (shed or database down).
     An operation's own ``responses=`` meanings win. ``served_elsewhere`` first adds the
@@ -158,7 +179,7 @@ def _add_errors(path: str, method: str, operation: dict[str, Any]) -> None:
     params = operation.get("parameters", [])
     codes = {503}
     if path not in _PUBLIC_PATHS:
-        codes |= {401, 403}
+        codes |= {401, 403, 429}
     if any(p["in"] == "path" for p in params):
         codes.add(404)
     if method in _BODY_METHODS:  # a body may name other objects too (404)
@@ -178,11 +199,13 @@ def unavailable_response(msg: str) -> JSONResponse:
 
 
 def error_headers(exc: ApiError) -> dict[str, str]:
-    """A 401 names the scheme to authenticate with; a 503 says when to retry."""
+    """A 401 names the scheme to authenticate with; a 503 and a 429 say when to retry."""
     if exc.status_code == 401:
         return {"WWW-Authenticate": "Bearer"}
     if exc.status_code == 503:
         return {"Retry-After": str(RETRY_AFTER_S)}
+    if isinstance(exc, TooManyRequests):
+        return {"Retry-After": str(exc.retry_after_s)}
     return {}
 
 
@@ -207,6 +230,15 @@ def database_unavailable(exc: Exception, path: str) -> ServiceUnavailable | None
     return None
 
 
+def data_error(exc: DataError) -> Unprocessable:
+    """The 422 for a value the database refused as out of its type's range or form (a
+    backstop: inputs are range-checked where they enter), with Postgres's own reason."""
+    diag = getattr(exc.orig, "diag", None)
+    reason = getattr(diag, "message_primary", None) or "a value is out of range"
+    log.warning("database refused a value", extra={"error": reason})
+    return Unprocessable(f"a value the database cannot store: {reason}")
+
+
 def not_found(what: str, ident: object, loc: Loc = ("path", "id")) -> NotFound:
     return NotFound(f"{what} {ident} not found", loc)
 
@@ -219,6 +251,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DBAPIError)
     @app.exception_handler(PoolTimeout)
     async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, DataError):  # a value the database cannot hold: the input's fault
+            return api_error_response(data_error(exc))
         unavailable = database_unavailable(exc, request.url.path)
         if unavailable is None:
             raise exc

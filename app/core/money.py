@@ -55,6 +55,11 @@ _STEP: dict[str, int] = {code: 10 for code, units in _MINOR_UNITS.items() if uni
 
 SECONDS_PER_HOUR = 3600
 
+# The largest amount the API takes (a top-up, a budget, a cap) and the largest balance a ledger
+# may hold, in the currency's major unit: 10^18 minor units at most (three decimals), below a
+# BIGINT's 9.2 x 10^18, so no sum of two ledger values can leave the column's range.
+MAX_AMOUNT = Decimal(10) ** 15
+
 
 class UnknownCurrencyError(ValueError):
     """Raised for a currency code missing from the minor-unit table."""

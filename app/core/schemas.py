@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from app.core.money import minor_units
+from app.core.money import MAX_AMOUNT, minor_units
 
 
 def _known_currency(code: str) -> str:
@@ -30,8 +30,8 @@ def _known_timezone(name: str) -> str:
 CurrencyCode = Annotated[str, Field(min_length=3, max_length=3), AfterValidator(_known_currency)]
 TimeZoneName = Annotated[str, Field(max_length=64), AfterValidator(_known_timezone)]
 # Hourly prices: exact decimals with at most 10 places; never negative.
-HourlyPrice = Annotated[Decimal, Field(ge=0, max_digits=28, decimal_places=10)]
-Amount = Annotated[Decimal, Field(gt=0, max_digits=28, decimal_places=10)]
+HourlyPrice = Annotated[Decimal, Field(ge=0, le=MAX_AMOUNT, max_digits=28, decimal_places=10)]
+Amount = Annotated[Decimal, Field(gt=0, le=MAX_AMOUNT, max_digits=28, decimal_places=10)]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
 
 

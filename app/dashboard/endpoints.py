@@ -28,12 +28,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.auth.deps import Admin, BearerCredentials, ConsoleUser, current_principal
 from app.auth.models import KeyKind
 from app.auth.service import Principal, authenticate
+from app.auth.throttle import FailedAuthThrottle, client_address
 from app.billing.endpoints import Now
 from app.billing.loader import PERIOD_PATTERN, BillingPeriod
+from app.core.browser import same_origin
 from app.core.db import transaction
 from app.core.deps import DbSession
 from app.core.epoch import from_epoch
-from app.core.errors import ApiError, Unauthorized, error_responses
+from app.core.errors import ApiError, TooManyRequests, Unauthorized, error_responses
 from app.core.pagination import Page as PageOf
 from app.core.pagination import Paging, page_of
 from app.core.schemas import Schema
@@ -291,11 +293,18 @@ async def _form(request: Request) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(body, max_num_fields=10).items()}
 
 
-@pages.post("/sign-in")
-def sign_in(session: DbSession, form: Annotated[dict[str, str], Depends(_form)]) -> Response:
+@pages.post("/sign-in", dependencies=[Depends(same_origin)])
+def sign_in(
+    request: Request, session: DbSession, form: Annotated[dict[str, str], Depends(_form)]
+) -> Response:
     target = _safe_next(form.get("next"))
-    principal = authenticate(session, form.get("api_key", "").strip()[:200])
+    key, address = form.get("api_key", "").strip()[:200], client_address(request.scope)
+    throttle: FailedAuthThrottle = request.app.state.auth_throttle
+    if (wait := throttle.retry_after(address, key)) is not None:
+        raise TooManyRequests.after(wait)
+    principal = authenticate(session, key)
     if principal is None or principal.kind == KeyKind.NODE:
+        throttle.failed(address, key)
         query = urlencode({"error": "invalid", "next": target})
         return RedirectResponse(f"/dashboard/sign-in?{query}", status_code=303)
     response = RedirectResponse(target, status_code=303)
@@ -303,7 +312,7 @@ def sign_in(session: DbSession, form: Annotated[dict[str, str], Depends(_form)])
     return response
 
 
-@pages.post("/sign-out")
+@pages.post("/sign-out", dependencies=[Depends(same_origin)])
 def sign_out() -> Response:
     response = RedirectResponse("/dashboard/sign-in", status_code=303)
     sessions.clear_session_cookie(response)

@@ -20,7 +20,10 @@ def list_events(
     session: DbSession,
     caller: ConsoleUser,
     after: Annotated[
-        str | None, Query(max_length=20, description="The next_cursor of the previous page.")
+        str | None,
+        Query(
+            max_length=20, pattern="^[0-9]*$", description="The next_cursor of the previous page."
+        ),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     type: Annotated[

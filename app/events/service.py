@@ -19,7 +19,7 @@ from pydantic_core import to_jsonable_python
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
-from app.core.errors import Unprocessable
+from app.core.errors import BIGINT_MAX, Unprocessable
 from app.events import repository
 from app.events.models import DomainEvent
 from app.events.schemas import EventPage, EventRead
@@ -79,6 +79,15 @@ def get_event(session: Session, event_id: uuid.UUID) -> DomainEvent:
     return event
 
 
+def _cursor(after: str | None) -> int:
+    """The event id a cursor (decimal digits, by the endpoint's pattern) stands for; none: 0,
+    from the start. Past a BIGINT it is no id of ours: 422, not a query the database refuses."""
+    cursor = int(after) if after else 0
+    if cursor > BIGINT_MAX:
+        raise Unprocessable(f"cursor {after!r} is not one this API returned", ("query", "after"))
+    return cursor
+
+
 def list_events(
     session: Session,
     principal: Principal,
@@ -90,11 +99,7 @@ def list_events(
     until: datetime | None,
 ) -> EventPage:
     """A page of the events the caller may see: all for admins, a customer's own otherwise."""
-    try:
-        cursor = int(after) if after else 0
-    except ValueError:
-        message = f"cursor {after!r} is not one this API returned"
-        raise Unprocessable(message, ("query", "after")) from None
+    cursor = _cursor(after)
     if since and until and since >= until:
         raise Unprocessable("since must be before until", ("query", "since"))
     rows = repository.events_after(

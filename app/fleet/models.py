@@ -15,6 +15,9 @@ class Pool(StrEnum):
     RENTABLE = "rentable"
     SPARE = "spare"
     MAINTENANCE = "maintenance"
+    # Reported by a node, not yet admitted by an operator (or the auto-admit policy): metered,
+    # never assigned. A node's word alone does not put a GPU in the rentable pool.
+    QUARANTINE = "quarantine"
 
 
 class Node(Timestamped, Base):
@@ -27,7 +30,8 @@ class Node(Timestamped, Base):
 
 
 class Gpu(Timestamped, Base):
-    """A GPU, identified by its NVML UUID; its node's first report registers it."""
+    """A GPU, identified by its NVML UUID; an operator registers it, or its node's first
+    report does (in quarantine, unless ``gpu_auto_admit``)."""
 
     __tablename__ = "gpus"
 

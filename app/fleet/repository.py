@@ -178,17 +178,22 @@ def gpu_owners(session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUI
     return {gpu: node for gpu, node in rows}
 
 
-def register_gpus(session: Session, node_id: uuid.UUID, models: dict[str, str]) -> None:
-    """Register GPUs to the node (pool ``rentable``); ones registered meanwhile are left as is."""
+def register_gpus(session: Session, node_id: uuid.UUID, models: dict[str, str], pool: Pool) -> None:
+    """Register GPUs to the node in ``pool``; ones registered meanwhile are left as is."""
     session.execute(
         text("""
         INSERT INTO gpus (uuid, node_id, model, pool)
-        SELECT u, :node, m, 'rentable'
+        SELECT u, :node, m, CAST(:pool AS gpu_pool)
         FROM unnest(CAST(:u AS text[]), CAST(:m AS text[])) AS t(u, m)
         ON CONFLICT (uuid) DO NOTHING
         """),
-        {"node": node_id, "u": list(models), "m": list(models.values())},
+        {"node": node_id, "u": list(models), "m": list(models.values()), "pool": pool.value},
     )
+
+
+def gpu_count_of_node(session: Session, node_id: uuid.UUID) -> int:
+    count = session.scalar(text("SELECT count(*) FROM gpus WHERE node_id = :n"), {"n": node_id})
+    return int(count or 0)
 
 
 _TOUCH_GPUS = text("""

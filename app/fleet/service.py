@@ -9,13 +9,14 @@ from sqlalchemy.orm import Session
 from app.auth import service as key_service
 from app.auth.models import ApiKey, KeyKind
 from app.auth.service import IssuedKey, Principal
-from app.core.errors import Conflict, not_found
+from app.core.errors import Conflict, Forbidden, not_found
 from app.fleet import repository
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.fleet.schemas import GpuCreate, GpuUpdate, MaintenanceCreate, NodeCreate, SiteGpu
 from app.metering.ports import GpuRegistry, StateChange
 from app.rentals.ports import Gpus, RentalGpu
 from app.rentals.service import rentals_holding
+from app.settings import get_settings
 
 
 def get_node(session: Session, node_id: uuid.UUID) -> Node:
@@ -153,7 +154,18 @@ class _IngestGpus:
         return repository.gpu_owners(session, gpu_uuids)
 
     def register(self, session: Session, node_id: uuid.UUID, models: dict[str, str]) -> None:
-        repository.register_gpus(session, node_id, models)
+        """New GPUs wait in quarantine unless the policy admits them (``gpu_auto_admit``); a
+        node may hold at most ``max_gpus_per_node`` (403 naming the cap)."""
+        settings = get_settings()
+        held = repository.gpu_count_of_node(session, node_id)
+        if held + len(models) > settings.max_gpus_per_node:
+            raise Forbidden(
+                f"node {node_id} has {held} GPUs and reports {len(models)} new ones: a node may "
+                f"have at most {settings.max_gpus_per_node} (GPUMETER_MAX_GPUS_PER_NODE)",
+                ("body", "records"),
+            )
+        pool = Pool.RENTABLE if settings.gpu_auto_admit else Pool.QUARANTINE
+        repository.register_gpus(session, node_id, models, pool)
 
     def record_latest(
         self, session: Session, latest: dict[str, tuple[str, str, int, int | None]]
@@ -171,7 +183,12 @@ class _RentalGpus:
         gpu = session.get(Gpu, gpu_uuid, with_for_update=True)
         if gpu is None:
             return None
-        return RentalGpu(gpu.uuid, gpu.model, in_maintenance=gpu.pool == Pool.MAINTENANCE)
+        return RentalGpu(
+            gpu.uuid,
+            gpu.model,
+            in_maintenance=gpu.pool == Pool.MAINTENANCE,
+            in_quarantine=gpu.pool == Pool.QUARANTINE,
+        )
 
 
 RENTAL_GPUS: Gpus = _RentalGpus()

@@ -210,10 +210,23 @@ class GroupCommit:
         try:
             with transaction(self.engine) as session:
                 result = service.store_alone(session, waiting.item, self.gpus)
+        except service.GpuClash as clash:
+            waiting.settle(self._reported(clash))
         except Exception as error:  # the request raises it
             waiting.settle(error)
         else:
             waiting.settle(result)
+
+    def _reported(self, clash: service.GpuClash) -> Exception:
+        """The refused clash, once its events are stored in a transaction of their own; if
+        they cannot be, the error that kept them (a 503: the agent re-sends, nothing is lost
+        unseen)."""
+        try:
+            with transaction(self.engine) as session:
+                service.report_clash(session, clash)
+        except Exception as error:  # the request raises it
+            return error
+        return clash
 
 
 def unreachable(error: Exception) -> bool:

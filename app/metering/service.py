@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,10 +175,40 @@ def _owned(
         if new:
             gpus.register(session, node_id, new)
             owners.update(gpus.owners(session, new))  # another node may have won a race
-        foreign = {gpu for gpu in models[i] if owners[gpu] != node_id}
+        foreign = {gpu: owners[gpu] for gpu in models[i] if owners[gpu] != node_id}
         if foreign:
-            raise Forbidden.many(_items(_foreign_items(batch, foreign)))
+            raise GpuClash(node_id, batch.batch_id, foreign, _foreign_items(batch, foreign))
     return live
+
+
+class GpuClash(Forbidden):
+    """A node reported GPUs registered to other nodes (403): two nodes claim one UUID. The
+    batch is refused whole (the agent keeps it in its dead-letter folder); ``report_clash``
+    then records a ``gpu.uuid_clash`` event for each GPU, so the clash is never silent."""
+
+    def __init__(
+        self,
+        node_id: uuid.UUID,
+        batch_id: str,
+        owners: dict[str, uuid.UUID],
+        errors: list[FieldError],
+    ) -> None:
+        super().__init__(errors[0].msg, ["body", *errors[0].loc])
+        self.items = [{"type": self.error_type, **item} for item in _items(errors)]
+        self.node_id, self.batch_id, self.owners = node_id, batch_id, owners
+
+
+def report_clash(session: Session, clash: GpuClash) -> None:
+    """A ``gpu.uuid_clash`` event per GPU, in a transaction of its own (the batch's rolled
+    back): an operator learns which node holds the UUID and which one claimed it."""
+    for gpu, owner in sorted(clash.owners.items()):
+        data = {
+            "gpu_uuid": gpu,
+            "registered_node_id": owner,
+            "claiming_node_id": clash.node_id,
+            "batch_id": clash.batch_id,
+        }
+        publish(session, "gpu.uuid_clash", data, subject=f"gpu/{gpu}")
 
 
 def _models(batch: IngestBatch) -> dict[str, str]:
@@ -188,7 +218,7 @@ def _models(batch: IngestBatch) -> dict[str, str]:
     return models
 
 
-def _foreign_items(batch: IngestBatch, foreign: set[str]) -> list[FieldError]:
+def _foreign_items(batch: IngestBatch, foreign: Collection[str]) -> list[FieldError]:
     items = [("records", i, r.gpu_uuid) for i, r in enumerate(batch.records)]
     items += [("events", i, e.gpu_uuid) for i, e in enumerate(batch.events)]
     return [

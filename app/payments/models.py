@@ -88,7 +88,7 @@ class StripeWebhookEvent(Base):
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
     outcome: Mapped[str] = mapped_column(
         String(32)
-    )  # applied | ignored | unknown_invoice | unknown_customer | wrong_currency
+    )  # applied | ignored | unknown_invoice | unknown_customer | wrong_currency | mismatch
     received_at: Mapped[datetime] = mapped_column(server_default=func.now())
 
 

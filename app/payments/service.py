@@ -9,12 +9,14 @@ operator to act on.
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import stripe
+from prometheus_client import Counter
 from sqlalchemy import func
 from sqlalchemy.orm import Session
 
@@ -37,8 +39,15 @@ from app.payments.models import (
     SyncTarget,
 )
 from app.payments.schemas import InvoiceStripeRead, PaymentFailureRead, SyncRead
-from app.payments.stripe_api import META_INVOICE, from_stripe_amount
+from app.payments.stripe_api import META_INVOICE, from_stripe_amount, to_stripe_amount
 from app.settings import get_settings
+
+log = logging.getLogger(__name__)
+
+MISMATCHES = Counter(
+    "gpumeter_stripe_payment_mismatches_total",
+    "invoice.paid events not applied: amount, currency or mode differ from our invoice.",
+)
 
 
 def stripe_enabled() -> bool:
@@ -151,8 +160,8 @@ def receive_webhook(session: Session, payload: bytes, signature: str | None) -> 
     elif invoice is None:
         row.outcome = "unknown_invoice"
     else:
+        row.outcome = "applied"  # unless the handler says otherwise
         handler(session, invoice, obj, row)
-        row.outcome = "applied"
     session.flush()
     return event.id, False
 
@@ -198,12 +207,37 @@ def _at(epoch: int | None) -> datetime | None:
 def _paid(
     session: Session, invoice: Invoice, obj: dict[str, Any], event: StripeWebhookEvent
 ) -> None:
+    mismatch = _payment_mismatch(invoice, obj)
+    if mismatch is not None:  # recorded on the inbox row and the invoice, counted, logged
+        event.outcome = "mismatch"
+        invoice.stripe_error = f"invoice.paid {event.id} not applied: {mismatch}"
+        MISMATCHES.inc()
+        log.warning("stripe payment mismatch", extra={"event": event.id, "reason": mismatch})
+        return
     invoice.stripe_status = "paid"
     if invoice.status == InvoiceStatus.FINALIZED:
         paid_at = _at(event.payload.get("created")) or datetime.now(UTC)
         billing_service.mark_invoice_paid(session, invoice, paid_at)
     elif invoice.status == InvoiceStatus.VOID:
         invoice.stripe_error = "paid in Stripe although void in gpumeter: refund it in Stripe"
+
+
+def _payment_mismatch(invoice: Invoice, obj: dict[str, Any]) -> str | None:
+    """What about a paid Stripe invoice does not match ours (None: it matches): the amount
+    paid must be our total to the minor unit, in our currency, and in the mode (live or test)
+    of our Stripe key, so a test-mode or partial payment never marks an invoice paid."""
+    currency = str(obj.get("currency", "")).upper()
+    if currency != invoice.currency:
+        return f"paid in {currency or 'no currency'}, but the invoice is in {invoice.currency}"
+    expected = to_stripe_amount(invoice.total, invoice.currency)
+    paid = obj.get("amount_paid")
+    if paid != expected:
+        return f"{paid} paid (minor units), but the invoice's total is {expected}"
+    live = "_live_" in (get_settings().stripe_api_key or "")
+    if obj.get("livemode") is not live:
+        mode = "live" if obj.get("livemode") else "test"
+        return f"paid in Stripe's {mode} mode, but our key is for {'live' if live else 'test'}"
+    return None
 
 
 def _payment_failed(

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from pydantic import AwareDatetime
 
 from app.auth.deps import Admin, ConsoleUser
-from app.core.deps import DbSession
+from app.core.deps import DbSession, RowId
 from app.core.pagination import Page, Paging, paginate
 from app.rentals import repository, service
 from app.rentals.schemas import (
@@ -68,7 +68,11 @@ def assign_gpu(
 
 @router.post("/{rental_id}/assignments/{assignment_id}/end")
 def end_assignment(
-    rental_id: uuid.UUID, assignment_id: int, body: AssignmentEnd, session: DbSession, admin: Admin
+    rental_id: uuid.UUID,
+    assignment_id: RowId,
+    body: AssignmentEnd,
+    session: DbSession,
+    admin: Admin,
 ) -> AssignmentRead:
     """Unassign a GPU from the rental at end_at."""
     rental = service.get_rental(session, rental_id, admin)

@@ -23,6 +23,7 @@ class RentalGpu:
     uuid: str
     model: str
     in_maintenance: bool
+    in_quarantine: bool  # reported by its node, not yet admitted by an operator
 
 
 @dataclass(frozen=True)

@@ -296,6 +296,12 @@ def _check_assignable(
         raise Conflict(
             f"GPU {gpu_uuid} is in maintenance and cannot be assigned", (*loc, gpu_field)
         )
+    if gpu.in_quarantine:
+        raise Conflict(
+            f"GPU {gpu_uuid} is in quarantine (its node reported it; no operator admitted it "
+            f"yet): admit it first, PATCH /v1/gpus/{gpu_uuid} with pool rentable",
+            (*loc, gpu_field),
+        )
     for check in _assign_checks:
         check(session, gpu, rental)
     if gpu.model != rental.gpu_model:

@@ -24,7 +24,7 @@ from app.events.service import get_event, publish
 from app.settings import Settings
 from app.webhooks import repository, signing
 from app.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookEndpoint
-from app.webhooks.targets import RefusedTarget, check_target
+from app.webhooks.targets import RefusedTarget, Target, check_target
 
 ATTEMPTS = Counter(
     "gpumeter_webhook_attempts_total", "Webhook delivery attempts by outcome.", ["outcome"]
@@ -34,9 +34,11 @@ LATENCY = Histogram(
     "From an event's time to the 2xx of its delivery (retries included).",
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600, 86400),
 )
-# One client (its TLS context and connection pool) for every delivery of this process;
-# httpx clients are thread-safe. Redirects are not followed: a 3xx is a failed attempt.
-_CLIENT = httpx.Client(follow_redirects=False)
+# One client (its TLS context) for every delivery of this process; httpx clients are
+# thread-safe. Redirects are not followed: a 3xx is a failed attempt. No kept-alive
+# connections: a delivery connects to the address its check resolved (``pinned``), and a pool
+# keyed by address could carry one host's request over a connection made for another name.
+_CLIENT = httpx.Client(follow_redirects=False, limits=httpx.Limits(max_keepalive_connections=0))
 
 
 @dataclass(frozen=True)
@@ -97,14 +99,16 @@ def send(request: Request, settings: Settings) -> Outcome:
     """POST the event; the answer's status only (its body is never read)."""
     started = time.perf_counter()
     try:
-        check_target(request.url, allow_private=settings.webhook_allow_private)
+        target = check_target(request.url, allow_private=settings.webhook_allow_private)
         headers = signing.headers(request.message_id, _now(), request.body, request.secrets)
+        url, host = pinned(request.url, target)
         with _CLIENT.stream(
             "POST",
-            request.url,
+            url,
             content=request.body,
-            headers=headers,
+            headers={**headers, "Host": host},
             timeout=settings.webhook_timeout_s,
+            extensions={"sni_hostname": target.host},
         ) as answer:
             status, error = answer.status_code, None
     except RefusedTarget as refused:
@@ -119,6 +123,15 @@ def send(request: Request, settings: Settings) -> Outcome:
     if outcome.succeeded:
         LATENCY.observe((_now() - request.event_at).total_seconds())
     return outcome
+
+
+def pinned(url: str, target: Target) -> tuple[httpx.URL, str]:
+    """The URL with the checked address in place of its host (no second name lookup, so no
+    DNS rebinding), and the Host header that names the host; TLS's SNI and certificate check
+    use the name too (the ``sni_hostname`` extension)."""
+    original = httpx.URL(url)
+    host = original.netloc.decode("ascii")  # host[:port] (credentials are refused)
+    return original.copy_with(host=str(target.address)), host
 
 
 def record(

@@ -7,7 +7,7 @@ import uuid
 from fastapi import APIRouter
 
 from app.auth.deps import Admin
-from app.core.deps import DbSession
+from app.core.deps import DbSession, RowId
 from app.core.pagination import Page, Paging, paginate
 from app.webhooks import repository, service
 from app.webhooks.models import DeliveryStatus
@@ -75,6 +75,6 @@ def list_deliveries(
 
 
 @router.post("/deliveries/{delivery_id}/resend")
-def resend(delivery_id: int, session: DbSession, _: Admin) -> DeliveryRead:
+def resend(delivery_id: RowId, session: DbSession, _: Admin) -> DeliveryRead:
     """Deliver the event to the endpoint again, now, with a fresh retry window."""
     return service.resend(session, delivery_id)

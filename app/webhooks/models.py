@@ -1,8 +1,9 @@
 """Webhook endpoints, one delivery per (event, endpoint), and every attempt of a delivery.
 
-The secret is kept in clear: Standard Webhooks signatures are HMACs, so signing needs it. After
-a rotation the previous secret signs too, until ``previous_secret_expires_at``, so receivers
-can switch without dropping a delivery.
+Signing needs the secret itself (Standard Webhooks signatures are HMACs), so it is kept
+encrypted, not hashed: a Fernet token under the configured keys (``app.core.crypto``). After a
+rotation the previous secret signs too, until ``previous_secret_expires_at``, so receivers can
+switch without dropping a delivery.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.base import Base, Timestamped, pg_enum
+from app.core.crypto import EncryptedString
+
+# A Fernet token of a ``whsec_`` secret (51 characters) is 164 characters; room to spare.
+SECRET_TOKEN_LENGTH = 300
 
 
 class DeliveryStatus(StrEnum):
@@ -33,8 +38,8 @@ class WebhookEndpoint(Timestamped, Base):
     event_types: Mapped[list[str]] = mapped_column(ARRAY(String(100)))  # empty: every type
     customer_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("customers.id"), index=True)
     enabled: Mapped[bool]
-    secret: Mapped[str] = mapped_column(String(100))
-    previous_secret: Mapped[str | None] = mapped_column(String(100))
+    secret: Mapped[str] = mapped_column(EncryptedString(SECRET_TOKEN_LENGTH))
+    previous_secret: Mapped[str | None] = mapped_column(EncryptedString(SECRET_TOKEN_LENGTH))
     previous_secret_expires_at: Mapped[datetime | None]
     failure_streak: Mapped[int] = mapped_column(Integer, default=0)  # failed attempts in a row
     failing_since: Mapped[datetime | None]  # the first failure of the streak

@@ -158,6 +158,19 @@ ROUTES: dict[tuple[str, str], Case] = {
         Expect.ADMIN_ONLY, body={"reason": "x"}
     ),
     ("GET", "/v1/spare-pool"): Case(Expect.ADMIN_ONLY),
+    # Slurm (app.slurm): the adapter's API runs with an admin key.
+    ("PUT", "/v1/slurm/accounts/{account}"): Case(
+        Expect.ADMIN_ONLY, body={"customer_id": "{customer_id}", "plan_id": "{plan_id}"}
+    ),
+    ("GET", "/v1/slurm/accounts"): Case(Expect.ADMIN_ONLY),
+    ("DELETE", "/v1/slurm/accounts/{account}"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/slurm/snapshots"): Case(
+        Expect.ADMIN_ONLY, body={"cluster": "hpc", "taken_at": 0, "jobs": []}
+    ),
+    ("GET", "/v1/slurm/jobs"): Case(Expect.ADMIN_ONLY),
+    ("GET", "/v1/slurm/actions"): Case(Expect.ADMIN_ONLY, query="?cluster=hpc"),
+    ("POST", "/v1/slurm/actions/{action_id}/done"): Case(Expect.ADMIN_ONLY, body={"outcome": "x"}),
+    ("GET", "/v1/slurm/layout"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/spare-policies"): Case(Expect.ADMIN_ONLY),
     ("PUT", "/v1/spare-policies"): Case(
         Expect.ADMIN_ONLY, body={"datacenter": "fra1", "model": "H100", "target_percent": "5"}
@@ -227,6 +240,8 @@ def build_world(console: Console) -> World:
         "budget_id": budget["id"],
         "endpoint_id": str(uuid.uuid4()),  # admin-only routes: refused before any lookup
         "delivery_id": "1",
+        "account": "acme-ml",  # Slurm routes are admin-only: refused before any lookup
+        "action_id": "1",
     }
     markers = [
         a["id"],

@@ -168,3 +168,28 @@ def test_the_dashboard_shows_the_balance_the_api_has(console: Console, db: Engin
     assert re.search(r'data-api="balance"[^>]*data-raw="0.00"', html)
     assert (api["balance"], api["low"]) == ("0.00", True)
     assert "Prepaid balance" in html and "Low: below $2.00." in html
+
+
+def test_amounts_and_the_balance_stay_within_a_bigint_of_cents(console: Console) -> None:
+    acme = console.customer("Acme")
+    path = f"/v1/customers/{acme['id']}/balance/top-ups"
+    huge = console.client.post(
+        path, json={"amount": "1e17", "reason": "x"}, headers=console.headers
+    )  # was a 500
+    assert huge.status_code == 422, huge.text
+    [error] = huge.json()["detail"]
+    assert (error["loc"], error["msg"]) == (
+        ["body", "amount"],
+        "Input should be less than or equal to 1000000000000000",
+    )
+    console.post(path, {"amount": "600000000000000", "reason": "first"})
+    second = console.client.post(
+        path, json={"amount": "600000000000000", "reason": "second"}, headers=console.headers
+    )  # two of 5e16 overflowed the ledger, and every later credit was a 500
+    assert second.status_code == 422, second.text
+    assert second.json()["detail"][0]["msg"] == (
+        "the balance is 600000000000010.00 USD: 600000000000000.00 more would take it past "
+        "the largest a balance may hold, 1000000000000000"
+    )
+    entry = console.post(path, {"amount": "5.00", "reason": "still works"})
+    assert entry["balance"] == "600000000000015.00"

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from app.billing.endpoints import clock
+from app.settings import get_settings
 from tests.dashboard import world
 from tests.dashboard.world import World
 from tests.harness import Console, bearer
@@ -102,3 +103,30 @@ def test_hard_limit_refuses_new_rentals_and_says_why(client: TestClient, console
 
 def _iso(second: int) -> str:
     return datetime.fromtimestamp(second, UTC).isoformat()
+
+
+@pytest.fixture
+def three_budgets_each(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("GPUMETER_MAX_BUDGETS_PER_CUSTOMER", "3")
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
+
+
+@pytest.mark.usefixtures("three_budgets_each")
+def test_a_customer_key_cannot_create_budgets_without_end(
+    client: TestClient, console: Console
+) -> None:
+    customer = console.customer()
+    key = console.post(f"/v1/customers/{customer['id']}/keys", {"name": "k"})["key"]
+    base = f"/v1/customers/{customer['id']}/budgets"
+    made = [client.post(base, json={"amount": "10"}, headers=bearer(key)) for _ in range(3)]
+    assert [r.status_code for r in made] == [201, 201, 201]
+    refused = client.post(base, json={"amount": "10"}, headers=bearer(key))
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["detail"][0]["msg"] == (
+        f"customer {customer['id']} has 3 budgets, the most one may have: delete one first "
+        "(GPUMETER_MAX_BUDGETS_PER_CUSTOMER)"
+    )
+    client.delete(f"/v1/budgets/{made[0].json()['id']}", headers=bearer(key))
+    assert client.post(base, json={"amount": "10"}, headers=bearer(key)).status_code == 201

@@ -28,6 +28,8 @@ def start_worker(
 ) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMETER_")}
     env |= {"GPUMETER_DATABASE_URL": database_url, **FAST, **(settings or {})}
+    # The service's key: the worker decrypts the webhook secrets the service stored.
+    env["GPUMETER_SECRET_KEY"] = os.environ["GPUMETER_SECRET_KEY"]
     with log.open("ab") as out:
         return subprocess.Popen([str(GPUMETER), "worker"], env=env, stdout=out, stderr=out)
 

@@ -176,6 +176,8 @@ def test_customers_see_only_their_own_events(console: Console, db: Engine) -> No
     ("query", "loc"),
     [
         ("?after=abc", ["query", "after"]),
+        ("?after=99999999999999999999", ["query", "after"]),  # past a BIGINT: was a 500
+        ("?after=9223372036854775808", ["query", "after"]),
         ("?limit=0", ["query", "limit"]),
         ("?since=2026-11-01T00:00:00", ["query", "since"]),  # no offset
         ("?since=2026-11-02T00:00:00Z&until=2026-11-01T00:00:00Z", ["query", "since"]),

@@ -42,8 +42,46 @@ def test_first_report_registers_the_gpu_to_the_node(agent: Agent, db: Engine) ->
     }
     with transaction(db) as session:
         gpu = session.get_one(Gpu, "GPU-1")
-        assert (str(gpu.node_id), gpu.model, gpu.pool.value) == (agent.node_id, "H100", "rentable")
+        assert (str(gpu.node_id), gpu.model, gpu.pool.value) == (
+            agent.node_id,
+            "H100",
+            "quarantine",
+        )
         assert gpu.last_state == "healthy"
+
+
+def test_a_gpu_on_its_nodes_word_alone_is_not_rentable_until_admitted(
+    agent: Agent, console: Console
+) -> None:
+    t = minute_ago(3)
+    agent.post([rec("GPU-1", t, t + 60)])
+    rental = console.rental(console.customer()["id"], console.plan()["id"], start_at=_iso(t))
+    refused = console.assign(rental["id"], "GPU-1", _iso(t), status=409)
+    assert refused["detail"][0]["msg"] == (
+        "GPU GPU-1 is in quarantine (its node reported it; no operator admitted it yet): "
+        "admit it first, PATCH /v1/gpus/GPU-1 with pool rentable"
+    )
+    admitted = console.client.patch(
+        "/v1/gpus/GPU-1", json={"pool": "rentable"}, headers=console.headers
+    )
+    assert admitted.json()["pool"] == "rentable"
+    assert console.assign(rental["id"], "GPU-1", _iso(t))["gpu_uuid"] == "GPU-1"
+
+
+def test_a_node_cannot_invent_more_gpus_than_its_cap(agent: Agent, db: Engine) -> None:
+    t = minute_ago(3)
+    agent.post([rec(f"GPU-{n}", t, t + 60) for n in range(10)])
+    body = agent.post([rec(f"GPU-{n}", t, t + 60) for n in range(10, 17)], status=403)
+    assert body["detail"] == [
+        {
+            "loc": ["body", "records"],
+            "msg": f"node {agent.node_id} has 10 GPUs and reports 7 new ones: a node may have "
+            "at most 16 (GPUMETER_MAX_GPUS_PER_NODE)",
+            "type": "forbidden",
+        }
+    ]
+    with transaction(db) as session:
+        assert session.scalar(text("SELECT count(*) FROM gpus")) == 10
 
 
 def test_resending_is_counted_as_duplicates_and_changes_nothing(agent: Agent, db: Engine) -> None:
@@ -57,7 +95,9 @@ def test_resending_is_counted_as_duplicates_and_changes_nothing(agent: Agent, db
     assert segments(db, "GPU-1") == [(t, t + 90, "healthy")]
 
 
-def test_gpu_of_another_node_is_forbidden(agent: Agent, other_agent: Agent) -> None:
+def test_gpu_of_another_node_is_forbidden_and_the_clash_an_event(
+    agent: Agent, other_agent: Agent, console: Console
+) -> None:
     t = minute_ago(3)
     agent.post([rec("GPU-1", t, t + 60)])
     body = other_agent.post(
@@ -66,6 +106,17 @@ def test_gpu_of_another_node_is_forbidden(agent: Agent, other_agent: Agent) -> N
         status=403,
     )
     assert locs(body) == [["body", "records", 1, "gpu_uuid"], ["body", "events", 0, "gpu_uuid"]]
+    clashes = console.client.get("/v1/events?type=gpu.uuid_clash", headers=console.headers)
+    [clash] = clashes.json()["items"]
+    assert (clash["subject"], clash["data"]) == (
+        "gpu/GPU-1",
+        {
+            "gpu_uuid": "GPU-1",
+            "registered_node_id": agent.node_id,
+            "claiming_node_id": other_agent.node_id,
+            "batch_id": "b-1",
+        },
+    )
 
 
 def test_semantic_errors_list_every_bad_item(agent: Agent) -> None:
@@ -225,7 +276,7 @@ def test_state_change_event_is_the_failed_segments_evidence(
     assert sorted(e["kind"] for e in timeline["events"]) == ["state_change", "xid"]
     health = client.get("/v1/fleet/health", headers=console.headers).json()
     assert health["recently_failed"][0]["gpu_uuid"] == "GPU-1"
-    assert health["by_state_and_pool"] == [{"state": "failed", "pool": "rentable", "gpus": 1}]
+    assert health["by_state_and_pool"] == [{"state": "failed", "pool": "quarantine", "gpus": 1}]
 
 
 def test_metrics_are_aggregated_per_step(
@@ -270,6 +321,7 @@ def test_customer_sees_only_the_rented_interval(
     customer = console.customer()
     plan = console.plan()
     rental = console.rental(customer["id"], plan["id"], start_at=_iso(t + 60))
+    console.client.patch("/v1/gpus/GPU-1", json={"pool": "rentable"}, headers=console.headers)
     console.assign(rental["id"], "GPU-1", _iso(t + 60), end_at=_iso(t + 150))
     key = console.post(f"/v1/customers/{customer['id']}/keys", {"name": "c"})["key"]
     timeline = client.get(

@@ -246,6 +246,7 @@ class FakeStripe:
             "total": 0,
             "amount_due": 0,
             "amount_paid": 0,
+            "livemode": self.api_key.startswith("sk_live_"),
         }
         self.invoices[invoice["id"]] = invoice
         return invoice

@@ -102,6 +102,34 @@ def test_paid_reaches_our_invoice(
     assert view["stripe_status"] == "paid"
 
 
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (
+            {"amount_paid": TOTAL_MINOR - 1},
+            f"{TOTAL_MINOR - 1} paid (minor units), but the invoice's total is {TOTAL_MINOR}",
+        ),
+        ({"currency": "eur"}, "paid in EUR, but the invoice is in USD"),
+        ({"livemode": True}, "paid in Stripe's live mode, but our key is for test"),
+    ],
+    ids=["amount", "currency", "livemode"],
+)
+def test_a_payment_that_does_not_match_our_invoice_is_recorded_not_applied(
+    mirror: Mirror, fake: FakeStripe, client: TestClient, change: dict[str, Any], reason: str
+) -> None:
+    invoice_id, theirs = mirrored(mirror, fake)
+    paid = fake.set_status(theirs["id"], "paid") | {"amount_paid": TOTAL_MINOR} | change
+    evt = event("invoice.paid", paid)
+    response = deliver(client, evt)
+    assert response.status_code == 200, response.text
+
+    ours = mirror.invoice(invoice_id)
+    assert (ours.status, ours.paid_at) == (InvoiceStatus.FINALIZED, None)
+    assert ours.stripe_error == f"invoice.paid {evt['id']} not applied: {reason}"
+    with transaction(mirror.engine) as session:
+        assert session.get_one(StripeWebhookEvent, evt["id"]).outcome == "mismatch"
+
+
 def test_duplicate_delivery_is_a_no_op(
     mirror: Mirror, fake: FakeStripe, client: TestClient, console: Console
 ) -> None:

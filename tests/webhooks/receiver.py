@@ -24,6 +24,7 @@ class Delivery:
     path: str
     message_id: str
     body: dict[str, Any]
+    host: str  # the Host header it came with
 
 
 @dataclass
@@ -90,7 +91,9 @@ class Receiver:
                 time.sleep(self.delay_s)
             if 200 <= self.status < 300:
                 with self._lock:
-                    self.received.append(Delivery(request.path, key[1], payload))
+                    self.received.append(
+                        Delivery(request.path, key[1], payload, headers.get("Host", ""))
+                    )
             request.send_response(self.status)
             request.end_headers()
         finally:

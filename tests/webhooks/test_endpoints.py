@@ -38,6 +38,13 @@ def log(console: Console, endpoint: dict[str, Any]) -> list[dict[str, Any]]:
         ("http://10.1.2.3/hook", "a loopback, private or reserved address"),
         ("http://169.254.169.254/latest/meta-data", "a loopback, private or reserved address"),
         ("http://[::1]/hook", "a loopback, private or reserved address"),
+        # IPv6 forms judged by the IPv4 address they embed (NAT64, 6to4, mapped, compatible)
+        ("http://[64:ff9b::a9fe:a9fe]/hook", "a loopback, private or reserved address"),
+        ("http://[64:ff9b::a00:1]/hook", "a loopback, private or reserved address"),
+        ("http://[64:ff9b:1::808:808]/hook", "a loopback, private or reserved address"),
+        ("http://[2002:7f00:1::]/hook", "a loopback, private or reserved address"),
+        ("http://[::ffff:10.0.0.1]/hook", "a loopback, private or reserved address"),
+        ("http://[::a9fe:a9fe]/hook", "a loopback, private or reserved address"),
         ("http://localhost/hook", "a loopback, private or reserved address"),
         ("http://user:pw@example.com/hook", "credentials in the URL"),
         ("http://no-such-host.invalid/hook", "does not resolve"),

@@ -136,7 +136,7 @@ def failover_in(api: Api, state: str) -> dict[str, Any] | None:
     return items[0] if items else None
 
 
-def assignments(api: Api, rental_id: str) -> list[tuple[str, int, int | None]]:
+def assignments(api: Api, rental_id: str) -> list[tuple[str, int | None, int | None]]:
     rental = api.get(f"/v1/rentals/{rental_id}")
     return sorted(
         (a["gpu_uuid"], _s(a["start_at"]), _s(a["end_at"])) for a in rental["assignments"]

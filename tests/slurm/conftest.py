@@ -64,7 +64,7 @@ class SlurmWorld:
         [row] = [j for j in self.get("/v1/slurm/jobs?limit=1000")["items"] if j["job_id"] == job_id]
         return row
 
-    def assignments(self, job_id: int) -> list[tuple[str, int, int | None]]:
+    def assignments(self, job_id: int) -> list[tuple[str, int | None, int | None]]:
         """(GPU, start, end) of the job's rental, in order."""
         rental = self.get(f"/v1/rentals/{self.job_row(job_id)['rental_id']}")
         return sorted(

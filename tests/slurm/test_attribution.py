@@ -43,7 +43,9 @@ def test_a_requeue_ends_the_run_at_the_requeue_second_and_the_next_begins_at_its
     assert world.snapshot(settling, at=start + 100)["unchanged"] == 1
     pending = job(7, "PENDING", start=start + 220, restarts=1, submit=start + 100)
     world.snapshot(pending, at=start + 101)
-    ended_at_requeue = [(gpu_of(n, i), start, start + 100) for n in ("n1", "n2") for i in (0, 1)]
+    ended_at_requeue: list[tuple[str, int | None, int | None]] = [
+        (gpu_of(n, i), start, start + 100) for n in ("n1", "n2") for i in (0, 1)
+    ]
     assert world.assignments(7) == ended_at_requeue
     rerun = job(7, "RUNNING", start=start + 103, restarts=1, submit=start + 100,
                 nodes={"n2": [0, 1], "n3": [0, 1]})  # fmt: skip

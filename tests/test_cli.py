@@ -231,6 +231,52 @@ def test_every_command_and_option_has_help() -> None:
     assert missing == []
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["serve", "--port", "70000"], "argument --port: give 1 to 65535, not 70000"),
+        (["serve", "--workers", "0"], "argument --workers: give 1 to 256, not 0"),
+        (["worker", "--concurrency", "65"], "argument --concurrency: give 1 to 64, not 65"),
+        (
+            ["admin", "create-key", "--name", ""],
+            "argument --name: String should have at least 1 character",
+        ),
+        (
+            ["admin", "create-key", "--name", "ops", "--kind", "root"],
+            "argument --kind: give one of admin, customer, node, not 'root'",
+        ),
+        (
+            ["admin", "register-node", "--hostname", "h" * 254],
+            "argument --hostname: String should have at most 253 characters",
+        ),
+        (["simulate", "--days", "-1"], "argument --days: give a number above 0, not -1"),
+        (
+            ["simulate", "--failure-rate", "nan"],
+            "argument --failure-rate: give a number 0 or more, not nan",
+        ),
+        (["demo", "--duration", "0"], "argument --duration: give a number above 0, not 0"),
+        (["keys", "list", "--limit", "0"], "argument --limit: give 1 to 1000, not 0"),
+        (["keys", "revoke", "k1"], "argument key_id: not an API key id (a UUID): 'k1'"),
+        (
+            ["invoices", "list", "--period", "2026-1"],
+            "argument --period: give a billing month as YYYY-MM, 1970-01 to 2999-12, not '2026-1'",
+        ),
+    ],
+    ids=lambda value: " ".join(value)[:40] if isinstance(value, list) else "",
+)
+def test_arguments_are_checked_while_parsing(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    named = {" ".join(words) for words in _commands(build_parser())}
+    command = max(
+        (" ".join(argv[:n]) for n in range(len(argv)) if " ".join(argv[:n]) in named), key=len
+    )
+    assert capsys.readouterr().err.splitlines()[-1] == f"gpumeter {command}: error: {message}"
+
+
 def test_keys_list_show_and_revoke(
     db: Engine, admin_key: str, client: TestClient, gpumeter: Callable[..., Ran]
 ) -> None:

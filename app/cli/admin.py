@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from app.auth.models import KeyKind
-from app.auth.schemas import KeyRead
+from app.auth.schemas import KeyCreate, KeyRead
 from app.cli.common import (
     OPERATOR,
     Column,
@@ -16,6 +16,7 @@ from app.cli.common import (
     add_output,
     add_paging,
     command,
+    field_of,
     group,
     identifier,
     member_of,
@@ -27,6 +28,7 @@ from app.cli.common import (
 )
 from app.core.pagination import paginate
 from app.customers.schemas import CustomerRead
+from app.fleet.schemas import NodeCreate
 
 KINDS = list(KeyKind)
 
@@ -51,7 +53,6 @@ def cmd_create_key(args: argparse.Namespace) -> int:
 
 def cmd_register_node(args: argparse.Namespace) -> int:
     from app.fleet import service
-    from app.fleet.schemas import NodeCreate
 
     data = NodeCreate(hostname=args.hostname, datacenter=args.datacenter)
     with transaction(args) as session:
@@ -153,7 +154,9 @@ def add_admin(commands: Group) -> None:
         help="admin: the operator's, everything; customer: one customer's own data; node: an "
         "agent's token for its node's GPUs (default admin)",
     )
-    create_key.add_argument("--name", required=True, help="a label for the key")
+    create_key.add_argument(
+        "--name", type=field_of(KeyCreate, "name"), required=True, help="a label for the key"
+    )
     create_key.add_argument(
         "--customer", type=identifier("a customer"), help="customer id (for --kind customer)"
     )
@@ -164,9 +167,14 @@ def add_admin(commands: Group) -> None:
         cmd_register_node,
         "register a node (or rotate a registered node's token) and output its agent token",
     )
-    register_node.add_argument("--hostname", required=True, help="the node's hostname")
     register_node.add_argument(
-        "--datacenter", default="default", help="datacenter label (default 'default')"
+        "--hostname", type=field_of(NodeCreate, "hostname"), required=True, help="its hostname"
+    )
+    register_node.add_argument(
+        "--datacenter",
+        type=field_of(NodeCreate, "datacenter"),
+        default="default",
+        help="datacenter label (default 'default')",
     )
     register_node.add_argument(
         "--token-file", type=Path, default=None, help="write the token here (default: stdout)"

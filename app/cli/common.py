@@ -7,6 +7,7 @@ anything starts (no embedded Postgres, no log line).
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 import uuid
@@ -18,7 +19,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from sqlalchemy.orm import Session
 
 from app.auth.models import KeyKind
@@ -162,6 +163,23 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+PORT = (1, 65535)
+
+
+def number_above(low: float, *, or_equal: bool = False) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not (low <= value if or_equal else low < value) or value == math.inf:
+            above = f"{low} or more" if or_equal else f"above {low}"
+            raise argparse.ArgumentTypeError(f"give a number {above}, not {text}")
+        return value
+
+    return parse
+
+
 def bounded_int(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -171,6 +189,21 @@ def bounded_int(low: int, high: int) -> Callable[[str], int]:
         if not low <= value <= high:
             raise argparse.ArgumentTypeError(f"give {low} to {high}, not {text}")
         return value
+
+    return parse
+
+
+def field_of(schema: type[BaseModel], name: str) -> Callable[[str], str]:
+    """Text checked by the API's own rule for ``schema``'s field ``name``."""
+
+    def parse(text: str) -> str:
+        try:
+            checked = schema.__pydantic_validator__.validate_assignment(
+                schema.model_construct(), name, text
+            )
+        except ValidationError as error:
+            raise argparse.ArgumentTypeError(error.errors()[0]["msg"]) from None
+        return str(getattr(checked, name))
 
     return parse
 

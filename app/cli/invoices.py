@@ -7,8 +7,6 @@ import argparse
 import sys
 from datetime import UTC, datetime
 
-from pydantic import ValidationError
-
 from app.billing.models import InvoiceStatus
 from app.billing.schemas import InvoiceLineRead, InvoiceRead, InvoiceSummary, VoidBody
 from app.billing.wording import label, line_facts
@@ -19,6 +17,7 @@ from app.cli.common import (
     add_output,
     add_paging,
     command,
+    field_of,
     group,
     identifier,
     member_of,
@@ -161,14 +160,6 @@ def cmd_invoices_void(args: argparse.Namespace) -> int:
     return 0
 
 
-def void_reason(text: str) -> str:
-    """The reason, checked as the API checks it."""
-    try:
-        return VoidBody(reason=text).reason
-    except ValidationError as error:
-        raise argparse.ArgumentTypeError(error.errors()[0]["msg"]) from None
-
-
 def add_invoices(commands: Group) -> None:
     invoices = group(commands, "invoices", "run, list, show, finalize and void invoices")
     _add_run(invoices)
@@ -201,7 +192,10 @@ def add_invoices(commands: Group) -> None:
         "a new draft may replace it",
     )
     void.add_argument(
-        "--reason", type=void_reason, required=True, help="why, kept with the invoice"
+        "--reason",
+        type=field_of(VoidBody, "reason"),
+        required=True,
+        help="why, kept with the invoice",
     )
     for one in (shown, finalize, void):
         one.add_argument("invoice_id", type=identifier("an invoice"), help="the invoice's id")

@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from app.cli.common import Group, command, database_url, group
+from app.cli.common import PORT, Group, bounded_int, command, database_url, group
 from app.settings import embedded_secret_key, get_settings
 
 CONNECTIONS_PER_WORKER = 2048
@@ -129,8 +129,12 @@ def add_serve(commands: Group) -> None:
     serve = command(commands, "serve", cmd_serve, "run the API service under uvicorn")
     serve.set_defaults(service=True)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
-    serve.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    serve.add_argument(
+        "--port", type=bounded_int(*PORT), default=8000, help="port to bind (default 8000)"
+    )
+    serve.add_argument(
+        "--workers", type=bounded_int(1, 256), default=1, help="worker processes (default 1)"
+    )
     serve.add_argument(
         "--no-worker",
         action="store_true",
@@ -150,12 +154,15 @@ def add_worker(commands: Group) -> None:
     worker.set_defaults(service=True)
     worker.add_argument(
         "--concurrency",
-        type=int,
+        type=bounded_int(1, 64),
         default=None,
         help="jobs at once (default GPUMETER_WORKER_CONCURRENCY)",
     )
     worker.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
+        "--metrics-port",
+        type=bounded_int(*PORT),
+        default=None,
+        help="serve Prometheus metrics on this port",
     )
     worker.add_argument(
         "--metrics-host", default="127.0.0.1", help="address for --metrics-port (default 127.0.0.1)"

@@ -7,7 +7,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from app.cli.common import Group, command, database_url, positive_seconds
+from app.cli.common import (
+    PORT,
+    Group,
+    bounded_int,
+    command,
+    database_url,
+    number_above,
+    positive_seconds,
+)
 from app.cli.server import exit_cleanly_on_sigterm
 from app.core.logging import configure_logging
 from app.settings import get_settings
@@ -77,13 +85,18 @@ def add_simulate(commands: Group) -> None:
         "write a synthetic fleet's history (rentals, telemetry, failures), or replay a "
         "published scenario and print its cost table",
     )
-    simulate.add_argument("--gpus", type=int, default=None, help="GPUs to create (default 3000)")
     simulate.add_argument(
-        "--days", type=float, default=None, help="days of history, ending now (default 30)"
+        "--gpus", type=bounded_int(1, 1_000_000), default=None, help="GPUs to create (default 3000)"
+    )
+    simulate.add_argument(
+        "--days",
+        type=number_above(0),
+        default=None,
+        help="days of history, ending now (default 30)",
     )
     simulate.add_argument(
         "--failure-rate",
-        type=float,
+        type=number_above(0, or_equal=True),
         default=None,
         help="failures per GPU per day (default 0.0072)",
     )
@@ -107,7 +120,7 @@ def add_simulate(commands: Group) -> None:
     )
     simulate.add_argument(
         "--scale",
-        type=float,
+        type=number_above(0),
         default=1.0,
         help="with --scenario: GPUs x this (rates and days kept; default 1)",
     )
@@ -129,11 +142,13 @@ def add_demo(commands: Group) -> None:
     )
     demo.add_argument(
         "--duration",
-        type=float,
+        type=number_above(0),
         default=None,
         help="seconds to run once ready, then print the summary and exit (default: until Ctrl-C)",
     )
-    demo.add_argument("--port", type=int, default=8000, help="port to serve on (default 8000)")
+    demo.add_argument(
+        "--port", type=bounded_int(*PORT), default=8000, help="port to serve on (default 8000)"
+    )
     demo.add_argument(
         "--fail-after",
         type=positive_seconds,

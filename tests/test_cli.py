@@ -109,6 +109,19 @@ def test_create_key_for_a_customer_needs_the_customer(database_url: str, db: Eng
     assert created.stdout.startswith("gm_customer_")
 
 
+def test_an_unreachable_database_is_a_message_not_a_traceback() -> None:
+    env = {
+        **os.environ,
+        "GPUMETER_DATABASE_URL": f"postgresql://postgres@127.0.0.1:{free_port()}/x",
+    }
+    result = subprocess.run(
+        [BIN / "gpumeter", "customers", "list"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr.startswith("gpumeter customers list: database error: connection ")
+    assert "Traceback" not in result.stderr
+
+
 def test_readyz_is_503_on_an_unmigrated_database(pg_server_url: str) -> None:
     with scratch_database(pg_server_url, "gpumeter_unmigrated", migrated=False) as url:
         engine = create_engine(sqlalchemy_url(url))

@@ -90,8 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ApiError as error:  # what the API answers with a 4xx: unknown id, wrong state
             print(f"{args.prog}: {error}", file=sys.stderr)
             return 2
-        except OperationalError as error:
-            print(f"{args.prog}: cannot reach the database: {error.orig}", file=sys.stderr)
+        except OperationalError as error:  # unreachable, refused, cancelled: no traceback
+            print(f"{args.prog}: database error: {error.orig}", file=sys.stderr)
             return 1
         except PostgresDidNotStop as error:
             print(f"{args.prog}: {error}; see the log in its data directory", file=sys.stderr)

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 from app.billing.models import InvoiceStatus
 from app.billing.schemas import InvoiceLineRead, InvoiceRead, InvoiceSummary, VoidBody
-from app.billing.wording import label, line_facts
+from app.billing.wording import label, line_facts, percent
 from app.cli.common import (
     OPERATOR,
     Column,
@@ -118,7 +118,7 @@ def print_invoice(invoice: InvoiceRead, as_json: bool) -> None:
             ("paid", invoice.paid_at),
             ("voided", invoice.voided_at and f"{show(invoice.voided_at)}: {invoice.void_reason}"),
             ("subtotal", _money(invoice.subtotal, invoice)),
-            ("tax", f"{_money(invoice.tax, invoice)} at rate {invoice.tax_rate}"),
+            ("tax", f"{_money(invoice.tax, invoice)} ({percent(invoice.tax_rate)})"),
             ("total", _money(invoice.total, invoice)),
         ]
     )

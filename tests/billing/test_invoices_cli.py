@@ -105,7 +105,7 @@ def test_invoices_list_show_finalize_and_void_as_the_api_does(
     assert shown.code == 0, shown.err
     header, lines = shown.out.split("\n\n")
     assert "total      2202.20 USD" in header.splitlines()
-    assert "tax        351.61 USD at rate 0.19" in header.splitlines()
+    assert "tax        351.61 USD (19 %)" in header.splitlines()
     assert [row[:2] + row[-3:] for row in Ran(0, lines, "").rows()] == [
         ["0", "GPU time", "2678400", "2.49", "1852.56"],
         ["1", "Failure credit", "2820", "2.49", "-1.95"],

@@ -59,42 +59,58 @@ class _Page:
         self.y = _MARGIN
         self.bottom = pdf.h - _MARGIN
         self.width = pdf.w - 2 * _MARGIN
+        self.font(9.5)
 
     def font(self, size: float, bold: bool = False, color: int = 17) -> None:
-        self.pdf.set_font(_FONT, "B" if bold else "", size)
+        from fpdf.fonts import CORE_FONTS_CHARWIDTHS
+
+        style = "B" if bold else ""
+        self.pdf.set_font(_FONT, style, size)
         self.pdf.set_text_color(color)
+        self.widths = CORE_FONTS_CHARWIDTHS[_FONT + style]
 
     def room(self, height: float) -> None:
         if self.y + height > self.bottom:
             self.pdf.add_page()
             self.y = _MARGIN
 
+    def width_of(self, text: str) -> float:
+        """``text``'s width in mm at the current core font, from its character widths (what
+        ``FPDF.get_string_width`` computes, without copying the graphics state each call)."""
+        widths, glyphs = self.widths, text.encode(_ENCODING).decode("latin-1")  # as fpdf2 does
+        return sum(widths[c] for c in glyphs) * self.pdf.font_size_pt * 0.001 / self.pdf.k
+
     def write(self, x: float, y: float, text: str, width: float, right: bool = False) -> None:
         """One line of the current font whose top is at ``y``."""
         if right:
-            x += width - self.pdf.get_string_width(text)
+            x += width - self.width_of(text)
         self.pdf.text(x, y + self.pdf.font_size * 0.85, text)
 
     def wrap(self, text: str, width: float) -> list[str]:
         """``text`` in lines no wider than ``width`` at the current font: broken between words,
         and inside a word only when the word alone is wider."""
-        lines = [""]
+        space = self.width_of(" ")
+        lines, used = [""], 0.0
         for word in _safe(text).split(" "):
-            candidate = f"{lines[-1]} {word}" if lines[-1] else word
-            if self.pdf.get_string_width(candidate) <= width:
-                lines[-1] = candidate
-                continue
-            pieces = list(self._cut(word, width))
-            lines[-1:] = [lines[-1], *pieces] if lines[-1] else pieces
+            size = self.width_of(word)
+            if not lines[-1] and size <= width:
+                lines[-1], used = word, size
+            elif lines[-1] and used + space + size <= width:
+                lines[-1], used = f"{lines[-1]} {word}", used + space + size
+            else:
+                pieces = list(self._cut(word, width))
+                lines[-1:] = [lines[-1], *pieces] if lines[-1] else pieces
+                used = self.width_of(lines[-1])
         return lines
 
     def _cut(self, word: str, width: float) -> Iterator[str]:
-        piece = ""
+        piece, used = "", 0.0
         for char in word:
-            if piece and self.pdf.get_string_width(piece + char) > width:
+            size = self.width_of(char)
+            if piece and used + size > width:
                 yield piece
-                piece = ""
-            piece += char
+                piece, used = "", 0.0
+            piece, used = piece + char, used + size
         yield piece
 
     def paragraph(

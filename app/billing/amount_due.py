@@ -36,7 +36,7 @@ from app.billing.rating import RatedRental
 from app.billing.schemas import AmountDueRead, MoneyStepRead, VouchersAppliedRead, money
 from app.billing.service import core_errors, ledger
 from app.billing.usage import rated_to_date
-from app.billing.vouchers import EntryKind, open_vouchers
+from app.billing.vouchers import EntryKind, open_vouchers, usable
 from app.billing.wording import percent
 from app.core.epoch import epoch, from_epoch
 from app.core.money import display
@@ -190,13 +190,12 @@ def _applied(
     currency: str,
     invoice: Invoice | None = None,
 ) -> VouchersAppliedRead:
-    still_open = open_vouchers(ledger(entries))
-    usable = sum((v.remaining for v in still_open if v.expires_at > epoch(now)), Decimal(0))
+    usable_now = usable(open_vouchers(ledger(entries)), epoch(now))
     applied = -chain.amounts["vouchers"]
-    facts = _VoucherFacts(applied, usable, chain.before_vouchers, currency)
+    facts = _VoucherFacts(applied, usable_now, chain.before_vouchers, currency)
     reason = facts.preview() if invoice is None else facts.on_invoice(invoice, entries)
     return VouchersAppliedRead(
-        usable=money(usable, currency), applied=money(applied, currency), reason=reason
+        usable=money(usable_now, currency), applied=money(applied, currency), reason=reason
     )
 
 

@@ -53,7 +53,7 @@ from app.billing.schemas import (
     money,
 )
 from app.billing.service import core_errors, ledger
-from app.billing.vouchers import balance, open_vouchers
+from app.billing.vouchers import balance, open_vouchers, usable
 from app.billing.whatif import DEFAULT_INCREMENTS, WhatIfCell, what_if_rated
 from app.core.epoch import epoch, from_epoch
 from app.core.memory import rare_collections
@@ -206,13 +206,12 @@ def voucher_ledger(session: Session, customer: Customer, now: datetime) -> Vouch
     rows = [e for e in entries_of if e.currency == customer.currency]
     entries = ledger(rows)
     still_open = sorted(open_vouchers(entries), key=lambda v: (v.expires_at, v.voucher_id))
-    usable = sum((v.remaining for v in still_open if v.expires_at > epoch(now)), Decimal(0))
     currency = customer.currency
     return VoucherLedgerRead(
         customer_id=customer.id,
         currency=currency,
         balance=money(balance(entries), currency),
-        usable=money(usable, currency),
+        usable=money(usable(still_open, epoch(now)), currency),
         open=[
             OpenVoucherRead(
                 voucher_id=v.voucher_id,

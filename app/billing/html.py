@@ -42,10 +42,6 @@ class DocumentRow:
     cells: tuple[str, str, str, str]  # item, time, rate, amount (the detail is apart)
     detail: tuple[str, ...]  # what the line is about, then its evidence
 
-    @property
-    def item(self) -> str:
-        return self.cells[0]
-
 
 @dataclass(frozen=True)
 class DocumentTotal:

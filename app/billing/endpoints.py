@@ -10,12 +10,13 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import HTMLResponse
 
 from app.auth.deps import Admin, ConsoleUser
-from app.billing import repository, service, usage
+from app.billing import amount_due, repository, service, usage
 from app.billing.html import render_invoice
-from app.billing.loader import PERIOD_PATTERN, current_period
+from app.billing.loader import PERIOD_PATTERN, current_period, started_period
 from app.billing.models import InvoiceStatus
 from app.billing.run import as_of_time, run_invoices
 from app.billing.schemas import (
+    AmountDueRead,
     CreditNoteRead,
     FinalizeBody,
     InvoiceRead,
@@ -106,6 +107,17 @@ def invoice_html(invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser)
     return HTMLResponse(render_invoice(InvoiceRead.of(invoice), customer))
 
 
+@router.get("/{invoice_id}/amount-due")
+def invoice_amount_due(
+    invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser, now: Now
+) -> AmountDueRead:
+    """The invoice's path from usage cost to the amount due (cap, vouchers and why they did or
+    did not apply, tax, prepaid balance)."""
+    invoice = service.get_invoice(session, invoice_id, caller)
+    customer = session.get_one(Customer, invoice.customer_id)
+    return amount_due.of_invoice(session, invoice, customer, now)
+
+
 @router.get("/{invoice_id}/credit-notes")
 def invoice_credit_notes(
     invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser, page: Paging
@@ -160,6 +172,22 @@ def read_usage(
     """Cost to date with its buckets, effective GPU-hours, vouchers and a month-end forecast."""
     customer = get_customer(session, customer_id, caller)
     return usage.usage(session, customer, _customer_period(customer, period, now), now)
+
+
+@customer_router.get("/{customer_id}/amount-due")
+def read_amount_due(
+    customer_id: uuid.UUID,
+    session: DbSession,
+    caller: ConsoleUser,
+    now: Now,
+    period: PeriodQuery = None,
+) -> AmountDueRead:
+    """The period's path from usage cost to the amount due: its invoice's, or with no invoice
+    yet, the period to date as an invoice finalized now would show it."""
+    customer = get_customer(session, customer_id, caller)
+    name = _customer_period(customer, period, now)
+    billing_period = started_period(name, customer.billing_timezone, now, ("query", "period"))
+    return amount_due.of_period(session, customer, billing_period, now)
 
 
 @customer_router.get("/{customer_id}/credit-notes")

@@ -30,7 +30,8 @@ def xid_of(evidence: Mapping[str, Any] | None) -> int | None:
 
 
 def evidence_text(evidence: Mapping[str, Any] | None) -> str:
-    """A credit's evidence as a customer reads it: "XID 79 (xid_79_fallen_off_bus)",
+    """A credit's evidence as a customer reads it: "XID 79: GPU has fallen off the bus" (the
+    driver's message), else "XID 79 (xid_79_fallen_off_bus)" (the rule that fired), or
     "migrated from GPU-A to GPU-B: XID 79"; row ids and raw payloads are left out."""
     if not evidence:
         return ""
@@ -40,6 +41,9 @@ def evidence_text(evidence: Mapping[str, Any] | None) -> str:
     parts = []
     if (xid := xid_of(evidence)) is not None:
         parts.append(f"XID {xid}")
+    detail = evidence.get("detail")
+    if isinstance(detail, Mapping) and detail.get("message"):  # the driver's own words
+        return ": ".join([*parts, str(detail["message"])])
     if rule := evidence.get("rule"):
         parts.append(f"({rule})" if parts else str(rule))
     return " ".join(parts)

@@ -1,111 +1,225 @@
-"""A printable, standalone HTML invoice: server-side, every value escaped, no external assets."""
+"""The invoice document: one text, built once (``invoice_document``), shown three ways with the
+same words and amounts: the standalone HTML of ``GET /v1/invoices/{id}/html``
+(``render_invoice``), the dashboard's invoice page (``render_document``, the same fragment) and
+its PDF (``app.dashboard.pdf`` draws the same document).
+
+It carries the seller (name, address, tax id), "Bill to", the period, issue and due dates, the
+lines with their evidence, and the path from usage to the amount due (``amount_due.Chain``):
+usage, the monthly cap, vouchers, subtotal, tax, total, the prepaid balance applied and the
+amount due. Times are in the invoice's time zone; every value is escaped; no external assets.
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
 from html import escape
+from zoneinfo import ZoneInfo
 
 from app.billing import wording
+from app.billing.amount_due import Chain
 from app.billing.evidence import evidence_text
 from app.billing.schemas import InvoiceLineRead, InvoiceRead
+from app.core.money import display
 from app.customers.models import Customer
 from app.settings import get_settings
 
-_STYLE = """
-body { font: 14px/1.45 system-ui, sans-serif; color: #111; max-width: 60rem; margin: 2rem auto; }
-h1 { font-size: 1.6rem; margin: 0 0 .25rem; }
-table { width: 100%; border-collapse: collapse; margin-top: 1.5rem; }
-th, td { text-align: left; padding: .35rem .5rem; border-bottom: 1px solid #ddd;
-  vertical-align: top; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-tfoot td { font-weight: 600; border-bottom: none; }
-.meta { color: #555; } .evidence { color: #555; font-size: 12px; }
-.status { display: inline-block; padding: 0 .4rem; border: 1px solid #999; border-radius: 3px; }
-@media print { body { margin: 0; } }
+_When = Callable[[datetime], str]
+COLUMNS = ("Item", "Detail", "Time", "Rate", "Amount")
+# Shown in the chain, not as lines of the table.
+_TOTAL_KINDS = frozenset({"tax", "prepaid_balance"})
+_NOTE = (
+    "Amounts are rounded once per line to the currency's minor unit (half up); every total is "
+    "the sum of its lines. GPU time is billed per second."
+)
+
+
+@dataclass(frozen=True)
+class DocumentRow:
+    kind: str
+    cells: tuple[str, str, str, str]  # item, time, rate, amount (the detail is apart)
+    detail: tuple[str, ...]  # what the line is about, then its evidence
+
+
+@dataclass(frozen=True)
+class DocumentTotal:
+    key: str  # the ``amount_due`` step
+    label: str
+    amount: str  # for people: "€1,852.56"
+
+
+@dataclass(frozen=True)
+class InvoiceDocument:
+    title: str
+    status: str
+    seller: tuple[str, ...]
+    bill_to: tuple[str, ...]
+    facts: tuple[str, ...]  # period, dates, currency
+    credits: str
+    rows: tuple[DocumentRow, ...]
+    totals: tuple[DocumentTotal, ...]
+    note: str
+
+
+def invoice_document(invoice: InvoiceRead, customer: Customer) -> InvoiceDocument:
+    zone = ZoneInfo(invoice.timezone)
+
+    def when(at: datetime) -> str:
+        return at.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+    currency = invoice.currency
+    chain = Chain.of(
+        ((x.kind, Decimal(x.amount)) for x in invoice.lines), Decimal(invoice.tax_rate)
+    )
+    totals = tuple(
+        DocumentTotal(step.key, step.label, display(step.amount, currency))
+        for step in chain.steps(currency)
+    )
+    return InvoiceDocument(
+        title=f"Invoice {invoice.number}" if invoice.number else f"Draft invoice {invoice.period}",
+        status=invoice.status.value,
+        seller=_seller(),
+        bill_to=(customer.name, *([customer.email] if customer.email else [])),
+        facts=_facts(invoice, customer, when),
+        credits=wording.credits_summary(invoice.lines).text,
+        rows=tuple(_row(x, currency, when) for x in invoice.lines if x.kind not in _TOTAL_KINDS),
+        totals=totals,
+        note=_NOTE,
+    )
+
+
+def _seller() -> tuple[str, ...]:
+    settings = get_settings()
+    address = [line.strip() for line in settings.seller_address.splitlines() if line.strip()]
+    tax_id = [f"Tax id: {settings.seller_tax_id}"] if settings.seller_tax_id else []
+    return (settings.seller_name, *address, *tax_id)
+
+
+def _facts(invoice: InvoiceRead, customer: Customer, when: _When) -> tuple[str, ...]:
+    zone = ZoneInfo(invoice.timezone)
+    first = invoice.period_start.astimezone(zone).date()
+    last = (invoice.period_end - timedelta(seconds=1)).astimezone(zone).date()
+    facts = [f"Period {invoice.period}: {first} to {last} ({invoice.timezone})"]
+    if invoice.finalized_at:
+        facts.append(f"Issued {when(invoice.finalized_at)}")
+    else:
+        facts.append(f"Draft computed {when(invoice.generated_at)}")
+    if invoice.due_at:
+        facts.append(f"Due {when(invoice.due_at)}")
+    else:
+        facts.append(f"Due {customer.days_until_due} days after it is issued")
+    if invoice.paid_at:
+        facts.append(f"Paid {when(invoice.paid_at)}")
+    if invoice.voided_at:
+        facts.append(f"Voided {when(invoice.voided_at)}: {invoice.void_reason}")
+    facts.append(f"Currency {invoice.currency}")
+    return tuple(facts)
+
+
+def _row(line: InvoiceLineRead, currency: str, when: _When) -> DocumentRow:
+    facts = wording.line_facts(line, when, rental=lambda rental_id: str(rental_id)[:8])
+    detail = ["; ".join(facts)] if facts else []
+    if text := evidence_text(line.evidence):
+        detail.append(f"evidence: {text}")
+    time = "" if line.seconds is None else f"{line.seconds:,} s"
+    rate = f"{line.rate} /GPU-h" if line.rate is not None else ""
+    cells = (wording.label(line.kind), time, rate, display(line.amount, currency))
+    return DocumentRow(line.kind, cells, tuple(detail))
+
+
+# --- HTML ---------------------------------------------------------------------------------
+
+# Scoped to the document, so the dashboard can show the same fragment inside its own page.
+STYLE = """
+.invoice-doc { font: 14px/1.45 system-ui, sans-serif; color: #111; }
+.invoice-doc h1 { font-size: 1.6rem; margin: 0 0 .5rem; }
+.invoice-doc h2 { font-size: .8rem; text-transform: uppercase; color: #555; margin: 0; }
+.invoice-doc .parties { display: flex; flex-wrap: wrap; gap: 1rem 3rem; }
+.invoice-doc .parties p, .invoice-doc .facts { margin: .25rem 0 0; }
+.invoice-doc table { width: 100%; border-collapse: collapse; margin-top: 1rem; }
+.invoice-doc th, .invoice-doc td { text-align: left; padding: .35rem .5rem;
+  border-bottom: 1px solid #ddd; vertical-align: top; overflow-wrap: anywhere; }
+.invoice-doc .num { text-align: right; font-variant-numeric: tabular-nums; }
+.invoice-doc .totals { width: auto; margin-left: auto; }
+.invoice-doc .totals .step-amount_due td { font-weight: 700; border-bottom: none; }
+.invoice-doc .evidence, .invoice-doc .note { color: #555; font-size: 12px; }
+.invoice-doc .status { padding: 0 .4rem; border: 1px solid #999; border-radius: 3px;
+  font-size: .9rem; font-weight: 400; }
+@media (max-width: 40rem) {
+  .invoice-doc table.lines thead { display: none; }
+  .invoice-doc table.lines tr { display: block; border-bottom: 1px solid #ddd; }
+  .invoice-doc table.lines td { display: block; border: none; padding: .1rem 0; text-align: left; }
+}
 """
 
 
-def render_invoice(invoice: InvoiceRead, customer: Customer) -> str:
-    """The seller, the customer, the dates (due from the customer's payment terms), the lines
-    (tax once, as a percentage, in the totals), and what was credited."""
-    title = invoice.number or f"Draft {invoice.period}"
-    rows = "\n".join(_row(line) for line in invoice.lines if line.kind != "tax")
-    credits = wording.credits_summary(invoice.lines)
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<title>Invoice {_e(title)}</title><style>{_STYLE}</style></head>
-<body>
-<h1>Invoice {_e(title)} <span class="status">{_e(invoice.status.value)}</span></h1>
-{_seller()}
-<p class="meta">Bill to: {_e(customer.name)}{_email(customer)}<br>
-Period {_e(invoice.period)} ({_e(invoice.timezone)}):
-{_e(_when(invoice.period_start))} to {_e(_when(invoice.period_end))}<br>
-{_dates(invoice)}</p>
-<p class="credits">{_e(credits.text)}</p>
-<table>
-<thead><tr><th>Item</th><th>Detail</th><th class="num">Seconds</th><th class="num">Rate</th>
-<th class="num">Amount ({_e(invoice.currency)})</th></tr></thead>
+def render_document(doc: InvoiceDocument) -> str:
+    """The document as one HTML fragment (``<article class="invoice-doc">``)."""
+    rows = "\n".join(_html_row(row) for row in doc.rows)
+    totals = "\n".join(
+        f'<tr class="step-{t.key}"><td>{_e(t.label)}</td>'
+        f'<td class="num" data-api="steps.{_e(t.key)}">{_e(t.amount)}</td></tr>'
+        for t in doc.totals
+    )
+    head = "".join(f'<th scope="col"{_num(i)}>{_e(c)}</th>' for i, c in enumerate(COLUMNS))
+    return f"""<article class="invoice-doc">
+<h1>{_e(doc.title)} <span class="status">{_e(doc.status)}</span></h1>
+<div class="parties">
+<section class="seller"><h2>From</h2><p>{_lines(doc.seller)}</p></section>
+<section class="bill-to"><h2>Bill to</h2><p>{_lines(doc.bill_to)}</p></section>
+</div>
+<p class="facts">{_lines(doc.facts)}</p>
+<p class="credits">{_e(doc.credits)}</p>
+<table class="lines">
+<thead><tr>{head}</tr></thead>
 <tbody>
 {rows}
 </tbody>
-<tfoot>
-<tr><td colspan="4">Subtotal</td><td class="num">{_e(invoice.subtotal)}</td></tr>
-<tr><td colspan="4">Tax {_e(wording.percent(invoice.tax_rate))}</td>
-<td class="num">{_e(invoice.tax)}</td></tr>
-<tr><td colspan="4">Total</td><td class="num">{_e(invoice.total)}</td></tr>
-</tfoot>
 </table>
-<p class="meta">Amounts are rounded once per line to the currency's minor unit (half up);
-the total is the sum of the lines. GPU time is billed per second.</p>
+<table class="totals">
+<tbody>
+{totals}
+</tbody>
+</table>
+<p class="note">{_e(doc.note)}</p>
+</article>"""
+
+
+def render_invoice(invoice: InvoiceRead, customer: Customer) -> str:
+    """The standalone, printable page."""
+    doc = invoice_document(invoice, customer)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(doc.title)}</title>
+<style>body {{ max-width: 60rem; margin: 2rem auto; padding: 0 1rem; }}
+@media print {{ body {{ margin: 0; }} }}{STYLE}</style></head>
+<body>
+{render_document(doc)}
 </body></html>
 """
 
 
-def _row(line: InvoiceLineRead) -> str:
-    seconds = "" if line.seconds is None else f"{line.seconds:,}"
+def _html_row(row: DocumentRow) -> str:
+    item, time, rate, amount = (_e(c) for c in row.cells)
+    detail = "".join(
+        f'<div class="evidence">{_e(d)}</div>' if i else f"<div>{_e(d)}</div>"
+        for i, d in enumerate(row.detail)
+    )
     return (
-        f"<tr><td>{_e(wording.label(line.kind))}</td><td>{_detail(line)}</td>"
-        f'<td class="num">{seconds}</td><td class="num">{_e(line.rate or "")}</td>'
-        f'<td class="num">{_e(line.amount)}</td></tr>'
+        f'<tr class="line-{_e(row.kind)}"><td>{item}</td><td>{detail}</td>'
+        f'<td class="num">{time}</td><td class="num">{rate}</td><td class="num">{amount}</td></tr>'
     )
 
 
-def _detail(line: InvoiceLineRead) -> str:
-    detail = _e(", ".join(wording.line_facts(line, _when)))
-    if text := evidence_text(line.evidence):
-        detail += f'<div class="evidence">evidence: {_e(text)}</div>'
-    return detail
+def _lines(texts: tuple[str, ...]) -> str:
+    return "<br>".join(_e(t) for t in texts)
 
 
-def _seller() -> str:
-    settings = get_settings()
-    parts = [f"<strong>{_e(settings.seller_name)}</strong>"]
-    parts += [_e(line) for line in settings.seller_address.splitlines() if line.strip()]
-    if settings.seller_tax_id:
-        parts.append(f"Tax id: {_e(settings.seller_tax_id)}")
-    return f'<p class="seller">{"<br>".join(parts)}</p>'
-
-
-def _email(customer: Customer) -> str:
-    return f" &lt;{_e(customer.email)}&gt;" if customer.email else ""
-
-
-def _dates(invoice: InvoiceRead) -> str:
-    dates = [
-        ("Generated", invoice.generated_at),
-        ("Finalized", invoice.finalized_at),
-        ("Due", invoice.due_at),
-        ("Paid", invoice.paid_at),
-        ("Voided", invoice.voided_at),
-    ]
-    text = " &middot; ".join(f"{label} {_e(_when(at))}" for label, at in dates if at)
-    if invoice.void_reason:
-        text += f" &middot; reason: {_e(invoice.void_reason)}"
-    return text
-
-
-def _when(at: datetime) -> str:
-    return at.strftime("%Y-%m-%d %H:%M:%S %Z")
+def _num(column: int) -> str:
+    return ' class="num"' if column >= 2 else ""
 
 
 def _e(value: object) -> str:

@@ -255,6 +255,11 @@ class WhatIfRowRead(Schema):
     with_credits: WhatIfCellRead
     without_credits: WhatIfCellRead
     difference: str
+    credits: str = Field(
+        description="The automatic failure and migration credits (negative). The difference "
+        "is smaller where a monthly cap also holds the bill without them, larger where a "
+        "manual process would bill more downtime than was credited."
+    )
 
 
 class WhatIfRead(Schema):
@@ -296,3 +301,36 @@ class CreditNoteRead(Schema):
                 "tax_rate": plain(note.tax_rate),
             }
         )
+
+
+class MoneyStepRead(Schema):
+    key: str = Field(
+        description="usage | cap | corrections | vouchers | subtotal | tax | total | prepaid | "
+        "amount_due (corrections only when there are some)."
+    )
+    label: str
+    amount: str
+
+
+class VouchersAppliedRead(Schema):
+    usable: str = Field(description="The voucher balance usable now (not expired).")
+    applied: str = Field(description="What the vouchers take off this bill (positive).")
+    reason: str = Field(description="Why that much applied, or why none did.")
+
+
+class AmountDueRead(Schema):
+    customer_id: uuid.UUID
+    period: str
+    currency: str
+    source: str = Field(
+        description='"invoice": the period\'s invoice; "to_date": no invoice yet, the period '
+        "to date as an invoice finalized now would show it (vouchers and prepaid balance now)."
+    )
+    invoice_id: uuid.UUID | None
+    invoice_number: str | None
+    status: str | None
+    as_of: datetime
+    steps: list[MoneyStepRead] = Field(description="In order; each a sum of invoice lines.")
+    amount_due: str
+    vouchers: VouchersAppliedRead
+    cap: str | None = Field(description="What the monthly cap took off and why, when it did.")

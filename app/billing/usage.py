@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 from app.billing import repository, rollups
 from app.billing.domain import Bucket
 from app.billing.effective import EffectiveUsage, effective_of, minute_spans
+from app.billing.lines import LineKind
 from app.billing.loader import (
     BillingPeriod,
     PeriodInputs,
@@ -37,6 +38,7 @@ from app.billing.loader import (
     load_inputs,
     started_period,
 )
+from app.billing.models import InvoiceLineRow
 from app.billing.rating import RatedRental
 from app.billing.schemas import (
     EffectiveRead,
@@ -51,7 +53,7 @@ from app.billing.schemas import (
     money,
 )
 from app.billing.service import core_errors, ledger
-from app.billing.vouchers import balance, open_vouchers
+from app.billing.vouchers import balance, open_vouchers, usable
 from app.billing.whatif import DEFAULT_INCREMENTS, WhatIfCell, what_if_rated
 from app.core.epoch import epoch, from_epoch
 from app.core.memory import rare_collections
@@ -61,16 +63,26 @@ from app.metering.repository import idle_minutes
 from app.settings import get_settings
 
 T = TypeVar("T")
+# The credits the what-if compares against a manual process (``whatif``'s rule).
+_AUTOMATIC = frozenset({LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT})
 
 
 def usage(session: Session, customer: Customer, period_name: str, now: datetime) -> UsageRead:
+    return usage_and_rated(session, customer, period_name, now)[0]
+
+
+def usage_and_rated(
+    session: Session, customer: Customer, period_name: str, now: datetime
+) -> tuple[UsageRead, list[RatedRental]]:
+    """The usage and the rentals rated to date it was computed from (the overview's amount
+    due previews an invoice from them instead of rating the month again)."""
     period, span = _to_date(customer, period_name, now)
     to_date = rated_to_date(session, customer, period, span)
     rated = to_date.rated
     currency, zero = customer.currency, Decimal(0)
     forecasts = [_forecast(r, span[1], period.span[1], currency) for r in rated]
     effective = [effective_of(r, to_date.idle_s[r.rental.rental_id]) for r in rated]
-    return UsageRead(
+    read = UsageRead(
         customer_id=customer.id,
         period=period.name,
         period_start=period.start,
@@ -88,6 +100,7 @@ def usage(session: Session, customer: Customer, period_name: str, now: datetime)
             for r, e, f in zip(rated, effective, forecasts, strict=True)
         ],
     )
+    return read, rated
 
 
 def what_if_table(
@@ -97,12 +110,13 @@ def what_if_table(
     to_date = rated_to_date(session, customer, period, span)
     recovery = get_settings().manual_recovery_s
     with core_errors(customer):
-        table = what_if_rated(
-            {increment: to_date.rerated(increment) for increment in DEFAULT_INCREMENTS},
-            manual_recovery_s=recovery,
-            currency=customer.currency,
-        )
+        rated = {increment: to_date.rerated(increment) for increment in DEFAULT_INCREMENTS}
+        table = what_if_rated(rated, manual_recovery_s=recovery, currency=customer.currency)
     currency = customer.currency
+
+    def credits(increment: int) -> str:
+        lines = (line for r in rated[increment] for line in r.lines)
+        return money(sum((x.amount for x in lines if x.kind in _AUTOMATIC), Decimal(0)), currency)
 
     def cell(c: WhatIfCell) -> WhatIfCellRead:
         return WhatIfCellRead(amount=money(c.amount, currency), billed_s=c.billed_s)
@@ -113,6 +127,7 @@ def what_if_table(
             with_credits=cell(row.with_credits),
             without_credits=cell(row.without_credits),
             difference=money(row.difference, currency),
+            credits=credits(row.increment_s),
         )
         for row in table.rows
     ]
@@ -130,6 +145,31 @@ def rated_to_date(
 ) -> rollups.ToDate:
     """The period to date: stored spans from their rollups, the rest rated live."""
     return _from_inputs(session, customer, period, span, rollups.rated_to_date)
+
+
+def lines_to_date(
+    session: Session, customer: Customer, period: BillingPeriod, now: datetime
+) -> list[InvoiceLineRow]:
+    """The period to date's lines (charges, credits, caps) as unsaved invoice line rows: what
+    the exports write for a period the invoice run has not drafted yet."""
+    span = (period.span[0], min(period.span[1], epoch(now)))
+    rated = rated_to_date(session, customer, period, span).rated
+    return [
+        InvoiceLineRow(
+            kind=line.kind.value,
+            amount=line.amount,
+            rental_id=None if line.rental_id is None else uuid.UUID(line.rental_id),
+            gpu_model=line.gpu_model,
+            gpu_uuid=line.gpu_uuid,
+            start_at=None if line.start is None else from_epoch(line.start),
+            end_at=None if line.end is None else from_epoch(line.end),
+            seconds=line.seconds,
+            rate=line.rate,
+            evidence=line.evidence,
+        )
+        for r in rated
+        for line in r.lines
+    ]
 
 
 def store_closed(session: Session, customer: Customer, now: datetime) -> None:
@@ -166,13 +206,12 @@ def voucher_ledger(session: Session, customer: Customer, now: datetime) -> Vouch
     rows = [e for e in entries_of if e.currency == customer.currency]
     entries = ledger(rows)
     still_open = sorted(open_vouchers(entries), key=lambda v: (v.expires_at, v.voucher_id))
-    usable = sum((v.remaining for v in still_open if v.expires_at > epoch(now)), Decimal(0))
     currency = customer.currency
     return VoucherLedgerRead(
         customer_id=customer.id,
         currency=currency,
         balance=money(balance(entries), currency),
-        usable=money(usable, currency),
+        usable=money(usable(still_open, epoch(now)), currency),
         open=[
             OpenVoucherRead(
                 voucher_id=v.voucher_id,

@@ -7,6 +7,7 @@ API:
     open_vouchers(entries) -> list[OpenVoucher]
     apply_vouchers(open_vouchers, amount_due, as_of, invoice_id) -> (applications, expirations)
     balance(entries) -> Decimal
+    usable(open_vouchers, as_of) -> Decimal
 
 Rules:
 * Amounts in entries are always positive; a voucher's remaining balance is
@@ -167,3 +168,8 @@ def balance(entries: Iterable[VoucherEntry]) -> Decimal:
     for entry in entries:
         total += entry.amount if entry.kind is EntryKind.ISSUED else -entry.amount
     return total
+
+
+def usable(vouchers: Iterable[OpenVoucher], as_of: int) -> Decimal:
+    """What is left of the vouchers not expired at ``as_of`` (what an invoice could take)."""
+    return sum((v.remaining for v in vouchers if v.expires_at > as_of), Decimal(0))

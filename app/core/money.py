@@ -14,6 +14,7 @@ API:
     round_money(value, currency) -> Decimal        # the single rounding step
     time_amount(seconds, price_per_hour, currency) -> Decimal   # seconds x price / 3600
     zero(currency) -> Decimal
+    display(amount, currency) -> str               # "€1,852.56", "CHF 12.00", "-$3.10"
 """
 
 from decimal import Decimal
@@ -107,3 +108,17 @@ def to_minor(amount: Decimal, currency: str) -> int:
 def from_minor(units: int, currency: str) -> Decimal:
     """A count of minor units as the currency's Decimal amount (1234 USD cents -> 12.34)."""
     return Decimal(units).scaleb(-minor_units(currency))
+
+
+# Symbols printable in a PDF's core fonts (cp1252) too; others are written as the ISO code.
+_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥"}
+
+
+def display(amount: Decimal | str, currency: str) -> str:
+    """An amount for people to read, at the currency's minor unit with thousands separators
+    (rounded by ``round_money`` only if it carries more places)."""
+    value = round_money(Decimal(amount), currency)
+    digits = f"{abs(value):,.{minor_units(currency)}f}"
+    symbol = _SYMBOLS.get(currency)
+    text = f"{symbol}{digits}" if symbol else f"{currency} {digits}"
+    return f"-{text}" if value < 0 else text

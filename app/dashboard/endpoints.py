@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from pydantic import Field
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -29,6 +30,8 @@ from app.auth.deps import Admin, BearerCredentials, ConsoleUser, current_princip
 from app.auth.models import KeyKind
 from app.auth.service import Principal, authenticate
 from app.auth.throttle import FailedAuthThrottle, client_address
+from app.billing import html as invoice_html
+from app.billing import wording as billing_wording
 from app.billing.endpoints import Now
 from app.billing.loader import PERIOD_PATTERN, BillingPeriod
 from app.core.browser import same_origin
@@ -46,7 +49,6 @@ from app.dashboard import (
     exports,
     formatting,
     incidents,
-    invoices,
     operators,
     pdf,
     service,
@@ -63,8 +65,8 @@ TEMPLATES.env.globals.update(
     hours=formatting.hours,
     duration=formatting.duration,
     shift_period=service.shift_period,
-    line_label=invoices.label,
-    line_detail=invoices.detail,
+    line_label=billing_wording.label,
+    document_style=Markup(invoice_html.STYLE),
     event_text=wording.event,
     ROW_H=ROW_H,
     WIDTH=WIDTH,
@@ -199,7 +201,7 @@ def _export_route(kind: ExportKind, summary: str) -> None:
     ) -> StreamingResponse:
         customer = get_customer(session, customer_id, caller)
         billing_period = service.period_of(customer, period, now)
-        return _export(request, session, customer, billing_period, kind)
+        return _export(request, session, customer, billing_period, kind, now)
 
     router.add_api_route(
         f"/v1/customers/{{customer_id}}/exports/{kind.value}",
@@ -207,30 +209,38 @@ def _export_route(kind: ExportKind, summary: str) -> None:
         methods=["GET"],
         responses=_CSV,
         name=f"export_{kind.name.lower()}",
-        description=summary + " Streamed; the amounts sum to the invoice's total.",
+        description=summary + " Streamed; the amounts sum to the invoice's total (to date: to "
+        "the cost to date, before vouchers and tax).",
     )
 
 
 _export_route(
-    ExportKind.USAGE, "The period's invoice as cost and usage rows per rental, GPU and local day."
+    ExportKind.USAGE,
+    "The period's invoice (with none yet, the period to date) as cost and usage rows per "
+    "rental, GPU and local day.",
 )
 _export_route(ExportKind.FOCUS, "The same rows in the FinOps FOCUS 1.2 cost and usage format.")
 
 
 def _export(
-    request: Request, session: Session, customer: Customer, period: BillingPeriod, kind: ExportKind
+    request: Request,
+    session: Session,
+    customer: Customer,
+    period: BillingPeriod,
+    kind: ExportKind,
+    now: datetime,
 ) -> StreamingResponse:
-    invoice = exports.period_invoice(session, customer, period)  # 404 before streaming starts
+    source = exports.statement(session, customer, period, now)  # errors before streaming
     engine, provider = request.app.state.engine, get_settings().provider_name
 
     def body() -> Iterator[str]:
         # Its own read-only transaction: the request's has committed when streaming begins.
         with transaction(engine) as stream:
-            parts = exports.day_parts(stream, invoice, period)
+            parts = exports.day_parts(stream, source)
             if kind is ExportKind.FOCUS:
-                yield from exports.focus_csv(parts, invoice, customer, provider)
+                yield from exports.focus_csv(parts, source, customer, provider)
             else:
-                yield from exports.usage_csv(parts, invoice, customer.billing_timezone)
+                yield from exports.usage_csv(parts, source, customer.billing_timezone)
 
     name = f"gpumeter-{period.name}-{kind.value}"
     headers = {"Content-Disposition": f'attachment; filename="{name}"', **_PRIVATE}
@@ -412,15 +422,17 @@ def invoices_page(p: CustomerPage) -> Response:
 
 @pages.get("/invoices/{invoice_id}", name="invoice")
 def invoice_page(p: CustomerPage, invoice_id: uuid.UUID) -> Response:
-    return p.render("invoice.html", inv=service.invoice(p.session, p.v, invoice_id))
+    view = service.invoice(p.session, p.v, invoice_id, p.now)
+    return p.render("invoice.html", inv=view.invoice, view=view, due=view.due)
 
 
 @pages.get("/invoices/{invoice_id}/pdf", name="invoice_pdf")
 def invoice_pdf(p: CustomerPage, invoice_id: uuid.UUID) -> Response:
-    inv = service.invoice(p.session, p.v, invoice_id)
+    view = service.invoice(p.session, p.v, invoice_id, p.now)
+    inv = view.invoice
     name = f"invoice-{inv.number or 'draft-' + inv.period}.pdf"
     return Response(
-        pdf.render(inv, p.v.customer, p.v.fmt),
+        pdf.render(view.document),
         media_type="application/pdf",
         headers={"Content-Disposition": f'attachment; filename="{name}"', **_PRIVATE},
     )
@@ -432,21 +444,23 @@ def costs_page(p: CustomerPage, period: PeriodParam = None) -> Response:
     data = costs.costs(p.session, p.v.customer, billing_period, p.now)
     bars, top_h = costs.bars(data.days)
     kinds = sorted({k for r in data.rentals for k in r.by_kind}, key=costs.KIND_ORDER.index)
+    due = service.period_amount_due(p.session, p.v, billing_period, p.now)
     return p.render(
-        "costs.html", period=billing_period, c=data, bars=bars, top_h=top_h, kinds=kinds
+        "costs.html", period=billing_period, c=data, bars=bars, top_h=top_h, kinds=kinds, due=due
     )
 
 
 @pages.get("/exports/{kind}", name="export")
 def export_page(p: CustomerPage, kind: ExportKind, period: PeriodParam = None) -> Response:
-    return _export(p.request, p.session, p.v.customer, p.period(period), kind)
+    return _export(p.request, p.session, p.v.customer, p.period(period), kind, p.now)
 
 
 @pages.get("/what-if", name="what_if")
 def what_if_page(p: CustomerPage, period: PeriodParam = None) -> Response:
     billing_period = p.period(period)
     table = service.what_if(p.session, p.v, billing_period, p.now)
-    return p.render("what_if.html", period=billing_period, table=table)
+    capped = service.capped_rows(table)
+    return p.render("what_if.html", period=billing_period, table=table, capped=capped)
 
 
 def _render(request: Request, template: str, status_code: int = 200, **context: Any) -> Response:

@@ -12,10 +12,7 @@ from decimal import Decimal
 from zoneinfo import ZoneInfo
 
 from app.core.epoch import from_epoch
-from app.core.money import minor_units, round_money
-
-# Symbols printable in the PDF's core fonts (cp1252) too; others are written as the ISO code.
-_SYMBOLS = {"USD": "$", "EUR": "€", "GBP": "£", "JPY": "¥"}
+from app.core.money import display
 
 
 @dataclass(frozen=True)
@@ -24,11 +21,7 @@ class Formatter:
     timezone: str
 
     def money(self, amount: Decimal | str) -> str:
-        value = round_money(Decimal(amount), self.currency)
-        digits = f"{abs(value):,.{minor_units(self.currency)}f}"
-        symbol = _SYMBOLS.get(self.currency)
-        text = f"{symbol}{digits}" if symbol else f"{self.currency} {digits}"
-        return f"-{text}" if value < 0 else text
+        return display(amount, self.currency)
 
     def local(self, moment: dt.datetime | int) -> dt.datetime:
         if isinstance(moment, int):

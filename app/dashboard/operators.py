@@ -204,7 +204,9 @@ class RevenueMonth(Schema):
     adjustments: str
     vouchers: str
     tax: str
-    total: str
+    total: str = Field(description="Invoiced, tax included: every column before it.")
+    prepaid: str = Field(description="Paid from customers' prepaid balances (negative).")
+    amount_due: str = Field(description="Total + prepaid: what the invoices ask to be paid.")
 
 
 class RevenueRead(Schema):
@@ -220,9 +222,12 @@ _COLUMNS = {
     LineKind.DEGRADED_CREDIT: "credited",
     LineKind.CAP: "cap_reductions",
     LineKind.ADJUSTMENT: "adjustments",
+    LineKind.CREDIT_NOTE: "adjustments",  # the part of negative adjustments credited apart
     LineKind.VOUCHER: "vouchers",
     LineKind.TAX: "tax",
+    LineKind.PREPAID_BALANCE: "prepaid",
 }
+_INVOICED = set(_COLUMNS.values()) - {"prepaid"}
 
 
 def revenue(session: Session, first: str, last: str) -> RevenueRead:
@@ -232,19 +237,19 @@ def revenue(session: Session, first: str, last: str) -> RevenueRead:
         key = (str(row["period"]), str(row["currency"]))
         cells = sums.setdefault(key, defaultdict(Decimal))
         invoices[key] = max(invoices.get(key, 0), int(row["invoices"]))
-        if (kind := LineKind(row["kind"])) is LineKind.PREPAID_BALANCE:
-            continue  # how the customer paid (its prepaid balance), not revenue
-        cells[_COLUMNS[kind]] += row["amount"]
+        cells[_COLUMNS[LineKind(row["kind"])]] += row["amount"]
     months = []
     for (period, currency), cells in sorted(sums.items(), reverse=True):
         fields = {column: money(cells[column], currency) for column in set(_COLUMNS.values())}
-        total = money(sum(cells.values(), Decimal(0)), currency)
+        # Total is what was invoiced; the prepaid balance is how part of it was paid.
+        total = sum((cells[column] for column in _INVOICED), Decimal(0))
         months.append(
             RevenueMonth(
                 period=period,
                 currency=currency,
                 invoices=invoices[(period, currency)],
-                total=total,
+                total=money(total, currency),
+                amount_due=money(total + cells["prepaid"], currency),
                 **fields,
             )
         )

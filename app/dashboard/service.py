@@ -14,15 +14,18 @@ from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
 
+from markupsafe import Markup
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.balances import service as balances
 from app.balances.schemas import BalanceRead
+from app.billing import amount_due
 from app.billing import repository as billing_repository
 from app.billing import schemas as billing_schemas
 from app.billing import service as billing
 from app.billing import usage as billing_usage
+from app.billing.html import InvoiceDocument, invoice_document, render_document
 from app.billing.loader import BillingPeriod, current_period, started_period
 from app.budgets import service as budgets
 from app.budgets.schemas import BudgetStatus
@@ -98,6 +101,7 @@ class Overview:
     incidents: list[incidents.IncidentRead]
     budgets: list[BudgetStatus]
     balance: BalanceRead  # the prepaid balance (app.balances), as GET .../balance has it
+    due: billing_schemas.AmountDueRead  # as GET .../amount-due has it
 
     @property
     def idle_share(self) -> Decimal | None:
@@ -110,7 +114,7 @@ class Overview:
 
 
 def overview(session: Session, v: Viewer, period: BillingPeriod, now: datetime) -> Overview:
-    usage = billing_usage.usage(session, v.customer, period.name, now)
+    usage, rated = billing_usage.usage_and_rated(session, v.customer, period.name, now)
     hi = min(period.span[1], epoch(now))
     events = incidents.latest_events(session, v.customer.id, period.span[0], hi, LATEST_EVENTS)
     found = incidents.incidents(session, v.customer, period, now, v.fmt)
@@ -122,7 +126,8 @@ def overview(session: Session, v: Viewer, period: BillingPeriod, now: datetime) 
         balances.balance(session, v.customer),
         balances.low_threshold(currency),
     )
-    return Overview(usage, events, found, spend, prepaid)
+    due = amount_due.of_period(session, v.customer, period, now, rated)
+    return Overview(usage, events, found, spend, prepaid, due)
 
 
 # --- rental -------------------------------------------------------------------------------
@@ -174,17 +179,42 @@ def invoices(session: Session, v: Viewer) -> list[billing_schemas.InvoiceSummary
     return [billing_schemas.InvoiceSummary.of(i) for i in session.scalars(query)]
 
 
-def invoice(session: Session, v: Viewer, invoice_id: uuid.UUID) -> billing_schemas.InvoiceRead:
+@dataclass(frozen=True)
+class InvoiceView:
+    invoice: billing_schemas.InvoiceRead
+    document: InvoiceDocument  # the same document as GET /v1/invoices/{id}/html and the PDF
+    due: billing_schemas.AmountDueRead  # as GET /v1/invoices/{id}/amount-due has it
+
+    @property
+    def html(self) -> Markup:
+        return Markup(render_document(self.document))  # every value escaped by the renderer
+
+
+def invoice(session: Session, v: Viewer, invoice_id: uuid.UUID, now: datetime) -> InvoiceView:
     found = billing.get_invoice(session, invoice_id, v.principal)
     if found.customer_id != v.customer.id:
         raise not_found("invoice", invoice_id)
-    return billing_schemas.InvoiceRead.of(found)
+    read = billing_schemas.InvoiceRead.of(found)
+    due = amount_due.of_invoice(session, found, v.customer, now)
+    return InvoiceView(read, invoice_document(read, v.customer), due)
+
+
+def period_amount_due(
+    session: Session, v: Viewer, period: BillingPeriod, now: datetime
+) -> billing_schemas.AmountDueRead:
+    return amount_due.of_period(session, v.customer, period, now)
 
 
 def what_if(
     session: Session, v: Viewer, period: BillingPeriod, now: datetime
 ) -> billing_schemas.WhatIfRead:
     return billing_usage.what_if_table(session, v.customer, period.name, now)
+
+
+def capped_rows(table: billing_schemas.WhatIfRead) -> list[billing_schemas.WhatIfRowRead]:
+    """The rows whose difference is smaller than their credits: a monthly cap held the bill
+    without credits down too."""
+    return [r for r in table.rows if Decimal(r.difference) < -Decimal(r.credits)]
 
 
 def all_customers(session: Session) -> list[Customer]:

@@ -59,14 +59,3 @@ def event(kind: str, code: int | None, new_state: str | None, facts: Mapping[str
     if kind == "xid":
         return cause or "XID"
     return f"{kind.replace('_', ' ').capitalize()}" + (f": {cause}" if cause else "")
-
-
-def line_evidence(facts: Mapping[str, Any]) -> str:
-    """A credit line's evidence: the cause, then what to look it up by (event, migration)."""
-    cause = evidence(facts) or str(facts.get("reason") or "")
-    refs = [f"event {facts['event_id']}"] if facts.get("event_id") else []
-    if facts.get("migration_id") is not None:
-        refs.append(f"migration {facts['migration_id']}")
-    if cause and refs:
-        return f"{cause} ({', '.join(refs)})"
-    return cause or ", ".join(refs)

@@ -107,6 +107,8 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/invoices/{invoice_id}"): Case(Expect.HIDDEN),
     ("GET", "/v1/invoices/{invoice_id}/html"): Case(Expect.HIDDEN),
     ("GET", "/v1/invoices/{invoice_id}/credit-notes"): Case(Expect.HIDDEN),
+    ("GET", "/v1/invoices/{invoice_id}/amount-due"): Case(Expect.HIDDEN),
+    ("GET", "/v1/customers/{customer_id}/amount-due"): Case(Expect.HIDDEN, query="?period=2026-11"),
     ("GET", "/v1/customers/{customer_id}/credit-notes"): Case(Expect.HIDDEN),
     ("POST", "/v1/invoices/{invoice_id}/finalize"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/invoices/{invoice_id}/void"): Case(Expect.ADMIN_ONLY, body={"reason": "x"}),

@@ -154,7 +154,7 @@ def test_html_invoice_is_standalone_and_escaped(
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/html")
     page = response.text
-    assert final["number"] in page and "2202.20" in page and "-1.95" in page
+    assert final["number"] in page and "$2,202.20" in page and "-$1.95" in page
     assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; Co" in page and "<script>" not in page
     assert "GPU-A" in page and "Failure credit" in page and "http" not in page
 

@@ -171,7 +171,9 @@ def test_customer_journey(server: str, browser: Browser, console: Console, seede
     page.get_by_role("link", name="Invoices").click()
     shoot(page, "invoices")
     page.get_by_role("link", name=seeded.invoice["number"]).click()
-    expect(page.locator('[data-api="total"]')).to_have_text(euros(seeded.invoice["total"]))
+    expect(page.locator('[data-api="steps.amount_due"]')).to_have_text(
+        euros(seeded.invoice["total"])
+    )
     shoot(page, "invoice")
     at_phone_width_nothing_is_cut_off(page, "table.lines td")
     with page.expect_download() as download:

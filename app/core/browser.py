@@ -49,7 +49,9 @@ class SecurityHeaders:
                 headers.setdefault("Content-Security-Policy", csp)
                 headers.setdefault("X-Frame-Options", "DENY")
                 headers.setdefault("X-Content-Type-Options", "nosniff")
-                headers.setdefault("Referrer-Policy", "no-referrer")
+                # same-origin, not no-referrer: with no-referrer a browser sends "Origin: null" on
+                # its own same-site form posts, and same_origin refuses the sign-in form.
+                headers.setdefault("Referrer-Policy", "same-origin")
                 if tls:
                     headers.setdefault("Strict-Transport-Security", HSTS)
                 if credentials:

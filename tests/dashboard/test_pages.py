@@ -371,9 +371,11 @@ def test_costs_by_day_and_rental_add_up_to_the_usage_api_and_invoice(
     usage = client.get(f"{base}/usage?period={PERIOD}", headers=headers).json()
     days = api["days"]
     assert len(days) == 31 and days[9]["day"] == "2026-10-10"
-    assert sum(Decimal(d["billed"]) + Decimal(d["credited"]) for d in days) == Decimal(
-        usage["cost_to_date"]
-    )
+    assert sum(Decimal(d["net"]) for d in days) == Decimal(usage["cost_to_date"])
+    for d in days:
+        assert Decimal(d["charged"]) + Decimal(d["cap"]) + Decimal(d["credited"]) == Decimal(
+            d["net"]
+        )
     assert api["net"] == usage["cost_to_date"]
     buckets = usage["buckets_s"]
     assert sum(d["billed_s"] for d in days) == buckets["billable"] + buckets["degraded"]
@@ -384,15 +386,16 @@ def test_costs_by_day_and_rental_add_up_to_the_usage_api_and_invoice(
     # The failure (10 Oct, Berlin) is credited on that day only.
     assert [d["day"] for d in days if d["credited_s"]] == ["2026-10-10"]
     assert days[9]["credited"] == "-1.97"
-    [rental] = api["rentals"]
+    [rental] = api["groups"]
+    assert rental["label"] == "1 \u00d7 H100, 2026-10-10 02:00 to 2026-10-12 02:00 CEST"
     lines: dict[str, Decimal] = {}
     for line in seeded.invoice["lines"]:
-        if line["rental_id"] == rental["rental_id"]:
+        if line["rental_id"] == rental["key"]:
             lines[line["kind"]] = lines.get(line["kind"], Decimal(0)) + Decimal(line["amount"])
     assert {k: Decimal(v) for k, v in rental["by_kind"].items()} == lines
     html = client.get(f"/dashboard/costs?period={PERIOD}", headers=headers).text
     assert raw(html, "net") == api["net"]
-    shown = re.findall(r'data-label="Credited" data-raw="([^"]*)"', html)
+    shown = re.findall(r'data-label="Credits" data-raw="([^"]*)"', html)
     assert sum(Decimal(x) for x in shown) == Decimal("-1.97")
     assert html.count('class="day"') == 31
 
@@ -413,8 +416,7 @@ def test_costs_of_an_open_month_add_up_to_the_usage_api(
     days = api["days"]
     assert [d["day"] for d in days][-2:] == ["2026-10-09", "2026-10-10"]
     assert api["net"] == usage["cost_to_date"]
-    total = sum(Decimal(d["billed"]) + Decimal(d["credited"]) for d in days)
-    assert total == Decimal(usage["cost_to_date"])
+    assert sum(Decimal(d["net"]) for d in days) == Decimal(usage["cost_to_date"])
     buckets = usage["buckets_s"]
     assert sum(d["billed_s"] for d in days) == buckets["billable"] + buckets["degraded"]
     assert [d["credited_s"] for d in days if d["credited_s"]] == [
@@ -508,3 +510,96 @@ def test_an_uncapped_forecast_does_not_say_cap(
     finally:
         app.dependency_overrides.pop(clock)
     assert raw(html, "forecast") and "forecast-cap" not in html
+
+
+def test_costs_group_by_model_and_datacenter_and_a_range_of_days(
+    client: TestClient, console: Console, seeded: World
+) -> None:
+    headers = bearer(seeded.acme.key)
+    base = f"/v1/customers/{seeded.acme.customer['id']}/costs"
+    month = client.get(f"{base}?period={PERIOD}", headers=headers).json()
+    assert month["group_by"] == "rental" and (month["start"], month["end"]) == (
+        "2026-10-01",
+        "2026-10-31",
+    )
+    for group_by, key in (("gpu_model", "H100"), ("datacenter", "fra1")):
+        api = client.get(f"{base}?period={PERIOD}&group_by={group_by}", headers=headers).json()
+        assert [(g["key"], g["net"]) for g in api["groups"]] == [(key, month["net"])]
+        assert [d["by_group"] for d in api["days"]] == [
+            {key: d["net"]} if d["by_group"] else {} for d in month["days"]
+        ]
+    # A range inside the month: exactly those days, and their sum.
+    one = client.get(f"{base}?start=2026-10-10&end=2026-10-11", headers=headers).json()
+    assert one["period"] is None and [d["day"] for d in one["days"]] == ["2026-10-10", "2026-10-11"]
+    assert one["days"] == month["days"][9:11]
+    assert Decimal(one["net"]) == sum(Decimal(d["net"]) for d in month["days"][9:11])
+    # A range across two months rates both.
+    across = client.get(f"{base}?start=2026-09-25&end=2026-10-10", headers=headers).json()
+    assert len(across["days"]) == 16 and across["days"][-1] == month["days"][9]
+    # Nothing in September: the range's net is 10 October's.
+    assert across["days"][0]["net"] == "0.00" and across["net"] == month["days"][9]["net"]
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("start=2026-10-12&end=2026-10-01", "start 2026-10-12 is after end 2026-10-01"),
+        ("start=2026-01-01&end=2026-10-01", "a range is at most 92 days"),
+        ("start=2026-10-01", "a range needs both start and end"),
+        ("period=2026-10&start=2026-10-01&end=2026-10-02", "either period or start and end"),
+        ("start=2026-02-30&end=2026-03-01", "valid date"),
+        ("start=2099-01-01&end=2099-01-02", "start 2099-01-01 is after today"),
+        ("group_by=colour", "'rental', 'gpu_model' or 'datacenter'"),
+    ],
+)
+def test_a_bad_cost_range_is_a_clear_422(
+    client: TestClient, seeded: World, query: str, says: str
+) -> None:
+    headers = bearer(seeded.acme.key)
+    api = client.get(f"/v1/customers/{seeded.acme.customer['id']}/costs?{query}", headers=headers)
+    assert api.status_code == 422 and says in api.text, api.text
+    page = client.get(f"/dashboard/costs?{query}", headers=headers)
+    assert page.status_code == 422 and page.headers["content-type"].startswith("text/html")
+    assert says.replace("'", "&#39;") in page.text, page.text
+
+
+def test_costs_by_datacenter_split_a_rental_that_moved(
+    client: TestClient, console: Console
+) -> None:
+    """A rental moved from a GPU in fra1 to one in ams1 at noon (UTC) on 11 Oct: by datacenter,
+    each day's money goes where its GPU seconds were, and the groups add up to the rental."""
+    plan = console.plan("dc-plan", price="3.60", currency="EUR")
+    fra = console.node("node-dc-fra")
+    ams = console.post("/v1/nodes", {"hostname": "node-dc-ams", "datacenter": "ams1"})
+    console.gpu(fra["node"]["id"], "GPU-F-1")
+    console.gpu(ams["node"]["id"], "GPU-M-1")
+    tenant = world._tenant(console, "Mover", plan["id"], ["GPU-F-1", "GPU-M-1"], currency="EUR")
+    moved = "2026-10-11T12:00:00Z"
+    console.post(
+        f"/v1/rentals/{tenant.rental['id']}/migrations",
+        {
+            "from_gpu_uuid": "GPU-F-1",
+            "to_gpu_uuid": "GPU-M-1",
+            "failed_at": moved,
+            "resumed_at": moved,
+        },
+    )
+    world._ingest(
+        console.client,
+        fra["token"]["key"],
+        world._minutes("GPU-F-1", ts(world.START), ts(moved)),
+        [],
+    )
+    world._ingest(
+        console.client, ams["token"]["key"], world._minutes("GPU-M-1", ts(moved), ts(world.END)), []
+    )
+    api = client.get(
+        f"/v1/customers/{tenant.customer['id']}/costs?period={PERIOD}&group_by=datacenter",
+        headers=bearer(tenant.key),
+    ).json()
+    nets = {g["key"]: Decimal(g["net"]) for g in api["groups"]}
+    # 36 h in fra1 and 12 h in ams1 at 3.60/h.
+    assert nets == {"fra1": Decimal("129.60"), "ams1": Decimal("43.20")}
+    assert sum(nets.values()) == Decimal(api["net"])
+    for d in api["days"]:
+        assert sum(Decimal(v) for v in d["by_group"].values()) == Decimal(d["net"])

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime
+from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -61,6 +62,7 @@ STATIC = HERE / "static"
 TEMPLATES = Jinja2Templates(directory=HERE / "templates")
 TEMPLATES.env.globals.update(
     hours=formatting.hours,
+    money=formatting.money,
     duration=formatting.duration,
     shift_period=service.shift_period,
     line_label=invoices.label,
@@ -474,6 +476,14 @@ _GROUP_NAMES = {
     costs.GroupBy.GPU_MODEL: "GPU model",
     costs.GroupBy.DATACENTER: "Datacenter",
 }
+
+
+@pages.get("/incidents", name="incidents")
+def incidents_page(p: CustomerPage, period: PeriodParam = None) -> Response:
+    billing_period = p.period(period)
+    found = incidents.incidents(p.session, p.v.customer, billing_period, p.now, p.v.fmt)
+    credited = sum((Decimal(i.credited) for i in found if i.credited), Decimal(0))
+    return p.render("incidents.html", period=billing_period, incidents=found, credited=credited)
 
 
 @pages.get("/exports/{kind}", name="export")

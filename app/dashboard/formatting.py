@@ -24,11 +24,7 @@ class Formatter:
     timezone: str
 
     def money(self, amount: Decimal | str) -> str:
-        value = round_money(Decimal(amount), self.currency)
-        digits = f"{abs(value):,.{minor_units(self.currency)}f}"
-        symbol = _SYMBOLS.get(self.currency)
-        text = f"{symbol}{digits}" if symbol else f"{self.currency} {digits}"
-        return f"-{text}" if value < 0 else text
+        return money(amount, self.currency)
 
     def local(self, moment: dt.datetime | int) -> dt.datetime:
         if isinstance(moment, int):
@@ -51,6 +47,15 @@ class Formatter:
         if end is None:
             return f"{what}, from {self.datetime(start)}"
         return f"{what}, {self.local(start):%Y-%m-%d %H:%M} to {self.datetime(end)}"
+
+
+def money(amount: Decimal | str, currency: str) -> str:
+    """``€1,234.50``, ``-$3.00``, ``CHF 12.00``: the one way pages write an amount."""
+    value = round_money(Decimal(amount), currency)
+    digits = f"{abs(value):,.{minor_units(currency)}f}"
+    symbol = _SYMBOLS.get(currency)
+    text = f"{symbol}{digits}" if symbol else f"{currency} {digits}"
+    return f"-{text}" if value < 0 else text
 
 
 def hours(seconds: int | float) -> str:

@@ -7,6 +7,7 @@ import re
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
+from html import escape as html_escape
 
 import pytest
 from fastapi import FastAPI
@@ -27,6 +28,9 @@ PAGES = [
     "/dashboard/invoices/{invoice}",
     "/dashboard/invoices/{invoice}/pdf",
     "/dashboard/what-if?period={period}",
+    "/dashboard/costs?period={period}",
+    "/dashboard/costs?start=2026-10-05&end=2026-10-11&group_by=datacenter",
+    "/dashboard/incidents?period={period}",
 ]
 
 
@@ -199,13 +203,15 @@ def test_another_customer_opens_none_of_the_pages(
 ) -> None:
     sign_in_with_link(client, portal_link(console, seeded.other.customer["id"]))
     for path in paths(seeded):
-        if path.startswith(("/dashboard?", "/dashboard/what-if")) or path.endswith("invoices"):
+        own = ("/dashboard?", "/dashboard/what-if", "/dashboard/costs", "/dashboard/incidents")
+        if path.startswith(own) or path.endswith("invoices"):
             continue  # their own pages: checked below for leaks
         assert client.get(path).status_code == 404, path
         named = path + ("&" if "?" in path else "?") + f"customer={seeded.acme.customer['id']}"
         assert client.get(named).status_code == 404, named
     markers = [seeded.acme.customer["id"], seeded.acme.rental["id"], "GPU-A-1", "Acme"]
-    for path in ("/dashboard", "/dashboard/invoices", "/dashboard/what-if"):
+    own_pages = ("/dashboard", "/dashboard/invoices", "/dashboard/what-if", "/dashboard/costs")
+    for path in (*own_pages, "/dashboard/incidents"):
         for query in ("", f"?customer={seeded.other.customer['id']}"):
             html = client.get(path + query).text
             assert not [m for m in markers if m in html], path
@@ -344,16 +350,20 @@ def test_incidents_read_for_a_person_and_equal_the_invoice_credits(
         "GPU-A-2",
         47 * 60 + 30,
     )
-    assert incident["summary"].startswith(
-        "GPU-A-1 failed 2026-10-10 14:00:00 CEST (XID 79: GPU has fallen off the bus), reported"
+    # In the customer's words: the cause, where the job went, the credit; no internal ids.
+    assert incident["summary"] == (
+        "GPU-A-1 failed 2026-10-10 14:00:00 CEST: GPU stopped responding (fell off the bus)"
+        " \u2014 GPU taken out of service. Moved to GPU-A-2, running again after 47 min 30 s."
+        " Credited \u20ac1.97"
     )
-    assert incident["summary"].endswith(
-        "detection time unknown, moved to GPU-A-2 in 47 min 30 s, credited €1.97"
-    )
+    assert incident["outcome"] == "moved" and incident["evidence"].startswith("XID 79")
+    assert incident["rental_name"] == "1 \u00d7 H100, 2026-10-10 02:00 to 2026-10-12 02:00 CEST"
     rental = seeded.acme.rental["id"]
-    for path in (f"/dashboard?period={PERIOD}", f"/dashboard/rentals/{rental}?period={PERIOD}"):
+    pages = ("/dashboard", f"/dashboard/rentals/{rental}", "/dashboard/incidents")
+    for path in (f"{page}?period={PERIOD}" for page in pages):
         html = client.get(path, headers=headers).text
-        assert incident["summary"] in html, path
+        assert html_escape(incident["summary"], quote=False) in html, path
+        assert "event GPU-A-1" not in html and "migration " not in html, path
         assert f"focus=GPU-A-1%40{ts(world.FAILED_AT)}" in html, path
     other = client.get(
         f"/v1/customers/{seeded.other.customer['id']}/incidents?period={PERIOD}",
@@ -435,18 +445,25 @@ def test_fleet_and_revenue_for_operators_equal_their_apis(
     try:
         fleet = client.get("/v1/fleet/summary", headers=headers).json()
         html = client.get("/dashboard/fleet", headers=headers).text
+        revenue_html = client.get("/dashboard/revenue", headers=headers).text
     finally:
         app.dependency_overrides.pop(clock)
     [group] = fleet["groups"]
     assert (group["model"], group["gpus"], group["failures_24h"]) == ("H100", 3, 1)
-    assert group["spare_target"] == 1 and group["spare_ready"] == 0
+    # One spare target, the failover policy's: the groups show the spare pool's figures.
+    [pool] = fleet["spare_pools"]
+    assert (group["spare_ready"], group["spare_target"]) == (pool["available"], pool["target"])
+    assert f'data-raw="{pool["available"]}/{pool["target"]}"' in html
     [failure] = fleet["failures_24h"]
     assert failure["gpu_uuid"] == "GPU-A-1" and failure["moved_to_gpu"] == "GPU-A-2"
     assert failure["resumed_after_s"] == 47 * 60 + 30
     assert failure["cause"] == "XID 79: GPU has fallen off the bus"
     assert fleet["resumed_after"] == {"count": 1, "median_s": 2850.0, "max_s": 2850}
     assert f'data-raw="{group["gpus"]}"' in html and "47 min 30 s" in html
-    assert "not recorded" in html  # detection time: unknown, never invented
+    # Detection is the failovers' measure (the slowest site's p50), never "unknown".
+    sites = fleet["failover_latency"]
+    slowest = max(s["detection"]["p50_s"] for s in sites if s["detection"]["count"])
+    assert f'data-api="detection.p50_s" data-raw="{slowest}"' in html and ">unknown<" not in html
     revenue = client.get("/v1/revenue?first=2026-10&last=2026-10", headers=headers).json()
     [october] = revenue["months"]
     invoice = seeded.invoice
@@ -457,6 +474,9 @@ def test_fleet_and_revenue_for_operators_equal_their_apis(
         if line["kind"] in ("failure_credit", "migration_credit")
     )
     assert Decimal(october["credited"]) == credits
+    # Money on the page is written with its currency: "€117.55", never "117.55" bare.
+    total = Decimal(october["total"])
+    assert f'data-raw="{october["total"]}">\u20ac{total:,.2f}</td>' in revenue_html
     customer = bearer(seeded.acme.key)
     fleet_page = client.get("/dashboard/fleet", headers=customer, follow_redirects=False)
     assert fleet_page.status_code == 303

@@ -557,6 +557,12 @@ def _problem(item: dict[str, Any]) -> str:
     return f"{item['msg']} ({'.'.join(where)})" if where else str(item["msg"])
 
 
+def root() -> RedirectResponse:
+    """``/`` sends a person to the dashboard (its sign-in when signed out); the API's
+    reference is at /docs."""
+    return RedirectResponse("/dashboard", status_code=307, headers={"Link": '</docs>; rel="help"'})
+
+
 def favicon() -> FileResponse:
     return FileResponse(STATIC / "favicon.ico", media_type="image/x-icon")
 
@@ -568,5 +574,6 @@ def install(app: FastAPI) -> None:
     """
     app.mount("/dashboard/static", StaticFiles(directory=STATIC), name="dashboard_static")
     app.add_api_route("/favicon.ico", favicon, include_in_schema=False)
+    app.add_api_route("/", root, include_in_schema=False)
     app.add_middleware(sessions.SessionCookieMiddleware)
     _html_errors(app)

@@ -52,6 +52,7 @@ from app.rentals.service import customer_migrations
 from app.rentals.visibility import served
 
 MAX_INCIDENTS = 1000  # per period: a page lists them all; a fleet-wide storm is cut here
+BACKFILLED_AFTER_S = 3600  # a failure the service learned of later than this came from history
 _CREDIT_KINDS = {LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT}
 
 
@@ -250,7 +251,9 @@ def _read(
         summary="",
     )
     read.summary = _summary(f, read, fo, fmt)
-    if fo is not None:
+    # A failover opened only after the job already ran elsewhere (history sent late) did not
+    # move it: its timeline would tell another story than the migration.
+    if fo is not None and (resumed is None or epoch(fo.detected_at) < resumed):
         read.failover = _timeline(fo, read, fmt)
     return read
 
@@ -294,16 +297,25 @@ def _after(fo: Failover, at: datetime) -> float:
 def _timeline(fo: Failover, incident: IncidentRead, fmt: Formatter) -> FailoverTimeline:
     """The failover's steps, each with its time and how long after the failed second."""
 
+    backfilled = _after(fo, fo.detected_at) > BACKFILLED_AFTER_S
+
     def step(name: str, at: datetime, text: str) -> TimelineStep:
         after = _after(fo, at)
         spoken = f"{after:g} s" if after < 60 else duration(int(after))
-        return TimelineStep(step=name, at=at, after_s=after, after=spoken, text=text)
+        # Late history: "after 57 d" would read as our reaction time; the times say enough.
+        shown = None if backfilled and name != "failed" else spoken
+        return TimelineStep(step=name, at=at, after_s=after, after=shown, text=text)
 
     spare = fo.spare_gpu_uuid
     requested = f"spare GPU {spare} reserved, your job is being moved" if spare else _no_spare()
+    detected = (
+        "we learned of it later, from the node's records"
+        if backfilled
+        else ("we detected the failure")
+    )
     steps = [
         step("failed", fo.failed_at, f"{fo.failed_gpu_uuid} failed"),
-        step("detected", fo.detected_at, "we detected the failure"),
+        step("detected", fo.detected_at, detected),
         step("requested", fo.requested_at, requested),
     ]
     if fo.resumed_at is not None:

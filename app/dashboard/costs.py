@@ -339,6 +339,7 @@ def _shares(
 
 # --- the chart ----------------------------------------------------------------------------
 
+MAX_DAY_TICKS = 7  # more days than this are labelled a week apart
 CHART_SERIES = 6  # groups drawn in their own colour; the rest are drawn together as "Other"
 
 
@@ -360,6 +361,7 @@ class Bar:
 @dataclass(frozen=True)
 class Chart:
     bars: list[Bar]
+    ticks: list[tuple[float, str]]  # day labels (percent of the width, MM-DD), a week apart
     legend: list[str]
     top: Decimal  # the axis top, a round amount
     capped: bool  # some day's charges were lowered by a monthly cap
@@ -388,7 +390,9 @@ def chart(data: CostsRead) -> Chart:
         )
         for i, d in enumerate(data.days)
     ]
-    return Chart(bars, legend, top, any(Decimal(d.cap) for d in data.days))
+    step = 7 if len(bars) > MAX_DAY_TICKS else 1
+    ticks = [(b.x + width / 2, f"{b.day.day:%m-%d}") for b in bars[::step]]
+    return Chart(bars, ticks, legend, top, any(Decimal(d.cap) for d in data.days))
 
 
 def _round_up(amount: Decimal) -> Decimal:

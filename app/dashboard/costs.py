@@ -43,7 +43,7 @@ from app.dashboard.formatting import Formatter
 from app.fleet import repository as fleet_repository
 from app.rentals.visibility import served
 
-MAX_RANGE_DAYS = 92  # a custom range rates at most the four months it touches
+MAX_RANGE_DAYS = 92  # a custom range rates each month it touches: at most five
 _BILLED = {Bucket.BILLABLE, Bucket.DEGRADED}
 KIND_ORDER = [kind.value for kind in LineKind]  # the columns of the per-group table
 _CREDIT_BUCKET = {

@@ -148,7 +148,7 @@ def incidents(
             m,
             failovers.get((f.rental_id, f.gpu_uuid, f.at)),
             invoice,
-            names[f.rental_id],
+            names.get(f.rental_id, str(f.rental_id)),
             fmt,
         )
         for f, m in pairs

@@ -486,12 +486,9 @@ def test_fleet_and_revenue_for_operators_equal_their_apis(
     assert client.get("/v1/revenue", headers=customer).status_code == 403
 
 
-def test_the_forecast_says_when_it_is_the_cap(
-    app: FastAPI, client: TestClient, console: Console
-) -> None:
-    # 2.49/h with a 10.00 monthly cap per GPU, two days of October used: the allowance to date
-    # is 10.00 x 2/31 = 0.65 (rounded), extrapolated x 31/2 = 10.075 -> 10.08, far below the
-    # uncapped 119.52 x 31/2: the forecast is the cap, and the page says so.
+def capped_customer(console: Console) -> tuple[str, str]:
+    """Customer "Capped": one H100 at 2.49/h with a 10.00 monthly cap per GPU, used on 1 and 2
+    October; its id and a key."""
     prices = [
         {
             "gpu_model": "H100",
@@ -509,10 +506,20 @@ def test_the_forecast_says_when_it_is_the_cap(
     records = world._minutes("GPU-C-1", ts("2026-10-01T00:00:00Z"), ts("2026-10-03T00:00:00Z"))
     world._ingest(console.client, registered["token"]["key"], records, [])
     key = console.post(f"/v1/customers/{customer['id']}/keys", {"name": "cap"})["key"]
+    return customer["id"], key
+
+
+def test_the_forecast_says_when_it_is_the_cap(
+    app: FastAPI, client: TestClient, console: Console
+) -> None:
+    # 2.49/h with a 10.00 monthly cap per GPU, two days of October used: the allowance to date
+    # is 10.00 x 2/31 = 0.65 (rounded), extrapolated x 31/2 = 10.075 -> 10.08, far below the
+    # uncapped 119.52 x 31/2: the forecast is the cap, and the page says so.
+    customer_id, key = capped_customer(console)
     app.dependency_overrides[clock] = lambda: datetime(2026, 10, 3, 0, 0, tzinfo=UTC)
     try:
         api = client.get(
-            f"/v1/customers/{customer['id']}/usage?period={PERIOD}", headers=bearer(key)
+            f"/v1/customers/{customer_id}/usage?period={PERIOD}", headers=bearer(key)
         ).json()
         html = client.get(f"/dashboard?period={PERIOD}", headers=bearer(key)).text
     finally:
@@ -634,3 +641,27 @@ def test_the_root_sends_a_person_to_the_dashboard(client: TestClient) -> None:
     assert response.headers["link"] == '</docs>; rel="help"'
     # Followed, a signed-out person lands on the sign-in form.
     assert client.get("/").url.path == "/dashboard/sign-in"
+
+
+def test_costs_show_the_cap_in_its_own_labelled_column(
+    app: FastAPI, client: TestClient, console: Console
+) -> None:
+    """The cap's reduction is not hidden in the days' charges: its own column, named."""
+    customer_id, key = capped_customer(console)
+    app.dependency_overrides[clock] = lambda: datetime(2026, 10, 3, 0, 0, tzinfo=UTC)
+    try:
+        api = client.get(f"/v1/customers/{customer_id}/costs", headers=bearer(key)).json()
+        usage = client.get(f"/v1/customers/{customer_id}/usage", headers=bearer(key)).json()
+        html = client.get("/dashboard/costs", headers=bearer(key)).text
+    finally:
+        app.dependency_overrides.pop(clock)
+    used = [d for d in api["days"] if d["billed_s"]]
+    assert [d["day"] for d in used] == ["2026-10-01", "2026-10-02"]
+    # 24 h x 2.49 = 59.76 charged a day; the allowance to date is 0.65: the cap takes the rest.
+    assert [d["charged"] for d in used] == ["59.76", "59.76"]
+    assert sum(Decimal(d["cap"]) for d in used) == Decimal("0.65") - Decimal("119.52")
+    assert api["net"] == usage["cost_to_date"] == "0.65"
+    assert '<th scope="col" class="num">Monthly cap</th>' in html
+    shown = re.findall(r'data-label="Monthly cap" data-raw="([^"]*)"', html)
+    assert shown == [d["cap"] for d in used]
+    assert "Monthly cap: a price plan's monthly cap per GPU lowers a rental's charges" in html

@@ -7,11 +7,12 @@ creates its own database and drops it at the end.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +25,14 @@ from sqlalchemy.exc import OperationalError
 
 from app.auth.models import KeyKind
 from app.auth.service import issue_key
+from app.cli import main as cli_main
 from app.core.db import transaction
 from app.core.embedded_pg import embedded_postgres
 from app.core.scratch_db import scratch_database
 from app.main import create_app
 from app.settings import get_settings, sqlalchemy_url
 from app.wiring import install as install_subscribers
-from tests.harness import Console
+from tests.harness import Console, Ran
 
 SERVER_URL_ENV = "GPUMETER_DATABASE_URL"
 # The run's signing secret, random like a deployment's; the servers tests start inherit it.
@@ -202,3 +204,35 @@ def module_console(module_db: Engine) -> Iterator[Console]:
     """``console`` over ``module_db``: one app, client and admin key for the module."""
     with TestClient(_service(module_db)) as test_client:
         yield Console(test_client, _admin_key(module_db))
+
+
+# --- the command line, in this process ----------------------------------------------------------
+
+
+@pytest.fixture
+def gpumeter(
+    database_url: str,
+    db: Engine,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Callable[..., Ran]]:
+    """Runs `gpumeter ARGS...` through the CLI's ``main`` on the test database (emptied first)
+    and returns its exit status and output."""
+    monkeypatch.setenv(SERVER_URL_ENV, database_url)
+    get_settings.cache_clear()
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+
+    def run(*argv: str) -> Ran:
+        capsys.readouterr()
+        try:
+            code: int | str | None = cli_main(list(argv))
+        except SystemExit as exit_:  # argparse refusing an argument
+            code = exit_.code
+        out, err = capsys.readouterr()
+        return Ran(code, out, err)
+
+    yield run
+    root.handlers[:] = handlers  # main pointed the logs at the captured stderr
+    root.setLevel(level)
+    get_settings.cache_clear()  # read again once the environment is restored

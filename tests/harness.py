@@ -5,7 +5,9 @@ so every test package gets them without importing them."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -73,3 +75,16 @@ def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 30) 
     happen. Tests wait on conditions, never on fixed sleeps."""
     if not wait_until(lambda: bool(condition()), timeout_s, poll_s=0.05):
         raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A `gpumeter` command's exit status and what it printed."""
+
+    code: int | str | None
+    out: str
+    err: str
+
+    def rows(self) -> list[list[str]]:
+        """A table's rows below its header, cells split where two or more spaces part them."""
+        return [re.split(r"\s{2,}", line.strip()) for line in self.out.splitlines()[1:]]

@@ -67,10 +67,15 @@ def customer_keys_query(customer_id: uuid.UUID) -> Select[ApiKey]:
     return repository.keys_query(kind=KeyKind.CUSTOMER, customer_id=customer_id)
 
 
-def revoke_key(session: Session, key_id: uuid.UUID) -> ApiKey:
+def get_key(session: Session, key_id: uuid.UUID) -> ApiKey:
     key = session.get(ApiKey, key_id)
     if key is None:
         raise not_found("API key", key_id)
+    return key
+
+
+def revoke_key(session: Session, key_id: uuid.UUID) -> ApiKey:
+    key = get_key(session, key_id)
     if key.revoked_at is None:
         if key.kind == KeyKind.ADMIN and repository.lock_active_admin_keys(session) == [key.id]:
             raise Conflict(

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from sqlalchemy import Engine
 
-from tests.billing.world import october_with_failure
-from tests.harness import Console
+from tests.billing.world import get, october_with_failure
+from tests.harness import Console, Ran
 
 GPUMETER = Path(sys.executable).parent / "gpumeter"
 
@@ -38,18 +40,30 @@ def test_invoices_run_drafts_then_finalizes_idempotently(
     assert [(i["number"], i["total"]) for i in listed] == [("GM-2026-000001", "2202.20")]
 
 
-def test_invoices_run_refuses_bad_periods(console: Console, database_url: str) -> None:
-    console.customer()
-    for period, message in (("2026-13", "YYYY-MM"), ("2099-01", "has not started")):
-        result = _run(database_url, "--period", period)
-        assert result.returncode == 2 and message in result.stderr, result.stderr
+def test_invoices_run_refuses_bad_arguments_before_starting_anything(tmp_path: Path) -> None:
+    """No database is configured: a wrong argument is refused before an embedded Postgres
+    starts (its data directory is never made) and before any log line."""
+    env = {k: v for k, v in os.environ.items() if k != "GPUMETER_DATABASE_URL"}
+    data_dir = tmp_path / "data"
+    for args, message in (
+        (["--period", "2026-13"], "give a billing month as YYYY-MM, 1970-01 to 2999-12, not "),
+        (["--period", "2099-01"], "period 2099-01 has not started yet"),
+        (["--period", "2026-10", "--as-of", "2026-11-02T06:00:00"], "give the zone too"),
+        (["--period", "2026-10", "--as-of", "2099-01-01T00:00Z"], "is in the future"),
+        (["--period", "2026-10", "--customer", "acme"], "not a customer id (a UUID): 'acme'"),
+    ):
+        command = [str(GPUMETER), "invoices", "run", *args, "--data-dir", str(data_dir)]
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+        assert (result.returncode, result.stdout) == (2, ""), result.stderr
+        assert result.stderr.startswith("usage: gpumeter invoices run ")
+        error = result.stderr.splitlines()[-1]
+        assert error.startswith("gpumeter invoices run: error: argument ") and message in error
+        assert not data_dir.exists()
 
 
 def test_invoices_run_as_of_a_past_time(console: Console, db: Engine, database_url: str) -> None:
     """A backfill finalized as of 2 Nov 06:00: generated, finalized and due (30 days) then."""
     october_with_failure(console, db)
-    no_zone = _run(database_url, "--period", "2026-10", "--as-of", "2026-11-02T06:00:00")
-    assert no_zone.returncode == 2 and "give the zone too" in no_zone.stderr
     done = _run(database_url, "--period", "2026-10", "--finalize", "--as-of", "2026-11-02T06:00Z")
     assert done.returncode == 0 and "1 finalized" in done.stdout, done.stderr
     [invoice] = console.client.get("/v1/invoices", headers=console.headers).json()["items"]
@@ -57,4 +71,94 @@ def test_invoices_run_as_of_a_past_time(console: Console, db: Engine, database_u
         "2026-11-02T06:00:00Z",
         "2026-11-02T06:00:00Z",
         "2026-12-02T06:00:00Z",
+    )
+
+
+def test_invoices_list_show_finalize_and_void_as_the_api_does(
+    console: Console, db: Engine, gpumeter: Callable[..., Ran]
+) -> None:
+    world = october_with_failure(console, db)
+    assert gpumeter("invoices", "run", "--period", "2026-10").code == 0
+    [draft] = get(console, "/v1/invoices")["items"]
+    customer_id, rental_id = world.customer["id"], world.rental["id"]
+
+    listed = gpumeter("invoices", "list")
+    assert listed.code == 0, listed.err
+    assert listed.out.split()[:7] == [
+        "ID",
+        "NUMBER",
+        "CUSTOMER",
+        "PERIOD",
+        "STATUS",
+        "TOTAL",
+        "DUE",
+    ]
+    assert listed.rows() == [
+        [draft["id"], "-", customer_id, "2026-10", "draft", "2202.20 USD", "-"]
+    ]
+    as_json = gpumeter("invoices", "list", "--json")
+    assert json.loads(as_json.out) == get(console, "/v1/invoices")
+    assert gpumeter("invoices", "list", "--status", "finalized").out == "no invoices\n"
+    assert gpumeter("invoices", "list", "--period", "2026-09").out == "no invoices\n"
+
+    shown = gpumeter("invoices", "show", draft["id"])
+    assert shown.code == 0, shown.err
+    header, lines = shown.out.split("\n\n")
+    assert "total      2202.20 USD" in header.splitlines()
+    assert "tax        351.61 USD (19 %)" in header.splitlines()
+    assert [row[:2] + row[-3:] for row in Ran(0, lines, "").rows()] == [
+        ["0", "GPU time", "2678400", "2.49", "1852.56"],
+        ["1", "Failure credit", "2820", "2.49", "-1.95"],
+        ["2", "Migration credit", "30", "2.49", "-0.02"],
+        ["3", "Tax", "-", "0.19", "351.61"],
+    ]
+    assert Ran(0, lines, "").rows()[1][2] == (
+        f"H100, rental {rental_id}, GPU GPU-A, 2026-10-10 12:00:00Z to 2026-10-10 12:47:00Z"
+    )
+    shown_json = gpumeter("invoices", "show", draft["id"], "--json")
+    assert json.loads(shown_json.out) == get(console, f"/v1/invoices/{draft['id']}")
+
+    finalized = gpumeter("invoices", "finalize", draft["id"], "--json")
+    assert finalized.code == 0, finalized.err
+    invoice = get(console, f"/v1/invoices/{draft['id']}")
+    assert json.loads(finalized.out) == invoice
+    assert (invoice["number"], invoice["status"], invoice["total"]) == (
+        "GM-2026-000001",
+        "finalized",
+        "2202.20",
+    )
+    again = gpumeter("invoices", "finalize", draft["id"])
+    assert (again.code, again.out) == (2, "")
+    assert again.err == "gpumeter invoices finalize: invoice GM-2026-000001 is already finalized\n"
+
+    voided = gpumeter("invoices", "void", draft["id"], "--reason", "wrong rate")
+    assert voided.code == 0, voided.err
+    assert "status     void" in voided.out.splitlines()
+    invoice = get(console, f"/v1/invoices/{draft['id']}")
+    assert (invoice["status"], invoice["void_reason"]) == ("void", "wrong rate")
+    twice = gpumeter("invoices", "void", draft["id"], "--reason", "again")
+    assert (twice.code, twice.err) == (
+        2,
+        "gpumeter invoices void: only a finalized invoice can be voided; this one is void\n",
+    )
+
+
+def test_invoice_commands_refuse_unknown_ids_and_bad_arguments(
+    gpumeter: Callable[..., Ran],
+) -> None:
+    unknown = "00000000-0000-0000-0000-000000000001"
+    for action in ("show", "finalize"):
+        refused = gpumeter("invoices", action, unknown)
+        assert (refused.code, refused.out) == (2, "")
+        assert refused.err == f"gpumeter invoices {action}: invoice {unknown} not found\n"
+    no_reason = gpumeter("invoices", "void", unknown, "--reason", "")
+    assert no_reason.code == 2
+    assert "argument --reason: String should have at least 1 character" in no_reason.err
+    not_an_id = gpumeter("invoices", "show", "GM-2026-000001")
+    assert not_an_id.code == 2
+    assert "argument invoice_id: not an invoice id (a UUID): 'GM-2026-000001'" in not_an_id.err
+    bad_status = gpumeter("invoices", "list", "--status", "open")
+    assert bad_status.code == 2
+    assert (
+        "argument --status: give one of draft, finalized, paid, void, not 'open'" in bad_status.err
     )

@@ -1,0 +1,7 @@
+"""`python -m app.cli`: the `gpumeter` command where its script is not installed."""
+
+import sys
+
+from app.cli import main
+
+sys.exit(main())

@@ -665,3 +665,35 @@ def test_costs_show_the_cap_in_its_own_labelled_column(
     shown = re.findall(r'data-label="Monthly cap" data-raw="([^"]*)"', html)
     assert shown == [d["cap"] for d in used]
     assert "Monthly cap: a price plan's monthly cap per GPU lowers a rental's charges" in html
+
+
+def test_a_failover_in_progress_reads_as_such(client: TestClient, console: Console) -> None:
+    """GPU-S-1 fails; the service reserves spare GPU-S-2 and asks the orchestrator, which has
+    not answered: the incident says a failover is moving the job, not "not moved"."""
+    plan = console.plan("failover-plan", price="2.00", currency="EUR")
+    registered = console.node("node-fo")
+    console.gpu(registered["node"]["id"], "GPU-S-1")
+    console.gpu(registered["node"]["id"], "GPU-S-2", pool="spare")
+    tenant = world._tenant(console, "Failing", plan["id"], ["GPU-S-1"], currency="EUR")
+    failed = ts(world.FAILED_AT)
+    records = [
+        *world._minutes("GPU-S-1", ts(world.START), failed),
+        *world._minutes("GPU-S-1", failed, ts(world.MIGRATED_AT), "failed"),
+    ]
+    token = registered["token"]["key"]
+    world._ingest(console.client, token, records, world._failure_events("GPU-S-1"))
+    headers = bearer(tenant.key)
+    api = client.get(
+        f"/v1/customers/{tenant.customer['id']}/incidents?period={PERIOD}", headers=headers
+    ).json()
+    [incident] = api["items"]
+    assert incident["outcome"] == "moving" and incident["failover"]["state"] == "requested"
+    assert "Failover in progress: moving to spare GPU GPU-S-2" in incident["summary"]
+    assert "not moved" not in incident["summary"].lower()
+    # The seed sends October's history in December: the steps say the failure was learned of
+    # later, with no "after 57 d" that would read as the service's reaction time.
+    steps = {s["step"]: s for s in incident["failover"]["steps"]}
+    assert steps["detected"]["text"] == "we learned of it later, from the node's records"
+    assert steps["detected"]["after"] is None and steps["detected"]["after_s"] > 86_400
+    html = client.get(f"/dashboard/incidents?period={PERIOD}", headers=headers).text
+    assert 'data-outcome="moving"' in html and "<strong>In progress</strong>" in html

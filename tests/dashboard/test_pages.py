@@ -697,3 +697,17 @@ def test_a_failover_in_progress_reads_as_such(client: TestClient, console: Conso
     assert steps["detected"]["after"] is None and steps["detected"]["after_s"] > 86_400
     html = client.get(f"/dashboard/incidents?period={PERIOD}", headers=headers).text
     assert 'data-outcome="moving"' in html and "<strong>In progress</strong>" in html
+
+
+def test_an_admin_explores_a_customers_costs_and_stays_on_that_customer(
+    client: TestClient, admin_key: str, seeded: World
+) -> None:
+    customer = seeded.acme.customer["id"]
+    query = f"customer={customer}&start=2026-10-09&end=2026-10-12&group_by=gpu_model"
+    html = client.get(f"/dashboard/costs?{query}", headers=bearer(admin_key)).text
+    assert f'<input type="hidden" name="customer" value="{customer}">' in html
+    # The group-by links keep the customer and the range.
+    assert (
+        f"/dashboard/costs?customer={customer}&amp;group_by=datacenter&amp;start=2026-10-09" in html
+    )
+    assert 'data-group="H100"' in html

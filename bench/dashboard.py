@@ -474,6 +474,8 @@ def time_pages(
         "invoices": "/dashboard/invoices",
         "what_if": f"/dashboard/what-if?period={period}",
         "costs": f"/dashboard/costs?period={period}",
+        # The costs page's heaviest grouping: a rental's days split by its GPUs' datacenters.
+        "costs_by_dc": f"/dashboard/costs?period={period}&group_by=datacenter",
         "usage_csv": f"/dashboard/exports/usage.csv?period={exported}",
         "focus_csv": f"/dashboard/exports/focus.csv?period={exported}",
         # The JSON the overview shows, for comparison: the overview's floor.

@@ -1,13 +1,15 @@
-"""Cost explorer: the period day by day (billed, credited and idle GPU-hours, billed and
-credited money) and each rental's cost broken down by invoice line kind.
+"""Cost explorer: money per day (charges, the monthly cap's reduction, credits, net), grouped
+by rental, GPU model or datacenter, over a month or a custom range of days.
 
-Read-only, from the same rating of the period to date as the usage API (closed days from their
-stored rollups, the open day rated live; ``billing.usage.rated_to_date``), so its totals are the
-usage API's and, for a closed month, the invoice's. Money per day is an allocation, documented
-here because a day is not a billing unit: each charge and cap line is spread over the days of
-its rental in proportion to the rental's rented seconds in each day, each credit line over the
-days of its own span in proportion to its bucket's seconds there, both by largest remainder
-(``exports.allocate``), so the days add up exactly to the rental's cost. Idle GPU-hours are
+Read-only, from the same rating of each period to date as the usage API (closed days from their
+stored rollups, the open day rated live; ``billing.usage.rated_to_date``), so a month's totals
+are the usage API's and, for a closed month, the invoice's. A range of days is cut from the
+months it touches. Money per day is an allocation, documented here because a day is not a
+billing unit: each charge and cap line is spread over the days of its rental in proportion to
+the rental's rented seconds in each day, each credit line over the days of its own span in
+proportion to its bucket's seconds there, both by largest remainder (``exports.allocate``), so
+the days add up exactly to the rental's cost. By datacenter, a rental's share of a day is split
+again by the seconds its GPU assignments spent in each datacenter that day. Idle GPU-hours are
 billable seconds in minutes below the idle threshold (the usage API's effective hours).
 """
 
@@ -16,11 +18,11 @@ from __future__ import annotations
 import uuid
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import date, datetime
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta
 from decimal import Decimal
-from itertools import pairwise
+from enum import StrEnum
 from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
@@ -33,18 +35,30 @@ from app.billing.rollups import day_bounds
 from app.billing.schemas import money
 from app.billing.usage import rated_to_date
 from app.core.epoch import epoch, from_epoch
+from app.core.errors import Unprocessable
 from app.core.schemas import Schema
 from app.customers.models import Customer
 from app.dashboard.exports import allocate
+from app.dashboard.formatting import Formatter
+from app.fleet import repository as fleet_repository
+from app.rentals.visibility import served
 
+MAX_RANGE_DAYS = 92  # a custom range rates each month it touches: at most five
 _BILLED = {Bucket.BILLABLE, Bucket.DEGRADED}
-KIND_ORDER = [kind.value for kind in LineKind]  # the columns of the per-rental table
+KIND_ORDER = [kind.value for kind in LineKind]  # the columns of the per-group table
 _CREDIT_BUCKET = {
     LineKind.FAILURE_CREDIT: Bucket.FAILURE_CREDIT,
     LineKind.MIGRATION_CREDIT: Bucket.MIGRATION_CREDIT,
     LineKind.DEGRADED_CREDIT: Bucket.DEGRADED_CREDIT,
 }
 _CREDIT_LINES = set(_CREDIT_BUCKET)
+_UNPLACED = "unassigned"  # a rental's share of a day no GPU assignment of it covers
+
+
+class GroupBy(StrEnum):
+    RENTAL = "rental"
+    GPU_MODEL = "gpu_model"
+    DATACENTER = "datacenter"
 
 
 class DayRead(Schema):
@@ -52,73 +66,245 @@ class DayRead(Schema):
     billed_s: int  # billable and degraded seconds, idle ones included
     credited_s: int
     idle_s: int  # of billed_s: billable seconds in minutes below the idle threshold
-    billed: str  # charges and cap, before credits
-    credited: str  # negative
+    charged: str  # GPU time charged, before the cap and credits
+    cap: str  # the monthly cap's reduction spread over the day (0 or negative)
+    credited: str  # failure, migration and degraded credits (0 or negative)
+    net: str
+    by_group: dict[str, str]  # group key -> net
 
 
-class RentalCostRead(Schema):
-    rental_id: uuid.UUID
-    gpu_model: str
-    gpu_count: int
-    by_kind: dict[str, str]  # line kind -> amount
+class GroupCostRead(Schema):
+    key: str  # a rental id, a GPU model or a datacenter
+    label: str  # what a person calls it (a rental: its GPUs and dates)
+    by_kind: dict[str, str]  # line kind -> amount over the range
     net: str
 
 
 class CostsRead(Schema):
     customer_id: uuid.UUID
-    period: str
     currency: str
     as_of: datetime
+    period: str | None  # the month asked for, None for a custom range
+    start: date  # first day shown (customer's time zone)
+    end: date  # last day shown, at most today
+    group_by: GroupBy
     days: list[DayRead]
-    rentals: list[RentalCostRead]
+    groups: list[GroupCostRead]
     net: str
 
 
-def costs(session: Session, customer: Customer, period: BillingPeriod, now: datetime) -> CostsRead:
+@dataclass(frozen=True)
+class DayRange:
+    """Inclusive local days, and the months (billing periods) they fall in."""
+
+    first: date
+    last: date
+    periods: list[BillingPeriod]
+    month: str | None  # the whole month was asked for by name
+
+
+def day_range(
+    customer: Customer,
+    month: BillingPeriod | None,
+    start: date | None,
+    end: date | None,
+    now: datetime,
+    period_of: Callable[[str], BillingPeriod],
+) -> DayRange:
+    """The days asked for: a month (``month``, the default), or ``start``..``end``, each
+    checked with a 422 that says what is wrong; an end after today is cut to today."""
+    today = now.astimezone(ZoneInfo(customer.billing_timezone)).date()
+    if start is None and end is None:
+        assert month is not None
+        last = min(_local(month.span[1] - 1, month), today)
+        return DayRange(_local(month.span[0], month), last, [month], month.name)
+    if month is not None:
+        raise Unprocessable("give either period or start and end, not both", ("query", "period"))
+    if start is None or end is None:
+        missing = "start" if start is None else "end"
+        raise Unprocessable("a range needs both start and end (YYYY-MM-DD)", ("query", missing))
+    if start > end:
+        raise Unprocessable(f"start {start} is after end {end}", ("query", "start"))
+    if (end - start).days + 1 > MAX_RANGE_DAYS:
+        raise Unprocessable(
+            f"a range is at most {MAX_RANGE_DAYS} days; {start} to {end} is "
+            f"{(end - start).days + 1}",
+            ("query", "end"),
+        )
+    if start > today:
+        raise Unprocessable(f"start {start} is after today ({today})", ("query", "start"))
+    if start.year < 1970:
+        raise Unprocessable(f"start {start} is before 1970", ("query", "start"))
+    last = min(end, today)
+    months = sorted({f"{start + timedelta(days=n):%Y-%m}" for n in range((last - start).days + 1)})
+    return DayRange(start, last, [period_of(name) for name in months], None)
+
+
+def _local(moment: int, period: BillingPeriod) -> date:
+    return from_epoch(moment).astimezone(ZoneInfo(period.timezone)).date()
+
+
+@dataclass
+class _Totals:
+    """Seconds and money per local day, money also per group and line kind."""
+
+    seconds: dict[date, dict[str, int]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(int))
+    )
+    money: dict[date, dict[str, dict[LineKind, Decimal]]] = field(
+        default_factory=lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(Decimal)))
+    )
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def costs(
+    session: Session, customer: Customer, days: DayRange, group_by: GroupBy, now: datetime
+) -> CostsRead:
+    currency = customer.currency
+    fmt = Formatter(currency, customer.billing_timezone)
+    totals = _Totals()
+    for period in days.periods:
+        _add_period(session, customer, period, now, group_by, fmt, totals)
+    shown = [days.first + timedelta(days=n) for n in range((days.last - days.first).days + 1)]
+    as_of = min(epoch(now), max(p.span[1] for p in days.periods))
+    by_group: dict[str, dict[LineKind, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
+    for day in shown:
+        for key, kinds in totals.money[day].items():
+            for kind, amount in kinds.items():
+                by_group[key][kind] += amount
+    groups = sorted(by_group.items(), key=lambda g: (-sum(g[1].values()), totals.labels[g[0]]))
+    return CostsRead(
+        customer_id=customer.id,
+        currency=currency,
+        as_of=from_epoch(as_of),
+        period=days.month,
+        start=days.first,
+        end=days.last,
+        group_by=group_by,
+        days=[_day(day, totals, currency) for day in shown],
+        groups=[
+            GroupCostRead(
+                key=key,
+                label=totals.labels[key],
+                by_kind={k.value: money(v, currency) for k, v in sorted(kinds.items())},
+                net=money(sum(kinds.values(), Decimal(0)), currency),
+            )
+            for key, kinds in groups
+        ],
+        net=money(sum((sum(k.values(), Decimal(0)) for _, k in groups), Decimal(0)), currency),
+    )
+
+
+def _day(day: date, totals: _Totals, currency: str) -> DayRead:
+    seconds, groups = totals.seconds[day], totals.money[day]
+    kinds: dict[LineKind, Decimal] = defaultdict(Decimal)
+    for amounts in groups.values():
+        for kind, amount in amounts.items():
+            kinds[kind] += amount
+    credited = sum((kinds[k] for k in _CREDIT_LINES), Decimal(0))
+    return DayRead(
+        day=day,
+        billed_s=seconds["billed"],
+        credited_s=seconds["credited"],
+        idle_s=seconds["idle"],
+        charged=money(kinds[LineKind.CHARGE], currency),
+        cap=money(kinds[LineKind.CAP], currency),
+        credited=money(credited, currency),
+        net=money(sum(kinds.values(), Decimal(0)), currency),
+        by_group={key: money(sum(a.values(), Decimal(0)), currency) for key, a in groups.items()},
+    )
+
+
+def _add_period(
+    session: Session,
+    customer: Customer,
+    period: BillingPeriod,
+    now: datetime,
+    group_by: GroupBy,
+    fmt: Formatter,
+    totals: _Totals,
+) -> None:
     span = (period.span[0], min(period.span[1], epoch(now)))
     to_date = rated_to_date(session, customer, period, span)
-    days = day_bounds(period)
-    currency = customer.currency
-    n = len(days) - 1
-    seconds = {k: [0] * n for k in ("billed", "credited", "idle")}
-    amounts = {k: [Decimal(0)] * n for k in ("billed", "credited")}
+    bounds = day_bounds(period)
+    n = len(bounds) - 1
+    dates = [_local(t, period) for t in bounds[:-1]]
     per_rental: dict[str, dict[Bucket, list[int]]] = defaultdict(
         lambda: defaultdict(lambda: [0] * n)
     )
     for part in to_date.by_day:
         per_rental[part.rental_id][part.bucket][part.day] += part.seconds
-        seconds["idle"][part.day] += part.idle_s
+        day = totals.seconds[dates[part.day]]
+        day["idle"] += part.idle_s
         if part.bucket in _BILLED:
-            seconds["billed"][part.day] += part.seconds
+            day["billed"] += part.seconds
         elif part.bucket in CREDIT_BUCKETS:
-            seconds["credited"][part.day] += part.seconds
+            day["credited"] += part.seconds
+    where = _places(session, customer, period, bounds) if group_by is GroupBy.DATACENTER else {}
     for r in to_date.rated:
-        by_bucket = per_rental[r.rental.rental_id]
+        rid = r.rental.rental_id
+        by_bucket = per_rental[rid]
         rented = [sum(day) for day in zip(*by_bucket.values(), strict=True)] if by_bucket else []
+        split = _splitter(r, group_by, where.get(rid), fmt, totals.labels)
         for line in r.lines:
-            kind, shares = _spread(line, rented, by_bucket, days, currency)
-            for i, share in shares:
-                amounts[kind][i] += share
-    today = [i for i, (a, _) in enumerate(pairwise(days)) if a < span[1]]
-    return CostsRead(
-        customer_id=customer.id,
-        period=period.name,
-        currency=currency,
-        as_of=from_epoch(span[1]),
-        days=[
-            DayRead(
-                day=from_epoch(days[i]).astimezone(ZoneInfo(period.timezone)).date(),
-                billed_s=seconds["billed"][i],
-                credited_s=seconds["credited"][i],
-                idle_s=seconds["idle"][i],
-                billed=money(amounts["billed"][i], currency),
-                credited=money(amounts["credited"][i], currency),
-            )
-            for i in today
-        ],
-        rentals=[_rental(r, currency) for r in to_date.rated],
-        net=money(sum((r.net for r in to_date.rated), Decimal(0)), currency),
-    )
+            for i, share in _spread(line, rented, by_bucket, bounds, customer.currency):
+                for key, amount in split(i, share):
+                    totals.money[dates[i]][key][line.kind] += amount
+
+
+def _splitter(
+    r: RatedRental,
+    group_by: GroupBy,
+    places: dict[int, dict[str, int]] | None,
+    fmt: Formatter,
+    labels: dict[str, str],
+) -> Callable[[int, Decimal], list[tuple[str, Decimal]]]:
+    """How one rental's share of a day goes to its group(s), naming each group on the way."""
+    rental = r.rental
+    if group_by is GroupBy.RENTAL:
+        labels[rental.rental_id] = fmt.rental(
+            rental.gpu_count, rental.gpu_model, rental.rental_start, rental.rental_end
+        )
+        return lambda _, share: [(rental.rental_id, share)]
+    if group_by is GroupBy.GPU_MODEL:
+        labels[rental.gpu_model] = rental.gpu_model
+        return lambda _, share: [(rental.gpu_model, share)]
+    per_day = places or {}
+    overall: dict[str, int] = defaultdict(int)
+    for seconds in per_day.values():
+        for dc, s in seconds.items():
+            overall[dc] += s
+    for dc in [*overall] or [_UNPLACED]:
+        labels[dc] = dc
+
+    def by_datacenter(i: int, share: Decimal) -> list[tuple[str, Decimal]]:
+        weights = per_day.get(i) or overall or {_UNPLACED: 1}
+        names = sorted(weights)
+        parts = allocate(share, [weights[dc] for dc in names], fmt.currency)
+        return list(zip(names, parts, strict=True))
+
+    return by_datacenter
+
+
+def _places(
+    session: Session, customer: Customer, period: BillingPeriod, bounds: Sequence[int]
+) -> dict[str, dict[int, dict[str, int]]]:
+    """Per rental, per day of the period: the seconds its GPU assignments spent in each
+    datacenter."""
+    start, end = from_epoch(period.span[0]), from_epoch(period.span[1])
+    rows = session.execute(served(customer_id=customer.id, start=start, end=end)).all()
+    places = fleet_repository.gpu_places(session, {row[2] for row in rows})
+    dc = {gpu: datacenter for gpu, (_, datacenter) in places.items()}
+    out: dict[str, dict[int, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
+    for rental_id, _, gpu, a_start, a_end in rows:
+        lo = max(epoch(a_start), bounds[0])
+        hi = min(bounds[-1] if a_end is None else epoch(a_end), bounds[-1])
+        for i in range(max(bisect_right(bounds, lo) - 1, 0), bisect_left(bounds, hi)):
+            seconds = min(hi, bounds[i + 1]) - max(lo, bounds[i])
+            if seconds > 0:
+                day = out[str(rental_id)][i]
+                day[dc[gpu]] = day.get(dc[gpu], 0) + seconds
+    return out
 
 
 def _spread(
@@ -127,7 +313,7 @@ def _spread(
     by_bucket: dict[Bucket, list[int]],
     days: Sequence[int],
     currency: str,
-) -> tuple[str, list[tuple[int, Decimal]]]:
+) -> list[tuple[int, Decimal]]:
     """A credit line over the days of its span, in proportion to its bucket's seconds there
     (to the span's own length where the rating placed them elsewhere); any other line over
     the rental's rented seconds per day."""
@@ -138,8 +324,8 @@ def _spread(
         weights = [(i, credited[i]) for i in touched if credited and credited[i]]
         if not weights:
             weights = [(i, min(end, days[i + 1]) - max(start, days[i])) for i in touched]
-        return "credited", _shares(line.amount, weights, currency)
-    return "billed", _shares(line.amount, [(i, s) for i, s in enumerate(rented) if s], currency)
+        return _shares(line.amount, weights, currency)
+    return _shares(line.amount, [(i, s) for i, s in enumerate(rented) if s], currency)
 
 
 def _shares(
@@ -151,43 +337,71 @@ def _shares(
     return [(i, share) for (i, _), share in zip(weights, shares, strict=True)]
 
 
-def _rental(r: RatedRental, currency: str) -> RentalCostRead:
-    by_kind: defaultdict[str, Decimal] = defaultdict(Decimal)
-    for line in r.lines:
-        by_kind[line.kind.value] += line.amount
-    return RentalCostRead(
-        rental_id=uuid.UUID(r.rental.rental_id),
-        gpu_model=r.rental.gpu_model,
-        gpu_count=r.rental.gpu_count,
-        by_kind={k: money(v, currency) for k, v in by_kind.items()},
-        net=money(r.net, currency),
-    )
+# --- the chart ----------------------------------------------------------------------------
+
+MAX_DAY_TICKS = 7  # more days than this are labelled a week apart
+CHART_SERIES = 6  # groups drawn in their own colour; the rest are drawn together as "Other"
+
+
+@dataclass(frozen=True)
+class Segment:
+    series: int  # index into the legend (the last one is "Other" when there are more groups)
+    height: float  # percent of the axis top
 
 
 @dataclass(frozen=True)
 class Bar:
-    """One day's stacked bar (heights in percent of the tallest day)."""
+    """One day's stacked bar of net money by group (heights in percent of the axis top)."""
 
     day: DayRead
     x: float
-    busy: float
-    idle: float
-    credited: float
+    segments: list[Segment]
 
 
-def bars(days: list[DayRead]) -> tuple[list[Bar], int]:
-    """Bars for the chart and the axis top (whole GPU-hours, at least 1)."""
-    tallest = max((d.billed_s + d.credited_s for d in days), default=0)
-    top_h = max(1, -(-tallest // 3600))
-    scale = 100 / (top_h * 3600)
-    width = 100 / max(1, len(days))
-    return [
+@dataclass(frozen=True)
+class Chart:
+    bars: list[Bar]
+    ticks: list[tuple[float, str]]  # day labels (percent of the width, MM-DD), a week apart
+    legend: list[str]
+    top: Decimal  # the axis top, a round amount
+    capped: bool  # some day's charges were lowered by a monthly cap
+
+
+def chart(data: CostsRead) -> Chart:
+    """Net money per day, stacked by the biggest groups (a day's negative net is drawn as 0)."""
+    drawn = [g.key for g in data.groups[:CHART_SERIES]]
+    legend = [g.label for g in data.groups[:CHART_SERIES]]
+    if len(data.groups) > CHART_SERIES:
+        legend.append("Other")
+    series = {key: i for i, key in enumerate(drawn)}
+    stacks = []
+    for d in data.days:
+        heights: dict[int, Decimal] = defaultdict(Decimal)
+        for key, amount in d.by_group.items():
+            heights[series.get(key, CHART_SERIES)] += Decimal(amount)
+        stacks.append({s: h for s, h in heights.items() if h > 0})
+    top = _round_up(max((sum(s.values(), Decimal(0)) for s in stacks), default=Decimal(0)))
+    width = 100 / max(1, len(data.days))
+    bars = [
         Bar(
             d,
             round(i * width, 3),
-            round((d.billed_s - d.idle_s) * scale, 3),
-            round(d.idle_s * scale, 3),
-            round(d.credited_s * scale, 3),
+            [Segment(s, round(float(h / top * 100), 3)) for s, h in sorted(stacks[i].items())],
         )
-        for i, d in enumerate(days)
-    ], top_h
+        for i, d in enumerate(data.days)
+    ]
+    step = 7 if len(bars) > MAX_DAY_TICKS else 1
+    ticks = [(b.x + width / 2, f"{b.day.day:%m-%d}") for b in bars[::step]]
+    return Chart(bars, ticks, legend, top, any(Decimal(d.cap) for d in data.days))
+
+
+def _round_up(amount: Decimal) -> Decimal:
+    """The smallest of 1, 2, 2.5 and 5 times a power of ten at or above ``amount`` (at least 1)."""
+    if amount <= 1:
+        return Decimal(1)
+    scale = Decimal(10) ** (len(str(int(amount))) - 1)
+    return next(
+        step * scale
+        for step in (Decimal(1), Decimal(2), Decimal("2.5"), Decimal(5), Decimal(10))
+        if step * scale >= amount
+    )

@@ -10,7 +10,8 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
+from decimal import Decimal
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -39,6 +40,7 @@ from app.core.db import transaction
 from app.core.deps import DbSession
 from app.core.epoch import from_epoch
 from app.core.errors import ApiError, TooManyRequests, Unauthorized, error_responses
+from app.core.money import display
 from app.core.pagination import Page as PageOf
 from app.core.pagination import Paging, page_of
 from app.core.schemas import Schema
@@ -63,6 +65,7 @@ STATIC = HERE / "static"
 TEMPLATES = Jinja2Templates(directory=HERE / "templates")
 TEMPLATES.env.globals.update(
     hours=formatting.hours,
+    money=display,
     duration=formatting.duration,
     shift_period=service.shift_period,
     line_label=billing_wording.label,
@@ -77,6 +80,11 @@ pages = APIRouter(prefix="/dashboard", include_in_schema=False)
 PeriodParam = Annotated[
     str | None, Query(pattern=PERIOD_PATTERN, description="YYYY-MM; default: the current month.")
 ]
+StartParam = Annotated[
+    date | None, Query(description="First day of a range (YYYY-MM-DD, customer's time zone).")
+]
+EndParam = Annotated[date | None, Query(description="Last day of the range, inclusive.")]
+GroupByParam = Annotated[costs.GroupBy, Query(description="Group money by this.")]
 # Pages show one customer's money: never let a shared cache keep them.
 _PRIVATE = {"Cache-Control": "private, no-store"}
 
@@ -143,18 +151,33 @@ def list_incidents(
     return page_of(found, paging)
 
 
-@router.get("/v1/customers/{customer_id}/costs")
+@router.get("/v1/customers/{customer_id}/costs", responses=error_responses(422))
 def read_costs(
     customer_id: uuid.UUID,
     session: DbSession,
     caller: ConsoleUser,
     now: Now,
     period: PeriodParam = None,
+    start: StartParam = None,
+    end: EndParam = None,
+    group_by: GroupByParam = costs.GroupBy.RENTAL,
 ) -> costs.CostsRead:
-    """The period to date day by day (billed, credited and idle GPU-seconds; billed and
-    credited money) and each rental's cost by invoice line kind."""
+    """Money per day (charges, the monthly cap's reduction, credits, net) and per group
+    (rental, GPU model or datacenter) over a month (default: the current one) or a range of
+    days, with billed, credited and idle GPU-seconds per day."""
     customer = get_customer(session, customer_id, caller)
-    return costs.costs(session, customer, service.period_of(customer, period, now), now)
+    days = _cost_days(customer, period, start, end, now)
+    return costs.costs(session, customer, days, group_by, now)
+
+
+def _cost_days(
+    customer: Customer, period: str | None, start: date | None, end: date | None, now: datetime
+) -> costs.DayRange:
+    """A month by name (default: the current one), or a range of days."""
+    month = service.period_of(customer, period, now) if period or not (start or end) else None
+    return costs.day_range(
+        customer, month, start, end, now, lambda name: service.period_of(customer, name, now)
+    )
 
 
 @router.get("/v1/fleet/summary")
@@ -439,15 +462,43 @@ def invoice_pdf(p: CustomerPage, invoice_id: uuid.UUID) -> Response:
 
 
 @pages.get("/costs", name="costs")
-def costs_page(p: CustomerPage, period: PeriodParam = None) -> Response:
-    billing_period = p.period(period)
-    data = costs.costs(p.session, p.v.customer, billing_period, p.now)
-    bars, top_h = costs.bars(data.days)
-    kinds = sorted({k for r in data.rentals for k in r.by_kind}, key=costs.KIND_ORDER.index)
-    due = service.period_amount_due(p.session, p.v, billing_period, p.now)
+def costs_page(
+    p: CustomerPage,
+    period: PeriodParam = None,
+    start: StartParam = None,
+    end: EndParam = None,
+    group_by: GroupByParam = costs.GroupBy.RENTAL,
+) -> Response:
+    days = _cost_days(p.v.customer, period, start, end, p.now)
+    data = costs.costs(p.session, p.v.customer, days, group_by, p.now)
+    kinds = sorted({k for g in data.groups for k in g.by_kind}, key=costs.KIND_ORDER.index)
+    billing_period = days.periods[-1] if data.period else None
     return p.render(
-        "costs.html", period=billing_period, c=data, bars=bars, top_h=top_h, kinds=kinds, due=due
+        "costs.html",
+        period=billing_period,
+        c=data,
+        chart=costs.chart(data),
+        kinds=kinds,
+        group_by=group_by,
+        group_names=_GROUP_NAMES,
+        # The path to the amount due is a month's: a range of days has none.
+        due=billing_period and service.period_amount_due(p.session, p.v, billing_period, p.now),
     )
+
+
+_GROUP_NAMES = {
+    costs.GroupBy.RENTAL: "Rental",
+    costs.GroupBy.GPU_MODEL: "GPU model",
+    costs.GroupBy.DATACENTER: "Datacenter",
+}
+
+
+@pages.get("/incidents", name="incidents")
+def incidents_page(p: CustomerPage, period: PeriodParam = None) -> Response:
+    billing_period = p.period(period)
+    found = incidents.incidents(p.session, p.v.customer, billing_period, p.now, p.v.fmt)
+    credited = sum((Decimal(i.credited) for i in found if i.credited), Decimal(0))
+    return p.render("incidents.html", period=billing_period, incidents=found, credited=credited)
 
 
 @pages.get("/exports/{kind}", name="export")
@@ -522,6 +573,12 @@ def _problem(item: dict[str, Any]) -> str:
     return f"{item['msg']} ({'.'.join(where)})" if where else str(item["msg"])
 
 
+def root() -> RedirectResponse:
+    """``/`` sends a person to the dashboard (its sign-in when signed out); the API's
+    reference is at /docs."""
+    return RedirectResponse("/dashboard", status_code=307, headers={"Link": '</docs>; rel="help"'})
+
+
 def favicon() -> FileResponse:
     return FileResponse(STATIC / "favicon.ico", media_type="image/x-icon")
 
@@ -533,5 +590,6 @@ def install(app: FastAPI) -> None:
     """
     app.mount("/dashboard/static", StaticFiles(directory=STATIC), name="dashboard_static")
     app.add_api_route("/favicon.ico", favicon, include_in_schema=False)
+    app.add_api_route("/", root, include_in_schema=False)
     app.add_middleware(sessions.SessionCookieMiddleware)
     _html_errors(app)

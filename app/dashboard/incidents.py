@@ -9,7 +9,10 @@ with no failure event on record is an incident of its own.
 What is measured, and what is not: the failure second comes from the node; "reported after"
 is when the service received that event (``received_at``), so it includes the agent's upload
 delay and, for back-filled history, the whole backfill delay. How long the node took to notice
-the failure is not recorded, so it is never shown as a number.
+the failure is not recorded, so it is never shown as a number. Neither is in the customer's
+summary, which says what happened in their words: the cause (``wording.cause``, never a rule
+name), where the rental went (moved, being moved by a failover in progress, waiting for a
+spare, staying on its repaired GPU) and the credit; internal ids stay in the API's fields.
 
 A failure the service acted on (a failover, ``app.failover``) carries its timeline: failed (the
 first failed second, per telemetry), detected (the service learned of it), requested (a spare
@@ -25,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from enum import StrEnum
 from typing import Any
 
 from pydantic import Field
@@ -40,13 +44,15 @@ from app.customers.models import Customer
 from app.dashboard import exports, wording
 from app.dashboard.formatting import Formatter, duration
 from app.failover import repository as failover_repository
-from app.failover.models import Failover
+from app.failover.models import Failover, FailoverState
 from app.metering import repository as metering_repository
+from app.rentals import repository as rentals_repository
 from app.rentals.models import Migration
 from app.rentals.service import customer_migrations
 from app.rentals.visibility import served
 
 MAX_INCIDENTS = 1000  # per period: a page lists them all; a fleet-wide storm is cut here
+BACKFILLED_AFTER_S = 3600  # a failure the service learned of later than this came from history
 _CREDIT_KINDS = {LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT}
 
 
@@ -65,11 +71,24 @@ class FailoverTimeline(Schema):
     steps: list[TimelineStep]
 
 
+class Outcome(StrEnum):
+    """Where the rental went after the failure."""
+
+    MOVED = "moved"  # running on another GPU
+    MOVING = "moving"  # a failover is moving it now
+    WAITING = "waiting"  # no spare was free: credited until the GPU is repaired
+    REPAIRED = "repaired"  # the failed GPU was repaired and serves the rental again
+    NOT_MOVED = "not_moved"  # stayed on its GPU (no failover, or it did not complete)
+
+
 class IncidentRead(Schema):
     gpu_uuid: str
     rental_id: uuid.UUID
+    rental_name: str  # what it rents and when (``Formatter.rental``)
     failed_at: datetime
-    cause: str  # "XID 79: GPU has fallen off the bus"
+    cause: str  # ``wording.cause``: what a customer reads
+    evidence: str  # the node's own words: "XID 79: GPU has fallen off the bus"
+    outcome: Outcome
     event_id: str | None
     reported_after_s: int | None  # None: no failure event on record
     moved_to_gpu: str | None
@@ -88,6 +107,7 @@ class _Failure:
     rental_id: uuid.UUID
     at: int
     cause: str
+    evidence: str
     event_id: str | None
     received_s: int | None
 
@@ -120,21 +140,53 @@ def incidents(
         (fo.rental_id, fo.failed_gpu_uuid, epoch(fo.failed_at)): fo
         for fo in failover_repository.failovers_of(session, customer.id, lo, hi, MAX_INCIDENTS)
     }
+    pairs = _pair(failures, migrations)
+    names = _rental_names(session, customer, {f.rental_id for f, _ in pairs}, lo, hi, fmt)
     return [
-        _read(f, m, failovers.get((f.rental_id, f.gpu_uuid, f.at)), invoice, customer.currency, fmt)
-        for f, m in _pair(failures, migrations)
+        _read(
+            f,
+            m,
+            failovers.get((f.rental_id, f.gpu_uuid, f.at)),
+            invoice,
+            names.get(f.rental_id, str(f.rental_id)),
+            fmt,
+        )
+        for f, m in pairs
     ]
 
 
-def _failure(event: dict[str, Any]) -> _Failure:
-    cause = wording.evidence(
-        {"code": event["code"], "rule": event["rule"], "detail": event["detail"]}
+def _rental_names(
+    session: Session,
+    customer: Customer,
+    rental_ids: set[uuid.UUID],
+    lo: int,
+    hi: int,
+    fmt: Formatter,
+) -> dict[uuid.UUID, str]:
+    if not rental_ids:
+        return {}
+    rentals = rentals_repository.rentals_overlapping(
+        session, [customer.id], from_epoch(lo), from_epoch(hi), rental_ids
     )
+    return {
+        r.id: fmt.rental(
+            r.gpu_count,
+            r.gpu_model,
+            epoch(r.start_at),
+            None if r.end_at is None else epoch(r.end_at),
+        )
+        for r in rentals
+    }
+
+
+def _failure(event: dict[str, Any]) -> _Failure:
+    facts = {"code": event["code"], "rule": event["rule"], "detail": event["detail"]}
     return _Failure(
         event["gpu_uuid"],
         event["rental_id"],
         event["at"],
-        cause,
+        wording.cause(event["code"], event["rule"]),
+        wording.evidence(facts),
         event["event_id"],
         event["received_s"],
     )
@@ -162,8 +214,9 @@ def _pair(
             left.remove(match)
         pairs.append((failure, match))
     for m in left:
+        reason = m.reason or ""
         moved = _Failure(
-            m.from_gpu_uuid, m.rental_id, epoch(m.failed_at), m.reason or "", None, None
+            m.from_gpu_uuid, m.rental_id, epoch(m.failed_at), reason, reason, None, None
         )
         pairs.append((moved, m))
     return sorted(pairs, key=lambda p: p[0].at)
@@ -174,30 +227,50 @@ def _read(
     m: Migration | None,
     fo: Failover | None,
     invoice: Invoice | None,
-    currency: str,
+    rental_name: str,
     fmt: Formatter,
 ) -> IncidentRead:
     resumed = None if m is None else epoch(m.resumed_at)
     credited, credited_s = (None, None) if invoice is None else _credited(invoice, f, resumed)
-    reported = None if f.received_s is None else max(0, f.received_s - f.at)
     read = IncidentRead(
         gpu_uuid=f.gpu_uuid,
         rental_id=f.rental_id,
+        rental_name=rental_name,
         failed_at=from_epoch(f.at),
         cause=f.cause,
+        evidence=f.evidence,
+        outcome=_outcome(m, fo),
         event_id=f.event_id,
-        reported_after_s=reported,
+        reported_after_s=None if f.received_s is None else max(0, f.received_s - f.at),
         moved_to_gpu=None if m is None else m.to_gpu_uuid,
         migration_id=None if m is None else m.id,
         resumed_at=None if resumed is None else from_epoch(resumed),
         downtime_s=None if resumed is None else resumed - f.at,
-        credited=None if credited is None else money(credited, currency),
+        credited=None if credited is None else money(credited, fmt.currency),
         credited_s=credited_s,
-        summary=_summary(f, m, reported, credited, fmt),
+        summary="",
     )
-    if fo is not None:
+    read.summary = _summary(f, read, fo, fmt)
+    # A failover opened only after the job already ran elsewhere (history sent late) did not
+    # move it: its timeline would tell another story than the migration.
+    if fo is not None and (resumed is None or epoch(fo.detected_at) < resumed):
         read.failover = _timeline(fo, read, fmt)
     return read
+
+
+def _outcome(m: Migration | None, fo: Failover | None) -> Outcome:
+    if m is not None:
+        return Outcome.MOVED
+    if fo is None:
+        return Outcome.NOT_MOVED
+    return _FAILOVER_OUTCOMES.get(fo.state, Outcome.NOT_MOVED)
+
+
+_FAILOVER_OUTCOMES = {
+    FailoverState.REQUESTED: Outcome.MOVING,
+    FailoverState.NO_SPARE: Outcome.WAITING,
+    FailoverState.RECOVERED: Outcome.REPAIRED,
+}
 
 
 def _credited(invoice: Invoice, f: _Failure, resumed: int | None) -> tuple[Decimal, int]:
@@ -224,20 +297,29 @@ def _after(fo: Failover, at: datetime) -> float:
 def _timeline(fo: Failover, incident: IncidentRead, fmt: Formatter) -> FailoverTimeline:
     """The failover's steps, each with its time and how long after the failed second."""
 
+    backfilled = _after(fo, fo.detected_at) > BACKFILLED_AFTER_S
+
     def step(name: str, at: datetime, text: str) -> TimelineStep:
         after = _after(fo, at)
         spoken = f"{after:g} s" if after < 60 else duration(int(after))
-        return TimelineStep(step=name, at=at, after_s=after, after=spoken, text=text)
+        # Late history: "after 57 d" would read as our reaction time; the times say enough.
+        shown = None if backfilled and name != "failed" else spoken
+        return TimelineStep(step=name, at=at, after_s=after, after=shown, text=text)
 
     spare = fo.spare_gpu_uuid
-    requested = f"spare {spare} reserved, failover requested" if spare else _no_spare(fo)
+    requested = f"spare GPU {spare} reserved, your job is being moved" if spare else _no_spare()
+    detected = (
+        "we learned of it later, from the node's records"
+        if backfilled
+        else ("we detected the failure")
+    )
     steps = [
         step("failed", fo.failed_at, f"{fo.failed_gpu_uuid} failed"),
-        step("detected", fo.detected_at, "the service learned of it"),
+        step("detected", fo.detected_at, detected),
         step("requested", fo.requested_at, requested),
     ]
     if fo.resumed_at is not None:
-        steps.append(step("resumed", fo.resumed_at, f"the job runs on {spare}"))
+        steps.append(step("resumed", fo.resumed_at, f"your job runs again on {spare}"))
     if incident.credited is not None:
         credit = f"{fmt.money(incident.credited)} for {duration(incident.credited_s or 0)}"
         steps.append(TimelineStep(step="credited", at=None, after_s=None, after=None, text=credit))
@@ -246,31 +328,30 @@ def _timeline(fo: Failover, incident: IncidentRead, fmt: Formatter) -> FailoverT
     )
 
 
-def _no_spare(fo: Failover) -> str:
-    return fo.reason or "no spare was free: credited as failure until the GPU is repaired"
+def _no_spare() -> str:
+    return "no spare GPU was free: the time is credited until the GPU is repaired"
 
 
-def _summary(
-    f: _Failure,
-    m: Migration | None,
-    reported: int | None,
-    credited: Decimal | None,
-    fmt: Formatter,
-) -> str:
-    head = f"{f.gpu_uuid} failed {fmt.datetime_s(f.at)}"
-    parts = [f"{head} ({f.cause})" if f.cause else head]
-    if f.event_id is None:
-        parts[0] = f"{f.gpu_uuid} was replaced {fmt.datetime_s(f.at)}" + (
-            f" ({f.cause})" if f.cause else ""
-        )
+def _summary(f: _Failure, i: IncidentRead, fo: Failover | None, fmt: Formatter) -> str:
+    """The incident in the customer's words: what failed and why, where the rental went,
+    the credit."""
+    when = fmt.datetime_s(f.at)
+    if f.event_id is None:  # a migration with no failure on record: the move is the incident
+        head = f"{f.gpu_uuid} was replaced {when}" + (f" ({f.cause})" if f.cause else "")
     else:
-        parts.append(f"reported after {duration(reported)}" if reported is not None else "")
-    parts.append("detection time unknown")  # the node's; a failover's timeline shows ours
-    if m is not None:
-        parts.append(f"moved to {m.to_gpu_uuid} in {duration(epoch(m.resumed_at) - f.at)}")
-    else:
-        parts.append("not moved to another GPU")
-    parts.append(
-        "credit not drafted yet" if credited is None else f"credited {fmt.money(credited)}"
+        head = f"{f.gpu_uuid} failed {when}: {f.cause}"
+    spare = None if fo is None else fo.spare_gpu_uuid
+    where = {
+        Outcome.MOVED: f"Moved to {i.moved_to_gpu}, running again after "
+        f"{duration(i.downtime_s or 0)}",
+        Outcome.MOVING: f"Failover in progress: moving to spare GPU {spare}",
+        Outcome.WAITING: f"Waiting for a GPU: {_no_spare()}",
+        Outcome.REPAIRED: f"{f.gpu_uuid} was repaired and runs your job again",
+        Outcome.NOT_MOVED: "Not moved to another GPU: the failed time is credited",
+    }[i.outcome]
+    credit = (
+        "Credit: on this month's invoice once it is drafted"
+        if i.credited is None
+        else f"Credited {fmt.money(i.credited)}"
     )
-    return ", ".join(p for p in parts if p)
+    return f"{head}. {where}. {credit}"

@@ -4,11 +4,11 @@ Fleet: every GPU's pool and last reported state (``gpus.last_state``, kept by in
 whether a rental holds it now; failures in the last 24 h with what is measured about each:
 ``reported after`` (the event's ``received_at`` minus its second: upload delay, not the node's
 own detection time, which is not recorded) and ``resumed after`` (failure to the rental's
-resumption on its new GPU, when a migration followed within a day). The spare target is
-``SPARE_TARGET`` of each model and datacenter's GPUs, rounded up (DESIGN: about 5 %).
+resumption on its new GPU, when a migration followed within a day). The spares ready and
+their target per model and datacenter are the spare pool's (one source: the failover policy).
 
-Failover latency: the failover package's own p50/p99 per datacenter and model, so detection
-(first failed second to the service knowing) is shown where a failover measured it.
+Failover latency: the failover package's own p50/p99 per datacenter and model: detection
+(first failed second to the service knowing), request and resume, where a failover measured it.
 
 Spare pool: each datacenter and model's hot spares now (available, reserved, preemptibly
 rented, target) and the spare GPU-hours sold preemptibly this UTC month, as the failover
@@ -19,7 +19,6 @@ Revenue: per month and currency, the sums of the non-void invoices' lines by kin
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
@@ -41,7 +40,6 @@ from app.fleet import repository as fleet_repository
 from app.metering import repository as metering_repository
 from app.rentals import repository as rentals_repository
 
-SPARE_TARGET = Decimal("0.05")
 FAILURE_WINDOW_S = 86_400
 MAX_FAILURES = 500
 
@@ -53,8 +51,8 @@ class FleetGroup(Schema):
     by_pool: dict[str, int]
     by_state: dict[str, int]
     rented: int
-    spare_ready: int = Field(description="Spare-pool GPUs, healthy and not rented.")
-    spare_target: int
+    spare_ready: int = Field(description="The spare pool's available GPUs (GET /v1/spare-pool).")
+    spare_target: int = Field(description="The spare pool's target (the failover policy).")
     failures_24h: int
 
 
@@ -86,7 +84,6 @@ class FleetRead(Schema):
         description="Per datacenter and model, from the failovers: detection (first failed "
         "second -> the service knows), request and resume p50/p99 (GET /v1/failovers/summary)."
     )
-    detection: str = "unknown: the node's time to notice a failure is not recorded"
 
 
 def fleet(session: Session, now: datetime) -> FleetRead:
@@ -95,13 +92,14 @@ def fleet(session: Session, now: datetime) -> FleetRead:
     per_group: defaultdict[tuple[str, str], int] = defaultdict(int)
     for f in failures:
         per_group[(f.model, f.datacenter)] += 1
+    pools = _spare_pools(session, now)
     return FleetRead(
         at=now,
-        groups=_groups(fleet_repository.fleet_counts(session), per_group),
+        groups=_groups(fleet_repository.fleet_counts(session), per_group, pools),
         failures_24h=failures,
         reported_after=_latency([f.reported_after_s for f in failures]),
         resumed_after=_latency([f.resumed_after_s for f in failures]),
-        spare_pools=_spare_pools(session, now),
+        spare_pools=pools,
         failover_latency=failover_summary(session).sites,
     )
 
@@ -113,8 +111,11 @@ def _spare_pools(session: Session, now: datetime) -> list[SparePoolRead]:
 
 
 def _groups(
-    rows: list[dict[str, object]], failures: dict[tuple[str, str], int]
+    rows: list[dict[str, object]],
+    failures: dict[tuple[str, str], int],
+    pools: list[SparePoolRead],
 ) -> list[FleetGroup]:
+    spares = {(p.model, p.datacenter): p for p in pools}
     grouped: dict[tuple[str, str], list[dict[str, object]]] = defaultdict(list)
     for row in rows:
         grouped[(str(row["model"]), str(row["datacenter"]))].append(row)
@@ -122,25 +123,23 @@ def _groups(
     for (model, dc), items in sorted(grouped.items()):
         by_pool: defaultdict[str, int] = defaultdict(int)
         by_state: defaultdict[str, int] = defaultdict(int)
-        rented = spare_ready = 0
+        rented = 0
         for r in items:
             n = int(r["gpus"])  # type: ignore[call-overload]
             by_pool[str(r["pool"])] += n
             by_state[str(r["state"])] += n
             rented += n if r["rented"] else 0
-            if r["pool"] == "spare" and r["state"] == "healthy" and not r["rented"]:
-                spare_ready += n
-        total = sum(by_pool.values())
+        pool = spares.get((model, dc))
         out.append(
             FleetGroup(
                 model=model,
                 datacenter=dc,
-                gpus=total,
+                gpus=sum(by_pool.values()),
                 by_pool=dict(by_pool),
                 by_state=dict(by_state),
                 rented=rented,
-                spare_ready=spare_ready,
-                spare_target=math.ceil(total * SPARE_TARGET),
+                spare_ready=0 if pool is None else pool.available,
+                spare_target=0 if pool is None else pool.target,
                 failures_24h=failures.get((model, dc), 0),
             )
         )

@@ -46,6 +46,37 @@ def evidence(facts: Mapping[str, Any] | None) -> str:
     return ": ".join(parts)
 
 
+# What a failure means to the customer, by XID code, else by the classifier's rule name.
+_XID_CAUSES = {
+    48: "Uncorrectable memory error (ECC)",
+    64: "Memory repair failed (row remapping)",
+    74: "NVLink connection error",
+    79: "GPU stopped responding (fell off the bus)",
+    95: "Uncorrectable memory error (ECC)",
+    119: "GPU firmware stopped responding",
+    120: "GPU firmware error",
+    140: "Uncorrectable memory error (ECC)",
+}
+_RULE_CAUSES = {
+    "gpu_lost": "GPU stopped responding",
+    "ecc_uncorrected_volatile": "Uncorrectable memory error (ECC)",
+    "ecc_dbe_event": "Uncorrectable memory error (ECC)",
+    "row_remap_failure": "Memory repair failed (row remapping)",
+    "recovery_action_required": "The GPU driver asked for a reset",
+    "xid_events_failed": "The node could not read the GPU's error log",
+}
+OUT_OF_SERVICE = "GPU taken out of service"
+
+
+def cause(code: int | None, rule_name: str | None) -> str:
+    """A failure's cause as a customer reads it: ``Uncorrectable memory error (ECC) — GPU
+    taken out of service``, never a rule name."""
+    what = _XID_CAUSES.get(code or 0) or _RULE_CAUSES.get(rule_name or "")
+    if what is None:
+        what = f"GPU hardware error (XID {code})" if code is not None else "GPU hardware error"
+    return f"{what} \u2014 {OUT_OF_SERVICE}"
+
+
 def rule(name: str) -> str:
     """A classifier rule's name as words: ``xid_79_fallen_off_bus`` -> ``xid 79 fallen off bus``."""
     return name.replace("_", " ")

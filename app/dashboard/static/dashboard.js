@@ -52,6 +52,23 @@
       return short ? `${p.month}-${p.day} ${p.hour}:${p.minute}` : `${day} ${p.hour}:${p.minute} ${p.timeZoneName}`;
     },
   };
+  // Seconds east of UTC at second s in the customer's zone (whole minutes).
+  function offsetAt(s) {
+    const p = Object.fromEntries(parts.formatToParts(s * 1000).map((x) => [x.type, Number(x.value)]));
+    return (Date.UTC(p.year, p.month - 1, p.day, p.hour % 24, p.minute) / 1000) - Math.floor(s / 60) * 60;
+  }
+  // Tick steps, shortest first: the first that gives at most MAX_TICKS labels is used, and the
+  // labels fall on its multiples in local time (14:00, 14:15; never 14:07).
+  const TICK_STEPS = [60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800];
+  const MAX_TICKS = 5;
+  function roundTicks(lo, hi) {
+    const step = TICK_STEPS.find((s) => (hi - lo) / s <= MAX_TICKS) || TICK_STEPS[TICK_STEPS.length - 1];
+    const offset = offsetAt(lo);
+    const out = [];
+    for (let t = Math.ceil((lo + offset) / step) * step - offset; t < hi; t += step) out.push(t);
+    // Not at the very edges, where half a label would hang outside the chart.
+    return out.filter((t) => (t - lo) / (hi - lo) > 0.04 && (t - lo) / (hi - lo) < 0.96);
+  }
   const MAX_POINTS = 600;
   const MAX_WINDOW = 31 * 86400;
   let range = full.slice();
@@ -130,12 +147,12 @@
       label.textContent = `${Math.round(top * f)} ${unit}`;
       plot.append(label);
     });
-    // Time axis: four labels inside the range (fewer on a phone, by CSS).
-    [0.125, 0.375, 0.625, 0.875].forEach((f) => {
+    // Time axis: labels at round local times (every other one hidden on a phone, by CSS).
+    roundTicks(lo, hi).forEach((t, i) => {
       const label = document.createElement("span");
-      label.className = f === 0.375 || f === 0.625 ? "xlab alt" : "xlab";
-      label.style.left = `${f * 100}%`;
-      label.textContent = when.format((lo + f * (hi - lo)) * 1000, true);
+      label.className = i % 2 ? "xlab alt" : "xlab";
+      label.style.left = `${((t - lo) / (hi - lo)) * 100}%`;
+      label.textContent = when.format(t * 1000, true);
       plot.append(label);
     });
     plot.dataset.tip = "";

@@ -119,10 +119,8 @@ class _Tables:
 class OwnTablesContract(Contract):
     """A module queries and writes only its own package's tables.
 
-    Options: ``containers`` (as above), ``exempt`` (modules that name every table on
-    purpose: the metadata for Alembic) and ``pending`` (``"module -> owner"`` pairs still to
-    move behind the owner's interface; an entry that matches nothing breaks the contract, so
-    the list only shrinks). A package's tables are the classes with a
+    Options: ``containers`` (as above) and ``exempt`` (modules that name every table on
+    purpose: the metadata for Alembic). A package's tables are the classes with a
     ``__tablename__`` in its ``models`` module. Broken by, outside the owner: a mapped class
     imported from its ``models`` and used in a query (``Invoice.status``, ``select(Invoice)``,
     ``session.get(Invoice, ...)``, ``Invoice(...)``), or its table named in SQL text. Taking
@@ -133,13 +131,10 @@ class OwnTablesContract(Contract):
 
     containers = fields.ListField(subfield=fields.StringField())
     exempt = fields.ListField(subfield=fields.StringField(), required=False, default=[])
-    pending = fields.ListField(subfield=fields.StringField(), required=False, default=[])
 
     def check(self, graph: ImportGraph, verbose: bool) -> ContractCheck:
         containers: list[str] = self.containers  # type: ignore[assignment]  # parsed by then
         exempt: list[str] = self.exempt  # type: ignore[assignment]
-        pending = {pair.replace(" ", "") for pair in self.pending}  # type: ignore[attr-defined]
-        used: set[str] = set()
         violations: list[dict[str, Any]] = []
         for container in containers:
             root = _source_root(container)
@@ -148,23 +143,13 @@ class OwnTablesContract(Contract):
             for module in modules:
                 tree = ast.parse(_source_path(root, container, module).read_text())
                 owner = ".".join(module.split(".")[: container.count(".") + 2])
-                for line, table_owner, what in _foreign_queries(tree, owner, tables):
-                    if f"{module}->{table_owner}" in pending:
-                        used.add(f"{module}->{table_owner}")
-                        continue
+                for line, what in _foreign_queries(tree, owner, tables):
                     violations.append({"module": module, "line": line, "what": what})
-        unused = sorted(pending - used)
-        return ContractCheck(
-            kept=not violations and not unused,
-            metadata={"violations": violations, "unused": unused},
-        )
+        return ContractCheck(kept=not violations, metadata={"violations": violations})
 
     def render_broken_contract(self, check: ContractCheck) -> None:
         for v in check.metadata["violations"]:
             output.print_error(f"{v['module']} (l.{v['line']}) queries {v['what']}", bold=False)
-            output.new_line()
-        for pair in check.metadata["unused"]:
-            output.print_error(f"pending entry matches no query: {pair}", bold=False)
             output.new_line()
 
 
@@ -208,29 +193,27 @@ def _tablename(cls: ast.ClassDef) -> str | None:
     return None
 
 
-def _foreign_queries(
-    tree: ast.Module, owner: str, tables: _Tables
-) -> Iterator[tuple[int, str, str]]:
-    """(line, owning package, what) for each use of another package's table, once per line."""
+def _foreign_queries(tree: ast.Module, owner: str, tables: _Tables) -> Iterator[tuple[int, str]]:
+    """(line, what) for each use of another package's table, once per line."""
     foreign = _foreign_classes(tree, owner, tables)
     docstrings = _docstrings(tree)
     seen: set[tuple[int, str]] = set()
     for node in ast.walk(tree):
-        for table_owner, what in _uses(node, foreign, docstrings, owner, tables):
+        for what in _uses(node, foreign, docstrings, owner, tables):
             line: int = node.lineno  # type: ignore[attr-defined]  # every node _uses yields for
             if (line, what) not in seen:
                 seen.add((line, what))
-                yield line, table_owner, what
+                yield line, what
 
 
 def _uses(
     node: ast.AST,
-    foreign: dict[str, tuple[str, str]],
+    foreign: dict[str, str],
     docstrings: set[int],
     owner: str,
     tables: _Tables,
-) -> Iterator[tuple[str, str]]:
-    """(owning package, what) for each foreign table ``node`` queries."""
+) -> Iterator[str]:
+    """What foreign table ``node`` queries, for each."""
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
         if node.value.id in foreign:
             yield foreign[node.value.id]
@@ -252,13 +235,12 @@ def _uses(
         for table in _SQL_TABLE.findall(node.value):
             table_owner = tables.names.get(table, owner)
             if table_owner != owner:
-                yield table_owner, f"{table_owner}'s table {table} in SQL"
+                yield f"{table_owner}'s table {table} in SQL"
 
 
-def _foreign_classes(tree: ast.Module, owner: str, tables: _Tables) -> dict[str, tuple[str, str]]:
-    """Local name -> (owning package, "owner's Class") for mapped classes imported from
-    another package."""
-    foreign: dict[str, tuple[str, str]] = {}
+def _foreign_classes(tree: ast.Module, owner: str, tables: _Tables) -> dict[str, str]:
+    """Local name -> "owner's Class" for mapped classes imported from another package."""
+    foreign: dict[str, str] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom) or not node.module:
             continue
@@ -267,7 +249,7 @@ def _foreign_classes(tree: ast.Module, owner: str, tables: _Tables) -> dict[str,
             continue
         for alias in node.names:
             if alias.name in tables.classes[package]:
-                foreign[alias.asname or alias.name] = (package, f"{package}'s {alias.name}")
+                foreign[alias.asname or alias.name] = f"{package}'s {alias.name}"
     return foreign
 
 

@@ -34,7 +34,7 @@ from app.billing.schemas import (
 from app.core.deps import DbSession
 from app.core.pagination import Page, Paging, paginate
 from app.customers.models import Customer
-from app.customers.service import get_customer
+from app.customers.service import existing_customer, get_customer
 
 router = APIRouter(prefix="/v1/invoices", tags=["invoices"])
 customer_router = APIRouter(prefix="/v1/customers", tags=["invoices"])
@@ -102,7 +102,7 @@ def read_invoice(invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser)
 def invoice_html(invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser) -> HTMLResponse:
     """The invoice as a standalone, printable HTML page."""
     invoice = service.get_invoice(session, invoice_id, caller)
-    customer = session.get_one(Customer, invoice.customer_id)
+    customer = existing_customer(session, invoice.customer_id)
     return HTMLResponse(render_invoice(InvoiceRead.of(invoice), customer))
 
 

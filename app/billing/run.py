@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from sqlalchemy import select, text
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.billing.loader import PERIOD_PATTERN, BillingPeriod, started_period
@@ -37,6 +37,7 @@ from app.billing.service import (
 from app.core.errors import Unprocessable, not_found
 from app.core.memory import rare_collections
 from app.customers.models import Customer
+from app.customers.service import customers_by_zone
 
 Progress = Callable[[int, int], None]  # (customers done, customers in the run)
 
@@ -146,11 +147,8 @@ def _outcome(draft: Draft | None) -> Outcome:
 def _customers_by_zone(
     session: Session, customer_id: uuid.UUID | None
 ) -> dict[str, list[Customer]]:
-    query = select(Customer).order_by(Customer.billing_timezone, Customer.id)
-    if customer_id is not None:
-        query = query.where(Customer.id == customer_id)
     zones: dict[str, list[Customer]] = defaultdict(list)
-    for customer in session.scalars(query):
+    for customer in customers_by_zone(session, customer_id):
         zones[customer.billing_timezone].append(customer)
     if customer_id is not None and not zones:
         raise not_found("customer", customer_id, ("body", "customer_id"))

@@ -82,6 +82,7 @@ from app.core.epoch import epoch, from_epoch
 from app.core.errors import Conflict, Unprocessable, not_found
 from app.core.money import minor_units, round_money
 from app.customers.models import Customer
+from app.customers.service import existing_customer
 from app.events.service import publish
 from app.fleet import service as fleet_service
 from app.metering.repository import late_segments_since
@@ -201,7 +202,7 @@ def finalize_invoice(
     if invoice.status != InvoiceStatus.DRAFT or built is None:
         raise Conflict(f"invoice {invoice.number} is already {invoice.status.value}", ("path",))
     check_grace(invoice.period, invoice.period_end, now, force)
-    customer = session.get_one(Customer, invoice.customer_id)
+    customer = existing_customer(session, invoice.customer_id)
     invoice.number = f"GM-{now.year:04d}-{repository.next_number(session, now.year):06d}"
     invoice.status = InvoiceStatus.FINALIZED
     invoice.finalized_at = now
@@ -292,7 +293,7 @@ def refresh_and_finalize(
     """The single-invoice path (API): rebuild the draft with current data, then finalize."""
     if invoice.status != InvoiceStatus.DRAFT:
         raise Conflict(f"invoice {invoice.number} is already {invoice.status.value}", ("path",))
-    customer = session.get_one(Customer, invoice.customer_id)
+    customer = existing_customer(session, invoice.customer_id)
     period = BillingPeriod(
         invoice.period, invoice.timezone, (epoch(invoice.period_start), epoch(invoice.period_end))
     )
@@ -337,7 +338,7 @@ def void_invoice(session: Session, invoice: Invoice, now: datetime, reason: str)
         for e in applied
     ]
     repository.insert_entries(session, returned)
-    customer = session.get_one(Customer, invoice.customer_id)
+    customer = existing_customer(session, invoice.customer_id)
     assert invoice.number is not None  # a finalized invoice is numbered
     balances_service.return_from_invoice(session, customer, invoice.id, invoice.number)
     _publish(session, "invoice.voided", invoice, reason=reason)

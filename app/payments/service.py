@@ -27,7 +27,7 @@ from app.billing import service as billing_service
 from app.billing.models import Invoice, InvoiceStatus
 from app.core.epoch import from_epoch
 from app.core.errors import ApiError, Conflict, not_found
-from app.customers.models import Customer
+from app.customers.service import customer_by_id
 from app.events.models import DomainEvent
 from app.payments import repository
 from app.payments.jobs import wake_sync
@@ -179,7 +179,7 @@ def _top_up(session: Session, obj: dict[str, Any]) -> str:
     if tagged is None:
         return "ignored"  # an invoice's payment: invoice.paid reports it
     try:
-        customer = session.get(Customer, uuid.UUID(tagged))
+        customer = customer_by_id(session, uuid.UUID(tagged))
     except ValueError:
         customer = None
     if customer is None:

@@ -22,7 +22,7 @@ from app.billing.loader import billing_period
 from app.billing.run import run_invoices
 from app.billing.usage import store_closed
 from app.core.db import transaction
-from app.customers.models import Customer
+from app.customers import service as customers_service
 from app.schedule import repository
 from app.schedule.models import RunStatus, ScheduledRun
 from app.settings import Settings
@@ -42,7 +42,7 @@ def closed_period(timezone: str, now: datetime, grace_hours: int) -> str | None:
 def tick(engine: Engine, settings: Settings, now: datetime) -> list[int]:
     """Note what became due, then work every due run once; the ids of the runs worked."""
     with transaction(engine) as session:
-        for zone in repository.billing_zones(session):
+        for zone in customers_service.billing_zones(session):
             period = closed_period(zone, now, settings.invoice_grace_hours)
             if period is not None:
                 repository.add_due(session, period, zone, settings.invoice_schedule_finalize)
@@ -73,7 +73,7 @@ def _work_next(engine: Engine, now: datetime, exclude: list[int]) -> int | None:
 
 
 def _run(session: Session, run: ScheduledRun, now: datetime) -> None:
-    customers = repository.customers_in(session, run.timezone)
+    customers = customers_service.customers_in_zone(session, run.timezone)
     counts: Counter[str] = Counter()
     failures: dict[str, str] = {}
     for customer in customers:
@@ -94,12 +94,14 @@ def store_rollups(engine: Engine, now: datetime) -> int:
     the last hour or so live.
     A customer that fails is logged and left to its next read; how many were stored."""
     with transaction(engine) as session:
-        customer_ids = repository.customer_ids(session)
+        customer_ids = customers_service.customer_ids(session)
     stored = 0
     for customer_id in customer_ids:
         try:
             with transaction(engine) as session:
-                store_closed(session, session.get_one(Customer, customer_id), now)
+                store_closed(
+                    session, customers_service.existing_customer(session, customer_id), now
+                )
             stored += 1
         except Exception:
             log.exception("usage rollups not stored", extra={"customer_id": str(customer_id)})

@@ -50,7 +50,9 @@ def test_a_requeue_ends_the_run_at_the_requeue_second_and_the_next_begins_at_its
     rerun = job(7, "RUNNING", start=start + 103, restarts=1, submit=start + 100,
                 nodes={"n2": [0, 1], "n3": [0, 1]})  # fmt: skip
     assert world.snapshot(rerun, at=start + 104)["attributed"] == 1
-    second_run = [(gpu_of(n, i), start + 103, None) for n in ("n2", "n3") for i in (0, 1)]
+    second_run: list[tuple[str, int | None, int | None]] = [
+        (gpu_of(n, i), start + 103, None) for n in ("n2", "n3") for i in (0, 1)
+    ]
     assert world.assignments(7) == sorted(ended_at_requeue + second_run)
     assert world.job_row(7)["nodes"] == ["n2", "n3"]
 

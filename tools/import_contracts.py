@@ -1,4 +1,5 @@
-"""A custom import-linter contract: no package imports another package's ``repository``.
+"""Custom import-linter contracts: no package imports another package's ``repository`` (nor
+queries its tables), and a pure core imports only what it is allowed.
 
 Each table has one owning package, which alone queries and writes it through its
 ``repository`` module. Other packages go through the owner's service or its documented read
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +83,51 @@ def _repositories(graph: ImportGraph, container: str) -> set[str]:
 def _covers(pair: tuple[str, ...], importer: str, repository: str) -> bool:
     source, target = pair
     return target == repository and (importer == source or importer.startswith(source + "."))
+
+
+class OnlyImportsContract(Contract):
+    """A package that imports nothing but the standard library and the modules listed.
+
+    Options: ``source_modules`` (packages held to it) and ``allowed_modules`` (each covers the
+    modules inside it). Everything the sources reach counts, directly or through another
+    module, so an allowed module cannot bring in what the sources may not import themselves.
+    Needs ``include_external_packages``: a third-party package is a module like any other.
+    """
+
+    type_name = "only imports"
+
+    source_modules = fields.ListField(subfield=fields.StringField())
+    allowed_modules = fields.ListField(subfield=fields.StringField())
+
+    def check(self, graph: ImportGraph, verbose: bool) -> ContractCheck:
+        sources: list[str] = self.source_modules  # type: ignore[assignment]  # parsed by then
+        allowed: list[str] = self.allowed_modules  # type: ignore[assignment]
+        violations: list[dict[str, Any]] = []
+        reached = sorted({m for s in sources for m in {s} | graph.find_descendants(s)})
+        seen = set(reached)
+        for module in reached:  # grows with the allowed modules the sources reach
+            for imported in sorted(graph.find_modules_directly_imported_by(module)):
+                if imported.split(".")[0] in sys.stdlib_module_names or imported in seen:
+                    continue
+                if any(imported == a or imported.startswith(a + ".") for a in allowed):
+                    seen.add(imported)
+                    reached.append(imported)
+                    continue
+                lines = graph.get_import_details(importer=module, imported=imported)
+                violations.append(
+                    {
+                        "importer": module,
+                        "imported": imported,
+                        "lines": [d["line_number"] for d in lines],
+                    }
+                )
+        return ContractCheck(kept=not violations, metadata={"violations": violations})
+
+    def render_broken_contract(self, check: ContractCheck) -> None:
+        for v in check.metadata["violations"]:
+            lines = ", ".join(f"l.{n}" for n in v["lines"])
+            output.print_error(f"{v['importer']} imports {v['imported']} ({lines})", bold=False)
+            output.new_line()
 
 
 # Calls that take a mapped class to query or write its table (``select(Invoice)``,

@@ -6,7 +6,7 @@ from datetime import datetime
 from html import escape
 
 from app.billing import wording
-from app.billing.evidence import evidence_text
+from app.billing.core.evidence import evidence_text
 from app.billing.schemas import InvoiceLineRead, InvoiceRead
 from app.customers.models import Customer
 from app.settings import get_settings

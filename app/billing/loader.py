@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
 
-from app.billing.domain import (
+from app.billing.core.domain import (
     Assignment,
     Migration,
     PlanTerms,
@@ -34,7 +34,7 @@ from app.billing.domain import (
     Segment,
     VoucherTier,
 )
-from app.billing.intervals import Span
+from app.billing.core.intervals import Span
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import Unprocessable
 from app.fleet import repository as fleet_repository

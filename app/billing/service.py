@@ -57,10 +57,18 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.balances import service as balances_service
 from app.billing import repository
-from app.billing.intervals import Span
-from app.billing.invoice import Invoice as BuiltInvoice
-from app.billing.invoice import build_invoice
-from app.billing.lines import InvoiceLine, LineKind
+from app.billing.core.intervals import Span
+from app.billing.core.invoice import Invoice as BuiltInvoice
+from app.billing.core.invoice import build_invoice
+from app.billing.core.lines import InvoiceLine, LineKind
+from app.billing.core.rating import RatedRental, rate_rentals
+from app.billing.core.vouchers import (
+    EntryKind,
+    VoucherEntry,
+    issue_tier_vouchers,
+    issue_voucher,
+    open_vouchers,
+)
 from app.billing.loader import BillingPeriod, PeriodInputs, load_inputs
 from app.billing.models import (
     CreditNote,
@@ -69,15 +77,7 @@ from app.billing.models import (
     InvoiceStatus,
     VoucherEntryRow,
 )
-from app.billing.rating import RatedRental, rate_rentals
 from app.billing.schemas import money
-from app.billing.vouchers import (
-    EntryKind,
-    VoucherEntry,
-    issue_tier_vouchers,
-    issue_voucher,
-    open_vouchers,
-)
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import Conflict, Unprocessable, not_found
 from app.core.money import minor_units, round_money

@@ -28,8 +28,11 @@ from typing import TypeVar
 from sqlalchemy.orm import Session
 
 from app.billing import repository, rollups
-from app.billing.domain import Bucket
-from app.billing.effective import EffectiveUsage, effective_of, minute_spans
+from app.billing.core.domain import Bucket
+from app.billing.core.effective import EffectiveUsage, effective_of, minute_spans
+from app.billing.core.rating import RatedRental
+from app.billing.core.vouchers import balance, open_vouchers
+from app.billing.core.whatif import DEFAULT_INCREMENTS, WhatIfCell, what_if_rated
 from app.billing.loader import (
     BillingPeriod,
     PeriodInputs,
@@ -37,7 +40,6 @@ from app.billing.loader import (
     load_inputs,
     started_period,
 )
-from app.billing.rating import RatedRental
 from app.billing.schemas import (
     EffectiveRead,
     OpenVoucherRead,
@@ -51,8 +53,6 @@ from app.billing.schemas import (
     money,
 )
 from app.billing.service import core_errors, ledger
-from app.billing.vouchers import balance, open_vouchers
-from app.billing.whatif import DEFAULT_INCREMENTS, WhatIfCell, what_if_rated
 from app.core.epoch import epoch, from_epoch
 from app.core.memory import rare_collections
 from app.core.money import round_money

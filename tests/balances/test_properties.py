@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 
 from app.balances import service
 from app.balances.models import BalanceEntry
-from app.billing.invoice import build_invoice
-from app.billing.lines import InvoiceLine, LineKind, sum_amounts
+from app.billing.core.invoice import build_invoice
+from app.billing.core.lines import InvoiceLine, LineKind, sum_amounts
 from app.core.money import to_minor
 from app.customers.models import Customer
 from app.customers.schemas import CustomerCreate

@@ -1,8 +1,8 @@
 from decimal import Decimal
 
-from app.billing.domain import Assignment
-from app.billing.effective import EffectiveUsage, effective_usage, minute_spans
-from app.billing.rating import rate_rentals
+from app.billing.core.domain import Assignment
+from app.billing.core.effective import EffectiveUsage, effective_usage, minute_spans
+from app.billing.core.rating import rate_rentals
 
 from .factories import MONTH, failed, healthy, rental, usd_plan
 

@@ -1,11 +1,11 @@
 from decimal import Decimal
 
-from app.billing.domain import Assignment, PlanTerms, PricePoint
-from app.billing.evidence import evidence_text, xid_of
-from app.billing.invoice import build_invoice
-from app.billing.lines import InvoiceLine, LineKind
-from app.billing.rating import rate_rental
-from app.billing.vouchers import issue_voucher, open_vouchers
+from app.billing.core.domain import Assignment, PlanTerms, PricePoint
+from app.billing.core.evidence import evidence_text, xid_of
+from app.billing.core.invoice import build_invoice
+from app.billing.core.lines import InvoiceLine, LineKind
+from app.billing.core.rating import rate_rental
+from app.billing.core.vouchers import issue_voucher, open_vouchers
 
 from .factories import MONTH, failed, healthy, rental, usd_plan
 

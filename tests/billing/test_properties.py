@@ -11,7 +11,7 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.billing.domain import (
+from app.billing.core.domain import (
     CREDIT_BUCKETS,
     Assignment,
     Bucket,
@@ -22,9 +22,9 @@ from app.billing.domain import (
     RentalInput,
     Segment,
 )
-from app.billing.lines import InvoiceLine, LineKind, sum_amounts
-from app.billing.rating import RatedRental, is_billed, rate_rentals
-from app.billing.vouchers import (
+from app.billing.core.lines import InvoiceLine, LineKind, sum_amounts
+from app.billing.core.rating import RatedRental, is_billed, rate_rentals
+from app.billing.core.vouchers import (
     EntryKind,
     apply_vouchers,
     balance,

@@ -2,7 +2,7 @@ from decimal import Decimal
 
 import pytest
 
-from app.billing.domain import (
+from app.billing.core.domain import (
     Assignment,
     Bucket,
     GpuState,
@@ -12,8 +12,8 @@ from app.billing.domain import (
     RentalInput,
     Segment,
 )
-from app.billing.lines import LineKind
-from app.billing.rating import RatedRental, rate_rental
+from app.billing.core.lines import LineKind
+from app.billing.core.rating import RatedRental, rate_rental
 
 from .factories import DAY, MONTH, failed, healthy, rental, usd_plan
 

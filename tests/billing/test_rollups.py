@@ -24,7 +24,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from app.billing import rollups
-from app.billing.domain import (
+from app.billing.core.domain import (
     Assignment,
     Bucket,
     GpuState,
@@ -34,11 +34,11 @@ from app.billing.domain import (
     RentalInput,
     Segment,
 )
-from app.billing.effective import effective_usage
-from app.billing.intervals import Span, clip, merge
+from app.billing.core.effective import effective_usage
+from app.billing.core.intervals import Span, clip, merge
+from app.billing.core.rating import RatedRental, rate_rentals
+from app.billing.core.whatif import DEFAULT_INCREMENTS, what_if, what_if_rated
 from app.billing.loader import BillingPeriod, PeriodInputs
-from app.billing.rating import RatedRental, rate_rentals
-from app.billing.whatif import DEFAULT_INCREMENTS, what_if, what_if_rated
 from app.core.db import transaction
 from app.customers.schemas import CustomerCreate
 from app.customers.service import create_customer

@@ -7,8 +7,8 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.billing.domain import Assignment, GpuState, Migration, Segment
-from app.billing.rating import _swept_timeline, build_timeline, rate_rentals
+from app.billing.core.domain import Assignment, GpuState, Migration, Segment
+from app.billing.core.rating import _swept_timeline, build_timeline, rate_rentals
 
 from .factories import MONTH, rental, usd_plan
 

@@ -1,8 +1,8 @@
 from decimal import Decimal
 
-from app.billing.domain import Assignment, VoucherTier
-from app.billing.rating import rate_rental
-from app.billing.vouchers import (
+from app.billing.core.domain import Assignment, VoucherTier
+from app.billing.core.rating import rate_rental
+from app.billing.core.vouchers import (
     EntryKind,
     apply_vouchers,
     balance,

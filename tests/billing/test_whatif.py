@@ -1,7 +1,7 @@
 from decimal import Decimal
 
-from app.billing.domain import Assignment, Migration
-from app.billing.whatif import what_if
+from app.billing.core.domain import Assignment, Migration
+from app.billing.core.whatif import what_if
 
 from .factories import DAY, MONTH, failed, healthy, rental, usd_plan
 

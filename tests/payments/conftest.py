@@ -16,7 +16,7 @@ import stripe
 from sqlalchemy import Engine, text
 
 from app.billing import service as billing_service
-from app.billing.invoice import Invoice as BuiltInvoice
+from app.billing.core.invoice import Invoice as BuiltInvoice
 from app.billing.models import Invoice, InvoiceLineRow
 from app.core.db import transaction
 from app.customers.models import Customer

@@ -28,10 +28,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
-from app.billing.domain import Assignment, Bucket, Migration, Piece, RentalInput, Segment
-from app.billing.intervals import Span
-from app.billing.lines import LineKind, sum_amounts
-from app.billing.rating import RatedRental, cap_allowance, is_billed, price_at, rate_rentals
+from app.billing.core.domain import Assignment, Bucket, Migration, Piece, RentalInput, Segment
+from app.billing.core.intervals import Span
+from app.billing.core.lines import LineKind, sum_amounts
+from app.billing.core.rating import RatedRental, cap_allowance, is_billed, price_at, rate_rentals
 from app.core.money import time_amount
 
 DEFAULT_MANUAL_RECOVERY_S = 47 * 60

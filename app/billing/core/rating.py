@@ -62,7 +62,7 @@ from fractions import Fraction
 from itertools import pairwise
 from typing import NamedTuple, TypeVar
 
-from app.billing.domain import (
+from app.billing.core.domain import (
     CREDIT_BUCKETS,
     Assignment,
     Bucket,
@@ -74,8 +74,8 @@ from app.billing.domain import (
     Segment,
     Session,
 )
-from app.billing.intervals import Span, clip, merge, subtract
-from app.billing.lines import (
+from app.billing.core.intervals import Span, clip, merge, subtract
+from app.billing.core.lines import (
     InvoiceLine,
     LineKind,
     cap_line,

@@ -30,6 +30,7 @@ from app.billing.core.domain import (
     Migration,
     PlanTerms,
     PricePoint,
+    RatingInputs,
     RentalInput,
     Segment,
     VoucherTier,
@@ -114,6 +115,17 @@ class PeriodInputs:
 
     def migrations_of(self, customer_id: uuid.UUID) -> list[Migration]:
         return self.migrations_by_customer.get(customer_id, [])
+
+    def for_customer(self, customer_id: uuid.UUID, span: Span | None = None) -> RatingInputs:
+        """The core's inputs for one customer's rentals, over ``span`` (default: the whole)."""
+        return RatingInputs(
+            self.rentals(customer_id),
+            self.assignments_of(customer_id),
+            self.segments_by_gpu,
+            self.maintenance_by_gpu,
+            self.migrations_of(customer_id),
+            span or self.span,
+        )
 
     @property
     def gpus(self) -> list[str]:

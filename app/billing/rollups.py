@@ -356,14 +356,7 @@ def store_closed(
 
 
 def _classify(inputs: PeriodInputs, customer_id: uuid.UUID, span: Span) -> dict[str, list[Piece]]:
-    classified = classify_rentals(
-        inputs.rentals(customer_id),
-        inputs.assignments_of(customer_id),
-        inputs.segments_by_gpu,
-        inputs.maintenance_by_gpu,
-        inputs.migrations_of(customer_id),
-        span,
-    )
+    classified = classify_rentals(inputs.for_customer(customer_id, span))
     return {c.rental.rental_id: c.pieces for c in classified}
 
 

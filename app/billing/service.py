@@ -120,15 +120,7 @@ def rate(
 ) -> list[RatedRental]:
     """The customer's rentals rated over ``inputs.span``; ``cap_period`` is the whole billing
     period when the span is cut short (usage to date), so caps prorate over the month."""
-    return rate_rentals(
-        inputs.rentals(customer_id),
-        inputs.assignments_of(customer_id),
-        inputs.segments_by_gpu,
-        inputs.maintenance_by_gpu,
-        inputs.migrations_of(customer_id),
-        inputs.span,
-        cap_period,
-    )
+    return rate_rentals(inputs.for_customer(customer_id), cap_period)
 
 
 @dataclass(frozen=True)

@@ -125,12 +125,7 @@ def _rate(
         inputs = load_inputs(session, [customer], span)
     with progress.step("rating at 1 h, 1 min and 1 s, with and without automatic credits"):
         table = what_if(
-            inputs.rentals(customer),
-            inputs.assignments_of(customer),
-            inputs.segments_by_gpu,
-            inputs.maintenance_by_gpu,
-            inputs.migrations_of(customer),
-            span,
+            inputs.for_customer(customer, span),
             increments=INCREMENTS,
             manual_recovery_s=scenario.manual_recovery_s,
         )

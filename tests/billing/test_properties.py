@@ -19,6 +19,7 @@ from app.billing.core.domain import (
     Migration,
     PlanTerms,
     PricePoint,
+    RatingInputs,
     RentalInput,
     Segment,
 )
@@ -92,7 +93,7 @@ _CREDITS = frozenset({LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT, LineKi
 
 
 def _rate(world: dict) -> list[RatedRental]:
-    return rate_rentals(**world)
+    return rate_rentals(RatingInputs(**world))
 
 
 def _oracle_bucket(world: dict, plan: PlanTerms, gpu: str, t: int) -> Bucket:

@@ -31,6 +31,7 @@ from app.billing.core.domain import (
     Migration,
     PlanTerms,
     PricePoint,
+    RatingInputs,
     RentalInput,
     Segment,
 )
@@ -126,7 +127,7 @@ def _idle_reader(idle: dict[str, list[Span]]) -> rollups.IdleReader:
 
 
 def _rated(world: dict, as_of: int) -> list[RatedRental]:
-    return rate_rentals(**world, period=(SPAN[0], as_of), cap_period=SPAN)
+    return rate_rentals(RatingInputs(**world, period=(SPAN[0], as_of)), cap_period=SPAN)
 
 
 def _summary(r: RatedRental, idle_s: int) -> tuple:
@@ -211,12 +212,14 @@ def test_rollups_plus_the_live_rest_equal_rating_the_span(
         _summary(r, effective_usage(r, idle_of).idle_s) for r in expected
     ]
     whole = what_if(
-        world["rentals"],
-        world["assignments"],
-        world["segments_by_gpu"],
-        world["maintenance_by_gpu"],
-        world["migrations"],
-        (0, later),
+        RatingInputs(
+            world["rentals"],
+            world["assignments"],
+            world["segments_by_gpu"],
+            world["maintenance_by_gpu"],
+            world["migrations"],
+            (0, later),
+        ),
         cap_period=SPAN,
     )
     from_rollups = what_if_rated({i: to_date.rerated(i) for i in DEFAULT_INCREMENTS})

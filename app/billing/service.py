@@ -128,13 +128,24 @@ class DraftBatch:
     """What refreshing drafts of one period reads, read for many customers at once (an
     invoice run reads one batch per billing time zone instead of ~7 statements a customer):
     their invoice-period locks taken, their live invoices locked, the inputs, the earlier
-    finalized invoices, the voucher ledgers and the prepaid balances (ledgers locked)."""
+    finalized invoices to correct with their periods' inputs, the voucher ledgers and the
+    prepaid balances (ledgers locked). Rating and building the drafts read nothing more."""
 
     inputs: PeriodInputs
-    earlier: dict[uuid.UUID, list[Invoice]]
     invoices: dict[uuid.UUID, Invoice]
+    corrections: dict[uuid.UUID, list[Correction]]
     vouchers: dict[uuid.UUID, list[VoucherEntryRow]]
     balances: dict[uuid.UUID, Decimal]
+
+
+@dataclass(frozen=True)
+class Correction:
+    """An earlier finalized invoice whose period's facts changed after it was finalized: that
+    period's inputs as they are now, and what each rental was billed for it so far."""
+
+    invoice: Invoice
+    inputs: PeriodInputs
+    billed: dict[uuid.UUID, Decimal]
 
 
 def draft_batch(
@@ -142,10 +153,12 @@ def draft_batch(
 ) -> DraftBatch:
     ids = [c.id for c in customers]
     repository.lock_customer_periods(session, ids, period.name)  # before reading any of it
+    invoices = repository.live_invoices(session, ids, period.name)
+    drafted = [i for i in ids if i not in invoices or invoices[i].status == InvoiceStatus.DRAFT]
     return DraftBatch(
         inputs=load_inputs(session, ids, period.span),
-        earlier=repository.earlier_finalized(session, ids, period.start, lookback(now)),
-        invoices=repository.live_invoices(session, ids, period.name),
+        invoices=invoices,
+        corrections=_corrections(session, drafted, period, now),
         vouchers=repository.voucher_entries(session, ids),
         balances=balances_service.available(session, customers),
     )
@@ -168,10 +181,10 @@ def refresh_draft(
     invoice = batch.invoices.get(customer.id)
     if invoice is not None and invoice.status != InvoiceStatus.DRAFT:
         return Draft(invoice, [])
-    earlier = batch.earlier.get(customer.id, [])
+    corrections = batch.corrections.get(customer.id, [])
     with core_errors(customer):
         rated = rate(batch.inputs, customer.id)
-        adjustments = [line for inv in earlier for line in _adjustments(session, customer, inv)]
+        adjustments = [line for c in corrections for line in _adjustments(customer.id, c)]
     if invoice is None and not rated and not adjustments:
         return None
     is_new = invoice is None
@@ -520,18 +533,42 @@ def _sum_of(built: BuiltInvoice, kind: LineKind) -> Decimal:
     return sum((line.amount for line in built.lines if line.kind is kind), Decimal(0))
 
 
-def _changed_since_finalized(session: Session, customer: Customer, earlier: Invoice) -> bool:
+def _corrections(
+    session: Session, customer_ids: list[uuid.UUID], period: BillingPeriod, now: datetime
+) -> dict[uuid.UUID, list[Correction]]:
+    """The customers' earlier finalized invoices (oldest first) whose facts changed since, each
+    with its period re-read: one load per earlier period, for all its changed invoices."""
+    earlier = repository.earlier_finalized(session, customer_ids, period.start, lookback(now))
+    changed: dict[Span, list[Invoice]] = {}
+    for invoice in (i for invoices in earlier.values() for i in invoices):
+        if _changed_since_finalized(session, invoice):
+            span = (epoch(invoice.period_start), epoch(invoice.period_end))
+            changed.setdefault(span, []).append(invoice)
+    loaded: dict[uuid.UUID, Correction] = {}
+    for span, invoices in changed.items():
+        inputs = load_inputs(session, [i.customer_id for i in invoices], span)
+        for invoice in invoices:
+            billed = repository.billed_by_rental(session, invoice)
+            loaded[invoice.id] = Correction(invoice, inputs, billed)
+    return {
+        customer_id: [loaded[i.id] for i in invoices if i.id in loaded]
+        for customer_id, invoices in earlier.items()
+    }
+
+
+def _changed_since_finalized(session: Session, earlier: Invoice) -> bool:
     """Whether anything the period was rated from changed after its finalization (less
     ``LATE_MARGIN``): telemetry, a rental, assignment or migration, a price effective in it,
     a maintenance window recorded late. Each owner package answers for its own rows."""
     assert earlier.finalized_at is not None
     start, end = earlier.period_start, earlier.period_end
     since = earlier.finalized_at - LATE_MARGIN
-    gpus = repository.customer_gpus(session, customer.id, start, end)
+    customer_id = earlier.customer_id
+    gpus = repository.customer_gpus(session, customer_id, start, end)
     return (
         (bool(gpus) and late_segments_since(session, gpus, epoch(start), epoch(end), since))
-        or rentals_service.changed_since(session, customer.id, start, end, since)
-        or plans_service.prices_added_since(session, customer.id, end, since)
+        or rentals_service.changed_since(session, customer_id, start, end, since)
+        or plans_service.prices_added_since(session, customer_id, end, since)
         or (
             bool(gpus)
             and fleet_service.maintenance_recorded_since(session, gpus, start, end, since)
@@ -539,16 +576,13 @@ def _changed_since_finalized(session: Session, customer: Customer, earlier: Invo
     )
 
 
-def _adjustments(session: Session, customer: Customer, earlier: Invoice) -> list[InvoiceLine]:
+def _adjustments(customer_id: uuid.UUID, correction: Correction) -> list[InvoiceLine]:
     """Adjustment lines for corrections to one earlier finalized invoice's period."""
-    span = (epoch(earlier.period_start), epoch(earlier.period_end))
-    if not _changed_since_finalized(session, customer, earlier):
-        return []
-    billed = repository.billed_by_rental(session, earlier)
+    earlier, span = correction.invoice, correction.inputs.span
     lines = []
-    for rated in rate(load_inputs(session, [customer.id], span), customer.id):
+    for rated in rate(correction.inputs, customer_id):
         rental_id = uuid.UUID(rated.rental.rental_id)
-        invoiced = billed.get(rental_id, Decimal(0))
+        invoiced = correction.billed.get(rental_id, Decimal(0))
         if rated.net == invoiced:
             continue
         lines.append(

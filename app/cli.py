@@ -219,6 +219,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_invoices_run(args: argparse.Namespace) -> int:
     from app.billing.progress import ProgressBar
     from app.billing.run import as_of_time, run_invoices
+    from app.billing.service import BillingSettings
     from app.core.db import get_engine, transaction
     from app.core.errors import ApiError
     from app.wiring import install as install_subscribers
@@ -231,6 +232,7 @@ def cmd_invoices_run(args: argparse.Namespace) -> int:
                 session,
                 args.period,
                 now,
+                config=BillingSettings.of(get_settings()),
                 customer_id=args.customer,
                 finalize=args.finalize,
                 force=args.force,

@@ -31,7 +31,8 @@ from app.billing.schemas import (
     VoucherLedgerRead,
     WhatIfRead,
 )
-from app.core.deps import DbSession
+from app.billing.service import BillingSettings
+from app.core.deps import AppSettings, DbSession
 from app.core.pagination import Page, Paging, paginate
 from app.customers.models import Customer
 from app.customers.service import existing_customer, get_customer
@@ -54,13 +55,16 @@ Now = Annotated[datetime, Depends(clock)]
 
 
 @router.post("/runs")
-def create_run(body: RunCreate, session: DbSession, _: Admin, now: Now) -> RunRead:
+def create_run(
+    body: RunCreate, session: DbSession, _: Admin, now: Now, settings: AppSettings
+) -> RunRead:
     """Draft (and with finalize, finalize) every customer's invoice for the period.
     Idempotent; finalized invoices are never touched."""
     summary = run_invoices(
         session,
         body.period,
         as_of_time(body.as_of, now, ("body", "as_of")),
+        config=BillingSettings.of(settings),
         customer_id=body.customer_id,
         finalize=body.finalize,
         force=body.force,
@@ -119,11 +123,18 @@ def invoice_credit_notes(
 
 @router.post("/{invoice_id}/finalize")
 def finalize(
-    invoice_id: uuid.UUID, body: FinalizeBody, session: DbSession, admin: Admin, now: Now
+    invoice_id: uuid.UUID,
+    body: FinalizeBody,
+    session: DbSession,
+    admin: Admin,
+    now: Now,
+    settings: AppSettings,
 ) -> InvoiceRead:
     """Rebuild the draft with current data, number it and lock it."""
     invoice = service.get_invoice(session, invoice_id, admin, lock=True)
-    return InvoiceRead.of(service.refresh_and_finalize(session, invoice, now, force=body.force))
+    config = BillingSettings.of(settings)
+    finalized = service.refresh_and_finalize(session, invoice, now, config, force=body.force)
+    return InvoiceRead.of(finalized)
 
 
 @router.post("/{invoice_id}/void")

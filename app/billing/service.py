@@ -88,7 +88,7 @@ from app.fleet import service as fleet_service
 from app.metering.repository import late_segments_since
 from app.plans import service as plans_service
 from app.rentals import service as rentals_service
-from app.settings import get_settings
+from app.settings import Settings
 
 LATE_MARGIN = timedelta(hours=1)
 
@@ -124,6 +124,23 @@ def rate(
 
 
 @dataclass(frozen=True)
+class BillingSettings:
+    """The settings the invoice lifecycle follows, handed in by its callers."""
+
+    grace_hours: int  # a period may be finalized this long after it ends (late telemetry)
+    retention_days: int  # older telemetry is refused, so older periods cannot change
+    balance_low_threshold: Decimal  # a prepaid balance taken below it is low (balances)
+
+    @classmethod
+    def of(cls, settings: Settings) -> BillingSettings:
+        return cls(
+            settings.invoice_grace_hours,
+            settings.ingest_retention_days,
+            settings.balance_low_threshold,
+        )
+
+
+@dataclass(frozen=True)
 class DraftBatch:
     """What refreshing drafts of one period reads, read for many customers at once (an
     invoice run reads one batch per billing time zone instead of ~7 statements a customer):
@@ -149,7 +166,11 @@ class Correction:
 
 
 def draft_batch(
-    session: Session, customers: Sequence[Customer], period: BillingPeriod, now: datetime
+    session: Session,
+    customers: Sequence[Customer],
+    period: BillingPeriod,
+    now: datetime,
+    config: BillingSettings,
 ) -> DraftBatch:
     ids = [c.id for c in customers]
     repository.lock_customer_periods(session, ids, period.name)  # before reading any of it
@@ -158,7 +179,7 @@ def draft_batch(
     return DraftBatch(
         inputs=load_inputs(session, ids, period.span),
         invoices=invoices,
-        corrections=_corrections(session, drafted, period, now),
+        corrections=_corrections(session, drafted, period, lookback(now, config)),
         vouchers=repository.voucher_entries(session, ids),
         balances=balances_service.available(session, customers),
     )
@@ -169,15 +190,14 @@ def refresh_draft(
     customer: Customer,
     period: BillingPeriod,
     now: datetime,
-    batch: DraftBatch | None = None,
+    batch: DraftBatch,
 ) -> Draft | None:
     """Build or rebuild the customer's draft for ``period`` with current data.
 
     A finalized or paid invoice of the period comes back untouched; None means there is
     nothing to bill (no rentals, no adjustments, no draft). ``batch`` (``draft_batch``, with
-    this customer among its customers) is what a run read for many customers at once.
+    this customer among its customers) is what was read for it, with other customers of a run.
     """
-    batch = batch or draft_batch(session, [customer], period, now)
     invoice = batch.invoices.get(customer.id)
     if invoice is not None and invoice.status != InvoiceStatus.DRAFT:
         return Draft(invoice, [])
@@ -198,7 +218,7 @@ def refresh_draft(
 
 
 def finalize_invoice(
-    session: Session, draft: Draft, now: datetime, *, force: bool = False
+    session: Session, draft: Draft, now: datetime, config: BillingSettings, *, force: bool = False
 ) -> Invoice:
     """Number a draft refreshed in this transaction at ``now``, write the voucher entries it
     implies, issue its tier vouchers and credit notes, and lock it. Refused before the
@@ -206,7 +226,7 @@ def finalize_invoice(
     invoice, built = draft.invoice, draft.built
     if invoice.status != InvoiceStatus.DRAFT or built is None:
         raise Conflict(f"invoice {invoice.number} is already {invoice.status.value}", ("path",))
-    check_grace(invoice.period, invoice.period_end, now, force)
+    check_grace(invoice.period, invoice.period_end, now, force, config)
     customer = existing_customer(session, invoice.customer_id)
     invoice.number = f"GM-{now.year:04d}-{repository.next_number(session, now.year):06d}"
     invoice.status = InvoiceStatus.FINALIZED
@@ -218,7 +238,9 @@ def finalize_invoice(
     entries = [*built.voucher_applications, *built.voucher_expirations, *tier]
     repository.insert_entries(session, [_entry_row(e, invoice) for e in entries])
     if prepaid := _sum_of(built, LineKind.PREPAID_BALANCE):
-        balances_service.apply_to_invoice(session, customer, invoice.id, invoice.number, -prepaid)
+        balances_service.apply_to_invoice(
+            session, customer, invoice.id, invoice.number, -prepaid, config.balance_low_threshold
+        )
     _publish(session, "invoice.finalized", invoice)
     for voucher in tier:
         _publish_voucher(session, voucher, invoice.currency)
@@ -293,7 +315,12 @@ def _publish_voucher(session: Session, voucher: VoucherEntry, currency: str) -> 
 
 
 def refresh_and_finalize(
-    session: Session, invoice: Invoice, now: datetime, *, force: bool = False
+    session: Session,
+    invoice: Invoice,
+    now: datetime,
+    config: BillingSettings,
+    *,
+    force: bool = False,
 ) -> Invoice:
     """The single-invoice path (API): rebuild the draft with current data, then finalize."""
     if invoice.status != InvoiceStatus.DRAFT:
@@ -302,9 +329,10 @@ def refresh_and_finalize(
     period = BillingPeriod(
         invoice.period, invoice.timezone, (epoch(invoice.period_start), epoch(invoice.period_end))
     )
-    draft = refresh_draft(session, customer, period, now)
+    batch = draft_batch(session, [customer], period, now, config)
+    draft = refresh_draft(session, customer, period, now, batch)
     assert draft is not None  # the draft row exists, so there is something to refresh
-    return finalize_invoice(session, draft, now, force=force)
+    return finalize_invoice(session, draft, now, config, force=force)
 
 
 def void_invoice(session: Session, invoice: Invoice, now: datetime, reason: str) -> Invoice:
@@ -393,8 +421,10 @@ def grant_voucher(
     return row
 
 
-def check_grace(period: str, period_end: datetime, now: datetime, force: bool) -> None:
-    grace_end = period_end + timedelta(hours=get_settings().invoice_grace_hours)
+def check_grace(
+    period: str, period_end: datetime, now: datetime, force: bool, config: BillingSettings
+) -> None:
+    grace_end = period_end + timedelta(hours=config.grace_hours)
     if now < grace_end and not force:
         raise Conflict(
             f"period {period} may be finalized from {grace_end.isoformat()} (period end plus "
@@ -457,9 +487,9 @@ def core_errors(customer: Customer) -> Iterator[None]:
         raise Unprocessable(f"customer {customer.id}: {error}", ("customer_id",)) from None
 
 
-def lookback(now: datetime) -> datetime:
+def lookback(now: datetime, config: BillingSettings) -> datetime:
     """Telemetry older than the ingest retention is refused, so older periods cannot change."""
-    return now - timedelta(days=get_settings().ingest_retention_days)
+    return now - timedelta(days=config.retention_days)
 
 
 def _new_invoice(customer: Customer, period: BillingPeriod) -> Invoice:
@@ -534,11 +564,12 @@ def _sum_of(built: BuiltInvoice, kind: LineKind) -> Decimal:
 
 
 def _corrections(
-    session: Session, customer_ids: list[uuid.UUID], period: BillingPeriod, now: datetime
+    session: Session, customer_ids: list[uuid.UUID], period: BillingPeriod, after: datetime
 ) -> dict[uuid.UUID, list[Correction]]:
-    """The customers' earlier finalized invoices (oldest first) whose facts changed since, each
-    with its period re-read: one load per earlier period, for all its changed invoices."""
-    earlier = repository.earlier_finalized(session, customer_ids, period.start, lookback(now))
+    """The customers' invoices finalized for periods that ended after ``after`` (oldest first)
+    whose facts changed since, each with its period re-read: one load per earlier period, for
+    all its changed invoices."""
+    earlier = repository.earlier_finalized(session, customer_ids, period.start, after)
     changed: dict[Span, list[Invoice]] = {}
     for invoice in (i for invoices in earlier.values() for i in invoices):
         if _changed_since_finalized(session, invoice):

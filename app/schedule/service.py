@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.billing.loader import billing_period
 from app.billing.run import run_invoices
+from app.billing.service import BillingSettings
 from app.billing.usage import store_closed
 from app.core.db import transaction
 from app.customers import service as customers_service
@@ -47,12 +48,15 @@ def tick(engine: Engine, settings: Settings, now: datetime) -> list[int]:
             if period is not None:
                 repository.add_due(session, period, zone, settings.invoice_schedule_finalize)
     worked: list[int] = []
-    while (run_id := _work_next(engine, now, exclude=worked)) is not None:
+    config = BillingSettings.of(settings)
+    while (run_id := _work_next(engine, now, config, exclude=worked)) is not None:
         worked.append(run_id)
     return worked
 
 
-def _work_next(engine: Engine, now: datetime, exclude: list[int]) -> int | None:
+def _work_next(
+    engine: Engine, now: datetime, config: BillingSettings, exclude: list[int]
+) -> int | None:
     run_id = None
     try:
         with transaction(engine) as session:
@@ -60,7 +64,7 @@ def _work_next(engine: Engine, now: datetime, exclude: list[int]) -> int | None:
             if run is None:
                 return None
             run_id = run.id
-            _run(session, run, now)
+            _run(session, run, now, config)
     except Exception as error:
         if run_id is None:
             raise
@@ -72,13 +76,13 @@ def _work_next(engine: Engine, now: datetime, exclude: list[int]) -> int | None:
     return run_id
 
 
-def _run(session: Session, run: ScheduledRun, now: datetime) -> None:
+def _run(session: Session, run: ScheduledRun, now: datetime, config: BillingSettings) -> None:
     customers = customers_service.customers_in_zone(session, run.timezone)
     counts: Counter[str] = Counter()
     failures: dict[str, str] = {}
     for customer in customers:
         summary = run_invoices(
-            session, run.period, now, customer_id=customer.id, finalize=run.finalize
+            session, run.period, now, config=config, customer_id=customer.id, finalize=run.finalize
         )
         counts.update({outcome.value: n for outcome, n in summary.counts.items()})
         failures.update({str(c): message for c, message in summary.failures.items()})

@@ -9,19 +9,22 @@ imports payments).
 from __future__ import annotations
 
 import procrastinate
+from sqlalchemy.orm import Session
 
 from app.balances.service import grant_trial_credit
 from app.budgets.service import refuse_rental_over_hard_limit
 from app.core import queue as job_queue
+from app.customers.models import Customer
 from app.customers.service import add_created_hook
 from app.events import stream
+from app.events.models import DomainEvent
 from app.events.service import ALL_TYPES, subscribe
 from app.failover import jobs as failover_jobs
 from app.failover.service import on_gpu_state_changed, refuse_reserved_spare
 from app.fleet.service import RENTAL_GPUS
 from app.metering import retention
 from app.payments import jobs as payments_jobs
-from app.payments.service import on_invoice_event
+from app.payments.service import StripeSettings, on_invoice_event
 from app.plans.service import RENTAL_PLANS
 from app.rentals.ports import Catalogue
 from app.rentals.service import add_assign_check, add_create_check, use_catalogue
@@ -44,23 +47,39 @@ BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
 
 def install() -> None:
     """Register every subscriber and every task; calling it again changes nothing."""
-    subscribe("invoice.finalized", on_invoice_event)
-    subscribe("invoice.voided", on_invoice_event)
+    subscribe("invoice.finalized", _mirror_to_stripe)
+    subscribe("invoice.voided", _mirror_to_stripe)
     subscribe(ALL_TYPES, deliver_to_webhooks)
     use_catalogue(Catalogue(RENTAL_GPUS, RENTAL_PLANS))
     add_create_check(refuse_rental_over_hard_limit)
     # The failure loop: a rented GPU turning failed opens a failover; reserved spares are
     # refused to new assignments.
-    subscribe("gpu.state_changed", on_gpu_state_changed)
+    subscribe("gpu.state_changed", _open_failovers)
     add_assign_check(refuse_reserved_spare)
     # A Slurm job's failover is carried out by the Slurm adapter; after the failover's own
     # subscriber, so a repaired GPU's pool is settled before its node's is.
     subscribe("failover.requested", slurm.on_failover_requested)
     subscribe("failover.resumed", slurm.on_failover_resumed)
     subscribe("gpu.state_changed", slurm.on_gpu_state_changed)
-    add_created_hook(grant_trial_credit)
+    add_created_hook(_grant_trial_credit)
     if get_settings().nats_url:
         subscribe(ALL_TYPES, stream.queue_publication)
     for namespace, blueprint in BLUEPRINTS.items():
         if not any(name.startswith(f"{namespace}:") for name in job_queue.queue.tasks):
             job_queue.queue.add_tasks_from(blueprint, namespace=namespace)
+
+
+# Subscribers given the settings they follow, read as each event comes (so a changed setting
+# applies without a restart of the wiring).
+
+
+def _open_failovers(session: Session, event: DomainEvent) -> None:
+    on_gpu_state_changed(session, event, get_settings().failover_reservation_ttl_s)
+
+
+def _mirror_to_stripe(session: Session, event: DomainEvent) -> None:
+    on_invoice_event(session, event, StripeSettings.of(get_settings()))
+
+
+def _grant_trial_credit(session: Session, customer: Customer) -> None:
+    grant_trial_credit(session, customer, get_settings().trial_credit)

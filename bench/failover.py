@@ -39,7 +39,7 @@ from typing import Any
 import app.models  # noqa: F401 - registers every table, so foreign keys resolve
 from app.auth.models import KeyKind
 from app.auth.service import issue_key
-from app.billing.lines import CREDIT_KINDS
+from app.billing.core.lines import CREDIT_KINDS
 from app.core import migrate
 from app.core.console_client import Api
 from app.core.db import get_engine, transaction

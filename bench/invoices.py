@@ -32,6 +32,7 @@ import app.models  # noqa: F401 - every table registered, so foreign keys resolv
 from app.billing.loader import billing_period
 from app.billing.progress import ProgressBar
 from app.billing.run import run_invoices
+from app.billing.service import BillingSettings
 from app.core.db import transaction
 from app.core.epoch import from_epoch
 from app.core.scratch_db import libpq_dsn, scratch_database, server_from_environment
@@ -199,7 +200,12 @@ def timed_run(url: str, customer: uuid.UUID | None = None) -> tuple[float, dict[
         started = time.perf_counter()
         with transaction(engine) as session:
             summary = run_invoices(
-                session, PERIOD, NOW, customer_id=customer, progress=ProgressBar("customers")
+                session,
+                PERIOD,
+                NOW,
+                config=BillingSettings.of(Settings()),
+                customer_id=customer,
+                progress=ProgressBar("customers"),
             )
         seconds = time.perf_counter() - started  # including the commit
     finally:

@@ -1,4 +1,5 @@
-"""A custom import-linter contract: no package imports another package's ``repository``.
+"""Custom import-linter contracts: no package imports another package's ``repository`` (nor
+queries its tables), and a pure core imports only what it is allowed.
 
 Each table has one owning package, which alone queries and writes it through its
 ``repository`` module. Other packages go through the owner's service or its documented read
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +85,51 @@ def _covers(pair: tuple[str, ...], importer: str, repository: str) -> bool:
     return target == repository and (importer == source or importer.startswith(source + "."))
 
 
+class OnlyImportsContract(Contract):
+    """A package that imports nothing but the standard library and the modules listed.
+
+    Options: ``source_modules`` (packages held to it) and ``allowed_modules`` (each covers the
+    modules inside it). Everything the sources reach counts, directly or through another
+    module, so an allowed module cannot bring in what the sources may not import themselves.
+    Needs ``include_external_packages``: a third-party package is a module like any other.
+    """
+
+    type_name = "only imports"
+
+    source_modules = fields.ListField(subfield=fields.StringField())
+    allowed_modules = fields.ListField(subfield=fields.StringField())
+
+    def check(self, graph: ImportGraph, verbose: bool) -> ContractCheck:
+        sources: list[str] = self.source_modules  # type: ignore[assignment]  # parsed by then
+        allowed: list[str] = self.allowed_modules  # type: ignore[assignment]
+        violations: list[dict[str, Any]] = []
+        reached = sorted({m for s in sources for m in {s} | graph.find_descendants(s)})
+        seen = set(reached)
+        for module in reached:  # grows with the allowed modules the sources reach
+            for imported in sorted(graph.find_modules_directly_imported_by(module)):
+                if imported.split(".")[0] in sys.stdlib_module_names or imported in seen:
+                    continue
+                if any(imported == a or imported.startswith(a + ".") for a in allowed):
+                    seen.add(imported)
+                    reached.append(imported)
+                    continue
+                lines = graph.get_import_details(importer=module, imported=imported)
+                violations.append(
+                    {
+                        "importer": module,
+                        "imported": imported,
+                        "lines": [d["line_number"] for d in lines],
+                    }
+                )
+        return ContractCheck(kept=not violations, metadata={"violations": violations})
+
+    def render_broken_contract(self, check: ContractCheck) -> None:
+        for v in check.metadata["violations"]:
+            lines = ", ".join(f"l.{n}" for n in v["lines"])
+            output.print_error(f"{v['importer']} imports {v['imported']} ({lines})", bold=False)
+            output.new_line()
+
+
 # Calls that take a mapped class to query or write its table (``select(Invoice)``,
 # ``session.get(Customer, id)``, ``.join(Gpu, ...)``); constructing the class writes it too.
 _QUERY_CALLS = frozenset(
@@ -119,10 +166,8 @@ class _Tables:
 class OwnTablesContract(Contract):
     """A module queries and writes only its own package's tables.
 
-    Options: ``containers`` (as above), ``exempt`` (modules that name every table on
-    purpose: the metadata for Alembic) and ``pending`` (``"module -> owner"`` pairs still to
-    move behind the owner's interface; an entry that matches nothing breaks the contract, so
-    the list only shrinks). A package's tables are the classes with a
+    Options: ``containers`` (as above) and ``exempt`` (modules that name every table on
+    purpose: the metadata for Alembic). A package's tables are the classes with a
     ``__tablename__`` in its ``models`` module. Broken by, outside the owner: a mapped class
     imported from its ``models`` and used in a query (``Invoice.status``, ``select(Invoice)``,
     ``session.get(Invoice, ...)``, ``Invoice(...)``), or its table named in SQL text. Taking
@@ -133,13 +178,10 @@ class OwnTablesContract(Contract):
 
     containers = fields.ListField(subfield=fields.StringField())
     exempt = fields.ListField(subfield=fields.StringField(), required=False, default=[])
-    pending = fields.ListField(subfield=fields.StringField(), required=False, default=[])
 
     def check(self, graph: ImportGraph, verbose: bool) -> ContractCheck:
         containers: list[str] = self.containers  # type: ignore[assignment]  # parsed by then
         exempt: list[str] = self.exempt  # type: ignore[assignment]
-        pending = {pair.replace(" ", "") for pair in self.pending}  # type: ignore[attr-defined]
-        used: set[str] = set()
         violations: list[dict[str, Any]] = []
         for container in containers:
             root = _source_root(container)
@@ -148,23 +190,13 @@ class OwnTablesContract(Contract):
             for module in modules:
                 tree = ast.parse(_source_path(root, container, module).read_text())
                 owner = ".".join(module.split(".")[: container.count(".") + 2])
-                for line, table_owner, what in _foreign_queries(tree, owner, tables):
-                    if f"{module}->{table_owner}" in pending:
-                        used.add(f"{module}->{table_owner}")
-                        continue
+                for line, what in _foreign_queries(tree, owner, tables):
                     violations.append({"module": module, "line": line, "what": what})
-        unused = sorted(pending - used)
-        return ContractCheck(
-            kept=not violations and not unused,
-            metadata={"violations": violations, "unused": unused},
-        )
+        return ContractCheck(kept=not violations, metadata={"violations": violations})
 
     def render_broken_contract(self, check: ContractCheck) -> None:
         for v in check.metadata["violations"]:
             output.print_error(f"{v['module']} (l.{v['line']}) queries {v['what']}", bold=False)
-            output.new_line()
-        for pair in check.metadata["unused"]:
-            output.print_error(f"pending entry matches no query: {pair}", bold=False)
             output.new_line()
 
 
@@ -208,29 +240,27 @@ def _tablename(cls: ast.ClassDef) -> str | None:
     return None
 
 
-def _foreign_queries(
-    tree: ast.Module, owner: str, tables: _Tables
-) -> Iterator[tuple[int, str, str]]:
-    """(line, owning package, what) for each use of another package's table, once per line."""
+def _foreign_queries(tree: ast.Module, owner: str, tables: _Tables) -> Iterator[tuple[int, str]]:
+    """(line, what) for each use of another package's table, once per line."""
     foreign = _foreign_classes(tree, owner, tables)
     docstrings = _docstrings(tree)
     seen: set[tuple[int, str]] = set()
     for node in ast.walk(tree):
-        for table_owner, what in _uses(node, foreign, docstrings, owner, tables):
+        for what in _uses(node, foreign, docstrings, owner, tables):
             line: int = node.lineno  # type: ignore[attr-defined]  # every node _uses yields for
             if (line, what) not in seen:
                 seen.add((line, what))
-                yield line, table_owner, what
+                yield line, what
 
 
 def _uses(
     node: ast.AST,
-    foreign: dict[str, tuple[str, str]],
+    foreign: dict[str, str],
     docstrings: set[int],
     owner: str,
     tables: _Tables,
-) -> Iterator[tuple[str, str]]:
-    """(owning package, what) for each foreign table ``node`` queries."""
+) -> Iterator[str]:
+    """What foreign table ``node`` queries, for each."""
     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
         if node.value.id in foreign:
             yield foreign[node.value.id]
@@ -252,13 +282,12 @@ def _uses(
         for table in _SQL_TABLE.findall(node.value):
             table_owner = tables.names.get(table, owner)
             if table_owner != owner:
-                yield table_owner, f"{table_owner}'s table {table} in SQL"
+                yield f"{table_owner}'s table {table} in SQL"
 
 
-def _foreign_classes(tree: ast.Module, owner: str, tables: _Tables) -> dict[str, tuple[str, str]]:
-    """Local name -> (owning package, "owner's Class") for mapped classes imported from
-    another package."""
-    foreign: dict[str, tuple[str, str]] = {}
+def _foreign_classes(tree: ast.Module, owner: str, tables: _Tables) -> dict[str, str]:
+    """Local name -> "owner's Class" for mapped classes imported from another package."""
+    foreign: dict[str, str] = {}
     for node in ast.walk(tree):
         if not isinstance(node, ast.ImportFrom) or not node.module:
             continue
@@ -267,7 +296,7 @@ def _foreign_classes(tree: ast.Module, owner: str, tables: _Tables) -> dict[str,
             continue
         for alias in node.names:
             if alias.name in tables.classes[package]:
-                foreign[alias.asname or alias.name] = (package, f"{package}'s {alias.name}")
+                foreign[alias.asname or alias.name] = f"{package}'s {alias.name}"
     return foreign
 
 

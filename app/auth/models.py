@@ -9,6 +9,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.base import Base, Timestamped, pg_enum
 
+KEY_NAME_LENGTH = 200  # the longest key name the column holds
+
 
 class KeyKind(StrEnum):
     ADMIN = "admin"  # operator: everything
@@ -28,7 +30,7 @@ class ApiKey(Timestamped, Base):
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
     kind: Mapped[KeyKind] = mapped_column(pg_enum(KeyKind, "key_kind"))
-    name: Mapped[str] = mapped_column(String(200))
+    name: Mapped[str] = mapped_column(String(KEY_NAME_LENGTH))
     # The first characters of the key, kept in clear so an operator can tell keys apart.
     prefix: Mapped[str] = mapped_column(String(16))
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)

@@ -62,6 +62,12 @@ def authenticate_cached(engine: Engine, secret: str) -> Principal | None:
     return cache.for_engine(engine).lookup(hash_secret(secret))
 
 
+def key_active(session: Session, key_id: uuid.UUID) -> bool:
+    """Read interface: whether the key exists and is not revoked (read now, not cached)."""
+    key = session.get(ApiKey, key_id)
+    return key is not None and key.revoked_at is None
+
+
 def customer_keys_query(customer_id: uuid.UUID) -> Select[ApiKey]:
     """The customer's API keys (revoked ones too), oldest first."""
     return repository.keys_query(kind=KeyKind.CUSTOMER, customer_id=customer_id)

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from app.auth.deps import Admin, ConsoleUser
 from app.balances import repository, service
 from app.balances.schemas import BalanceEntryRead, BalanceRead, TopUpCreate
-from app.core.deps import DbSession
+from app.core.deps import AppSettings, DbSession
 from app.core.pagination import Page, Paging, paginate
 from app.customers.service import get_customer
 
@@ -17,11 +17,13 @@ router = APIRouter(prefix="/v1/customers", tags=["balances"])
 
 
 @router.get("/{customer_id}/balance")
-def read_balance(customer_id: uuid.UUID, session: DbSession, caller: ConsoleUser) -> BalanceRead:
+def read_balance(
+    customer_id: uuid.UUID, session: DbSession, caller: ConsoleUser, settings: AppSettings
+) -> BalanceRead:
     """The prepaid balance (trial credit and top-ups less what invoices took)."""
     customer = get_customer(session, customer_id, caller)
     amount = service.balance(session, customer)
-    threshold = service.low_threshold(customer.currency)
+    threshold = service.low_threshold(settings.balance_low_threshold, customer.currency)
     return BalanceRead.of(customer.id, customer.currency, amount, threshold)
 
 

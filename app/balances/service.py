@@ -33,7 +33,6 @@ from app.core.errors import Conflict, Unprocessable
 from app.core.money import MAX_AMOUNT, from_minor, round_money, to_minor
 from app.customers.models import Customer
 from app.events.service import publish
-from app.settings import get_settings
 
 BALANCE_LOW = "balance.low"
 
@@ -57,14 +56,15 @@ def available(session: Session, customers: Sequence[Customer]) -> dict[uuid.UUID
     }
 
 
-def low_threshold(currency: str) -> Decimal:
-    """Below this the balance is low (the setting, in the customer's currency)."""
-    return round_money(get_settings().balance_low_threshold, currency)
+def low_threshold(setting: Decimal, currency: str) -> Decimal:
+    """Below this the balance is low: the setting (``balance_low_threshold``) in the
+    customer's currency."""
+    return round_money(setting, currency)
 
 
-def grant_trial_credit(session: Session, customer: Customer) -> None:
-    """The signup credit, once per customer whatever calls it (the customer's creation)."""
-    amount = get_settings().trial_credit
+def grant_trial_credit(session: Session, customer: Customer, amount: Decimal) -> None:
+    """The signup credit of ``amount`` (``trial_credit``), once per customer whatever calls it
+    (the customer's creation)."""
     if amount > 0:
         units = _units(amount, customer.currency, ("settings", "trial_credit"))
         _post(session, customer, EntryKind.TRIAL, units, f"trial:{customer.id}", "signup credit")
@@ -100,14 +100,21 @@ def top_up_from_payment(
 
 
 def apply_to_invoice(
-    session: Session, customer: Customer, invoice_id: uuid.UUID, number: str, amount: Decimal
+    session: Session,
+    customer: Customer,
+    invoice_id: uuid.UUID,
+    number: str,
+    amount: Decimal,
+    low_setting: Decimal,
 ) -> BalanceEntry:
-    """Take ``amount`` (what the draft showed) for the invoice being finalized; once only."""
+    """Take ``amount`` (what the draft showed) for the invoice being finalized; once only.
+    Taking it below ``low_threshold(low_setting)`` publishes ``balance.low`` (the only movement
+    that takes money out, so the only one that can)."""
     units = -_units(amount, customer.currency, ("invoice", str(invoice_id)))
     reason = f"applied to invoice {number}"
-    return _post(
-        session, customer, EntryKind.APPLIED, units, f"invoice:{invoice_id}", reason, invoice_id
-    )
+    key = f"invoice:{invoice_id}"
+    low = low_threshold(low_setting, customer.currency)
+    return _post(session, customer, EntryKind.APPLIED, units, key, reason, invoice_id, low=low)
 
 
 def return_from_invoice(
@@ -148,8 +155,10 @@ def _post(
     invoice_id: uuid.UUID | None = None,
     *,
     created_by: uuid.UUID | None = None,
+    low: Decimal | None = None,
 ) -> BalanceEntry:
-    """Append one movement under the ledger lock; the same key again returns its entry."""
+    """Append one movement under the ledger lock; the same key again returns its entry. A
+    debit taking the balance from at or above ``low`` to below publishes ``balance.low``."""
     repository.lock_ledger(session, customer.id)
     if (done := repository.by_key(session, key)) is not None:
         if done.amount_minor != units:
@@ -184,8 +193,7 @@ def _post(
     )
     session.add(entry)
     session.flush()
-    threshold = to_minor(low_threshold(customer.currency), customer.currency)
-    if before >= threshold > after:
+    if low is not None and before >= (threshold := to_minor(low, customer.currency)) > after:
         _publish_low(session, customer, after, threshold)
     return entry
 

@@ -28,15 +28,15 @@ from sqlalchemy.orm import Session
 
 from app.balances import service as balances
 from app.billing import repository
-from app.billing.invoice import build_invoice
-from app.billing.lines import CREDIT_KINDS, LineKind
+from app.billing.core.invoice import build_invoice
+from app.billing.core.lines import CREDIT_KINDS, LineKind
+from app.billing.core.rating import RatedRental
+from app.billing.core.vouchers import EntryKind, open_vouchers, usable
 from app.billing.loader import BillingPeriod
 from app.billing.models import Invoice, InvoiceStatus, VoucherEntryRow
-from app.billing.rating import RatedRental
 from app.billing.schemas import AmountDueRead, MoneyStepRead, VouchersAppliedRead, money
 from app.billing.service import core_errors, ledger
 from app.billing.usage import rated_to_date
-from app.billing.vouchers import EntryKind, open_vouchers, usable
 from app.billing.wording import percent
 from app.core.epoch import epoch, from_epoch
 from app.core.money import display

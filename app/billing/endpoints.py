@@ -32,10 +32,11 @@ from app.billing.schemas import (
     VoucherLedgerRead,
     WhatIfRead,
 )
-from app.core.deps import DbSession
+from app.billing.service import BillingSettings
+from app.core.deps import AppSettings, DbSession
 from app.core.pagination import Page, Paging, paginate
 from app.customers.models import Customer
-from app.customers.service import get_customer
+from app.customers.service import existing_customer, get_customer
 
 router = APIRouter(prefix="/v1/invoices", tags=["invoices"])
 customer_router = APIRouter(prefix="/v1/customers", tags=["invoices"])
@@ -55,13 +56,16 @@ Now = Annotated[datetime, Depends(clock)]
 
 
 @router.post("/runs")
-def create_run(body: RunCreate, session: DbSession, _: Admin, now: Now) -> RunRead:
+def create_run(
+    body: RunCreate, session: DbSession, _: Admin, now: Now, settings: AppSettings
+) -> RunRead:
     """Draft (and with finalize, finalize) every customer's invoice for the period.
     Idempotent; finalized invoices are never touched."""
     summary = run_invoices(
         session,
         body.period,
         as_of_time(body.as_of, now, ("body", "as_of")),
+        config=BillingSettings.of(settings),
         customer_id=body.customer_id,
         finalize=body.finalize,
         force=body.force,
@@ -103,7 +107,7 @@ def read_invoice(invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser)
 def invoice_html(invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser) -> HTMLResponse:
     """The invoice as a standalone, printable HTML page."""
     invoice = service.get_invoice(session, invoice_id, caller)
-    customer = session.get_one(Customer, invoice.customer_id)
+    customer = existing_customer(session, invoice.customer_id)
     return HTMLResponse(render_invoice(InvoiceRead.of(invoice), customer))
 
 
@@ -114,7 +118,7 @@ def invoice_amount_due(
     """The invoice's path from usage cost to the amount due (cap, vouchers and why they did or
     did not apply, tax, prepaid balance)."""
     invoice = service.get_invoice(session, invoice_id, caller)
-    customer = session.get_one(Customer, invoice.customer_id)
+    customer = existing_customer(session, invoice.customer_id)
     return amount_due.of_invoice(session, invoice, customer, now)
 
 
@@ -131,11 +135,18 @@ def invoice_credit_notes(
 
 @router.post("/{invoice_id}/finalize")
 def finalize(
-    invoice_id: uuid.UUID, body: FinalizeBody, session: DbSession, admin: Admin, now: Now
+    invoice_id: uuid.UUID,
+    body: FinalizeBody,
+    session: DbSession,
+    admin: Admin,
+    now: Now,
+    settings: AppSettings,
 ) -> InvoiceRead:
     """Rebuild the draft with current data, number it and lock it."""
     invoice = service.get_invoice(session, invoice_id, admin, lock=True)
-    return InvoiceRead.of(service.refresh_and_finalize(session, invoice, now, force=body.force))
+    config = BillingSettings.of(settings)
+    finalized = service.refresh_and_finalize(session, invoice, now, config, force=body.force)
+    return InvoiceRead.of(finalized)
 
 
 @router.post("/{invoice_id}/void")

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 
 from app.billing import wording
 from app.billing.amount_due import Chain
-from app.billing.evidence import evidence_text
+from app.billing.core.evidence import evidence_text
 from app.billing.schemas import InvoiceLineRead, InvoiceRead
 from app.core.money import display
 from app.customers.models import Customer

@@ -25,16 +25,17 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
 
-from app.billing.domain import (
+from app.billing.core.domain import (
     Assignment,
     Migration,
     PlanTerms,
     PricePoint,
+    RatingInputs,
     RentalInput,
     Segment,
     VoucherTier,
 )
-from app.billing.intervals import Span
+from app.billing.core.intervals import Span
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import Unprocessable
 from app.fleet import repository as fleet_repository
@@ -114,6 +115,17 @@ class PeriodInputs:
 
     def migrations_of(self, customer_id: uuid.UUID) -> list[Migration]:
         return self.migrations_by_customer.get(customer_id, [])
+
+    def for_customer(self, customer_id: uuid.UUID, span: Span | None = None) -> RatingInputs:
+        """The core's inputs for one customer's rentals, over ``span`` (default: the whole)."""
+        return RatingInputs(
+            self.rentals(customer_id),
+            self.assignments_of(customer_id),
+            self.segments_by_gpu,
+            self.maintenance_by_gpu,
+            self.migrations_of(customer_id),
+            span or self.span,
+        )
 
     @property
     def gpus(self) -> list[str]:

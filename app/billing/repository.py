@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.auth.tenancy import readable_by
-from app.billing.lines import LineKind
+from app.billing.core.lines import LineKind
+from app.billing.core.vouchers import EntryKind
 from app.billing.models import (
     CreditNote,
     CreditNoteNumberCounter,
@@ -30,7 +31,6 @@ from app.billing.models import (
     UsageRollupSpan,
     VoucherEntryRow,
 )
-from app.billing.vouchers import EntryKind
 from app.core.db import lock_keys, pipelined
 from app.rentals.visibility import served
 

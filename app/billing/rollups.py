@@ -52,11 +52,10 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.orm import Session
 
 from app.billing import repository
-from app.billing.domain import Bucket, Piece, RentalInput
-from app.billing.effective import overlap
-from app.billing.intervals import Span
-from app.billing.loader import BillingPeriod, PeriodInputs
-from app.billing.rating import (
+from app.billing.core.domain import Bucket, Piece, RentalInput
+from app.billing.core.effective import overlap
+from app.billing.core.intervals import Span
+from app.billing.core.rating import (
     RatedRental,
     by_rental,
     classify_rentals,
@@ -64,6 +63,7 @@ from app.billing.rating import (
     rental_bounds,
     session_runs,
 )
+from app.billing.loader import BillingPeriod, PeriodInputs
 from app.core.epoch import epoch, from_epoch
 
 DOWNTIME = frozenset({Bucket.FAILURE_CREDIT, Bucket.MIGRATION_CREDIT})
@@ -356,14 +356,7 @@ def store_closed(
 
 
 def _classify(inputs: PeriodInputs, customer_id: uuid.UUID, span: Span) -> dict[str, list[Piece]]:
-    classified = classify_rentals(
-        inputs.rentals(customer_id),
-        inputs.assignments_of(customer_id),
-        inputs.segments_by_gpu,
-        inputs.maintenance_by_gpu,
-        inputs.migrations_of(customer_id),
-        span,
-    )
+    classified = classify_rentals(inputs.for_customer(customer_id, span))
     return {c.rental.rental_id: c.pieces for c in classified}
 
 

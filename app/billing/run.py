@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from sqlalchemy import select, text
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from app.billing.loader import PERIOD_PATTERN, BillingPeriod, started_period
 from app.billing.models import InvoiceStatus
 from app.billing.service import (
+    BillingSettings,
     Draft,
     check_grace,
     draft_batch,
@@ -37,6 +38,7 @@ from app.billing.service import (
 from app.core.errors import Unprocessable, not_found
 from app.core.memory import rare_collections
 from app.customers.models import Customer
+from app.customers.service import customers_by_zone
 
 Progress = Callable[[int, int], None]  # (customers done, customers in the run)
 
@@ -83,6 +85,7 @@ def run_invoices(
     period: str,
     now: datetime,
     *,
+    config: BillingSettings,
     customer_id: uuid.UUID | None = None,
     finalize: bool = False,
     force: bool = False,
@@ -95,7 +98,7 @@ def run_invoices(
     periods = {zone: started_period(period, zone, now, ("body", "period")) for zone in zones}
     if finalize:  # refuse the whole run up front, not customer by customer
         for zone_period in periods.values():
-            check_grace(period, zone_period.end, now, force)
+            check_grace(period, zone_period.end, now, force, config)
     summary = RunSummary(period, customers=sum(len(c) for c in zones.values()))
     # The run writes thousands of invoices and lines in one transaction. Cached generic plans
     # (psycopg prepares a statement after 5 runs; plpgsql caches its triggers' plans) are fixed
@@ -104,7 +107,9 @@ def run_invoices(
     session.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
     with rare_collections():
         for zone, customers in zones.items():
-            _run_zone(session, customers, periods[zone], now, finalize, force, summary, progress)
+            _run_zone(
+                session, customers, periods[zone], now, config, finalize, force, summary, progress
+            )
     summary.seconds = time.perf_counter() - started
     return summary
 
@@ -114,18 +119,19 @@ def _run_zone(
     customers: Sequence[Customer],
     period: BillingPeriod,
     now: datetime,
+    config: BillingSettings,
     finalize: bool,
     force: bool,
     summary: RunSummary,
     progress: Progress | None,
 ) -> None:
-    batch = draft_batch(session, customers, period, now)
+    batch = draft_batch(session, customers, period, now, config)
     for customer in customers:
         try:  # a customer the core rejects fails before anything of it is written
             draft = refresh_draft(session, customer, period, now, batch)
             outcome = _outcome(draft)
             if draft is not None and finalize and outcome is Outcome.DRAFTED:
-                finalize_invoice(session, draft, now, force=force)
+                finalize_invoice(session, draft, now, config, force=force)
                 outcome = Outcome.FINALIZED
         except Unprocessable as error:
             outcome, draft = Outcome.FAILED, None
@@ -146,11 +152,8 @@ def _outcome(draft: Draft | None) -> Outcome:
 def _customers_by_zone(
     session: Session, customer_id: uuid.UUID | None
 ) -> dict[str, list[Customer]]:
-    query = select(Customer).order_by(Customer.billing_timezone, Customer.id)
-    if customer_id is not None:
-        query = query.where(Customer.id == customer_id)
     zones: dict[str, list[Customer]] = defaultdict(list)
-    for customer in session.scalars(query):
+    for customer in customers_by_zone(session, customer_id):
         zones[customer.billing_timezone].append(customer)
     if customer_id is not None and not zones:
         raise not_found("customer", customer_id, ("body", "customer_id"))

@@ -10,8 +10,8 @@ from typing import Any
 
 from pydantic import AwareDatetime, Field
 
-from app.billing.evidence import xid_of
-from app.billing.lines import CREDIT_KINDS
+from app.billing.core.evidence import xid_of
+from app.billing.core.lines import CREDIT_KINDS
 from app.billing.loader import PERIOD_PATTERN
 from app.billing.models import (
     CreditNote,

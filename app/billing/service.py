@@ -57,10 +57,18 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.balances import service as balances_service
 from app.billing import repository
-from app.billing.intervals import Span
-from app.billing.invoice import Invoice as BuiltInvoice
-from app.billing.invoice import build_invoice
-from app.billing.lines import InvoiceLine, LineKind
+from app.billing.core.intervals import Span
+from app.billing.core.invoice import Invoice as BuiltInvoice
+from app.billing.core.invoice import build_invoice
+from app.billing.core.lines import InvoiceLine, LineKind
+from app.billing.core.rating import RatedRental, rate_rentals
+from app.billing.core.vouchers import (
+    EntryKind,
+    VoucherEntry,
+    issue_tier_vouchers,
+    issue_voucher,
+    open_vouchers,
+)
 from app.billing.loader import BillingPeriod, PeriodInputs, load_inputs
 from app.billing.models import (
     CreditNote,
@@ -69,25 +77,18 @@ from app.billing.models import (
     InvoiceStatus,
     VoucherEntryRow,
 )
-from app.billing.rating import RatedRental, rate_rentals
 from app.billing.schemas import money
-from app.billing.vouchers import (
-    EntryKind,
-    VoucherEntry,
-    issue_tier_vouchers,
-    issue_voucher,
-    open_vouchers,
-)
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import Conflict, Unprocessable, not_found
 from app.core.money import minor_units, round_money
 from app.customers.models import Customer
+from app.customers.service import existing_customer
 from app.events.service import publish
 from app.fleet import service as fleet_service
 from app.metering.repository import late_segments_since
 from app.plans import service as plans_service
 from app.rentals import service as rentals_service
-from app.settings import get_settings
+from app.settings import Settings
 
 LATE_MARGIN = timedelta(hours=1)
 
@@ -119,15 +120,24 @@ def rate(
 ) -> list[RatedRental]:
     """The customer's rentals rated over ``inputs.span``; ``cap_period`` is the whole billing
     period when the span is cut short (usage to date), so caps prorate over the month."""
-    return rate_rentals(
-        inputs.rentals(customer_id),
-        inputs.assignments_of(customer_id),
-        inputs.segments_by_gpu,
-        inputs.maintenance_by_gpu,
-        inputs.migrations_of(customer_id),
-        inputs.span,
-        cap_period,
-    )
+    return rate_rentals(inputs.for_customer(customer_id), cap_period)
+
+
+@dataclass(frozen=True)
+class BillingSettings:
+    """The settings the invoice lifecycle follows, handed in by its callers."""
+
+    grace_hours: int  # a period may be finalized this long after it ends (late telemetry)
+    retention_days: int  # older telemetry is refused, so older periods cannot change
+    balance_low_threshold: Decimal  # a prepaid balance taken below it is low (balances)
+
+    @classmethod
+    def of(cls, settings: Settings) -> BillingSettings:
+        return cls(
+            settings.invoice_grace_hours,
+            settings.ingest_retention_days,
+            settings.balance_low_threshold,
+        )
 
 
 @dataclass(frozen=True)
@@ -135,24 +145,41 @@ class DraftBatch:
     """What refreshing drafts of one period reads, read for many customers at once (an
     invoice run reads one batch per billing time zone instead of ~7 statements a customer):
     their invoice-period locks taken, their live invoices locked, the inputs, the earlier
-    finalized invoices, the voucher ledgers and the prepaid balances (ledgers locked)."""
+    finalized invoices to correct with their periods' inputs, the voucher ledgers and the
+    prepaid balances (ledgers locked). Rating and building the drafts read nothing more."""
 
     inputs: PeriodInputs
-    earlier: dict[uuid.UUID, list[Invoice]]
     invoices: dict[uuid.UUID, Invoice]
+    corrections: dict[uuid.UUID, list[Correction]]
     vouchers: dict[uuid.UUID, list[VoucherEntryRow]]
     balances: dict[uuid.UUID, Decimal]
 
 
+@dataclass(frozen=True)
+class Correction:
+    """An earlier finalized invoice whose period's facts changed after it was finalized: that
+    period's inputs as they are now, and what each rental was billed for it so far."""
+
+    invoice: Invoice
+    inputs: PeriodInputs
+    billed: dict[uuid.UUID, Decimal]
+
+
 def draft_batch(
-    session: Session, customers: Sequence[Customer], period: BillingPeriod, now: datetime
+    session: Session,
+    customers: Sequence[Customer],
+    period: BillingPeriod,
+    now: datetime,
+    config: BillingSettings,
 ) -> DraftBatch:
     ids = [c.id for c in customers]
     repository.lock_customer_periods(session, ids, period.name)  # before reading any of it
+    invoices = repository.live_invoices(session, ids, period.name)
+    drafted = [i for i in ids if i not in invoices or invoices[i].status == InvoiceStatus.DRAFT]
     return DraftBatch(
         inputs=load_inputs(session, ids, period.span),
-        earlier=repository.earlier_finalized(session, ids, period.start, lookback(now)),
-        invoices=repository.live_invoices(session, ids, period.name),
+        invoices=invoices,
+        corrections=_corrections(session, drafted, period, lookback(now, config)),
         vouchers=repository.voucher_entries(session, ids),
         balances=balances_service.available(session, customers),
     )
@@ -163,22 +190,21 @@ def refresh_draft(
     customer: Customer,
     period: BillingPeriod,
     now: datetime,
-    batch: DraftBatch | None = None,
+    batch: DraftBatch,
 ) -> Draft | None:
     """Build or rebuild the customer's draft for ``period`` with current data.
 
     A finalized or paid invoice of the period comes back untouched; None means there is
     nothing to bill (no rentals, no adjustments, no draft). ``batch`` (``draft_batch``, with
-    this customer among its customers) is what a run read for many customers at once.
+    this customer among its customers) is what was read for it, with other customers of a run.
     """
-    batch = batch or draft_batch(session, [customer], period, now)
     invoice = batch.invoices.get(customer.id)
     if invoice is not None and invoice.status != InvoiceStatus.DRAFT:
         return Draft(invoice, [])
-    earlier = batch.earlier.get(customer.id, [])
+    corrections = batch.corrections.get(customer.id, [])
     with core_errors(customer):
         rated = rate(batch.inputs, customer.id)
-        adjustments = [line for inv in earlier for line in _adjustments(session, customer, inv)]
+        adjustments = [line for c in corrections for line in _adjustments(customer.id, c)]
     if invoice is None and not rated and not adjustments:
         return None
     is_new = invoice is None
@@ -192,7 +218,7 @@ def refresh_draft(
 
 
 def finalize_invoice(
-    session: Session, draft: Draft, now: datetime, *, force: bool = False
+    session: Session, draft: Draft, now: datetime, config: BillingSettings, *, force: bool = False
 ) -> Invoice:
     """Number a draft refreshed in this transaction at ``now``, write the voucher entries it
     implies, issue its tier vouchers and credit notes, and lock it. Refused before the
@@ -200,8 +226,8 @@ def finalize_invoice(
     invoice, built = draft.invoice, draft.built
     if invoice.status != InvoiceStatus.DRAFT or built is None:
         raise Conflict(f"invoice {invoice.number} is already {invoice.status.value}", ("path",))
-    check_grace(invoice.period, invoice.period_end, now, force)
-    customer = session.get_one(Customer, invoice.customer_id)
+    check_grace(invoice.period, invoice.period_end, now, force, config)
+    customer = existing_customer(session, invoice.customer_id)
     invoice.number = f"GM-{now.year:04d}-{repository.next_number(session, now.year):06d}"
     invoice.status = InvoiceStatus.FINALIZED
     invoice.finalized_at = now
@@ -212,7 +238,9 @@ def finalize_invoice(
     entries = [*built.voucher_applications, *built.voucher_expirations, *tier]
     repository.insert_entries(session, [_entry_row(e, invoice) for e in entries])
     if prepaid := _sum_of(built, LineKind.PREPAID_BALANCE):
-        balances_service.apply_to_invoice(session, customer, invoice.id, invoice.number, -prepaid)
+        balances_service.apply_to_invoice(
+            session, customer, invoice.id, invoice.number, -prepaid, config.balance_low_threshold
+        )
     _publish(session, "invoice.finalized", invoice)
     for voucher in tier:
         _publish_voucher(session, voucher, invoice.currency)
@@ -287,18 +315,24 @@ def _publish_voucher(session: Session, voucher: VoucherEntry, currency: str) -> 
 
 
 def refresh_and_finalize(
-    session: Session, invoice: Invoice, now: datetime, *, force: bool = False
+    session: Session,
+    invoice: Invoice,
+    now: datetime,
+    config: BillingSettings,
+    *,
+    force: bool = False,
 ) -> Invoice:
     """The single-invoice path (API): rebuild the draft with current data, then finalize."""
     if invoice.status != InvoiceStatus.DRAFT:
         raise Conflict(f"invoice {invoice.number} is already {invoice.status.value}", ("path",))
-    customer = session.get_one(Customer, invoice.customer_id)
+    customer = existing_customer(session, invoice.customer_id)
     period = BillingPeriod(
         invoice.period, invoice.timezone, (epoch(invoice.period_start), epoch(invoice.period_end))
     )
-    draft = refresh_draft(session, customer, period, now)
+    batch = draft_batch(session, [customer], period, now, config)
+    draft = refresh_draft(session, customer, period, now, batch)
     assert draft is not None  # the draft row exists, so there is something to refresh
-    return finalize_invoice(session, draft, now, force=force)
+    return finalize_invoice(session, draft, now, config, force=force)
 
 
 def void_invoice(session: Session, invoice: Invoice, now: datetime, reason: str) -> Invoice:
@@ -337,7 +371,7 @@ def void_invoice(session: Session, invoice: Invoice, now: datetime, reason: str)
         for e in applied
     ]
     repository.insert_entries(session, returned)
-    customer = session.get_one(Customer, invoice.customer_id)
+    customer = existing_customer(session, invoice.customer_id)
     assert invoice.number is not None  # a finalized invoice is numbered
     balances_service.return_from_invoice(session, customer, invoice.id, invoice.number)
     _publish(session, "invoice.voided", invoice, reason=reason)
@@ -387,8 +421,10 @@ def grant_voucher(
     return row
 
 
-def check_grace(period: str, period_end: datetime, now: datetime, force: bool) -> None:
-    grace_end = period_end + timedelta(hours=get_settings().invoice_grace_hours)
+def check_grace(
+    period: str, period_end: datetime, now: datetime, force: bool, config: BillingSettings
+) -> None:
+    grace_end = period_end + timedelta(hours=config.grace_hours)
     if now < grace_end and not force:
         raise Conflict(
             f"period {period} may be finalized from {grace_end.isoformat()} (period end plus "
@@ -451,9 +487,9 @@ def core_errors(customer: Customer) -> Iterator[None]:
         raise Unprocessable(f"customer {customer.id}: {error}", ("customer_id",)) from None
 
 
-def lookback(now: datetime) -> datetime:
+def lookback(now: datetime, config: BillingSettings) -> datetime:
     """Telemetry older than the ingest retention is refused, so older periods cannot change."""
-    return now - timedelta(days=get_settings().ingest_retention_days)
+    return now - timedelta(days=config.retention_days)
 
 
 def _new_invoice(customer: Customer, period: BillingPeriod) -> Invoice:
@@ -527,18 +563,43 @@ def _sum_of(built: BuiltInvoice, kind: LineKind) -> Decimal:
     return sum((line.amount for line in built.lines if line.kind is kind), Decimal(0))
 
 
-def _changed_since_finalized(session: Session, customer: Customer, earlier: Invoice) -> bool:
+def _corrections(
+    session: Session, customer_ids: list[uuid.UUID], period: BillingPeriod, after: datetime
+) -> dict[uuid.UUID, list[Correction]]:
+    """The customers' invoices finalized for periods that ended after ``after`` (oldest first)
+    whose facts changed since, each with its period re-read: one load per earlier period, for
+    all its changed invoices."""
+    earlier = repository.earlier_finalized(session, customer_ids, period.start, after)
+    changed: dict[Span, list[Invoice]] = {}
+    for invoice in (i for invoices in earlier.values() for i in invoices):
+        if _changed_since_finalized(session, invoice):
+            span = (epoch(invoice.period_start), epoch(invoice.period_end))
+            changed.setdefault(span, []).append(invoice)
+    loaded: dict[uuid.UUID, Correction] = {}
+    for span, invoices in changed.items():
+        inputs = load_inputs(session, [i.customer_id for i in invoices], span)
+        for invoice in invoices:
+            billed = repository.billed_by_rental(session, invoice)
+            loaded[invoice.id] = Correction(invoice, inputs, billed)
+    return {
+        customer_id: [loaded[i.id] for i in invoices if i.id in loaded]
+        for customer_id, invoices in earlier.items()
+    }
+
+
+def _changed_since_finalized(session: Session, earlier: Invoice) -> bool:
     """Whether anything the period was rated from changed after its finalization (less
     ``LATE_MARGIN``): telemetry, a rental, assignment or migration, a price effective in it,
     a maintenance window recorded late. Each owner package answers for its own rows."""
     assert earlier.finalized_at is not None
     start, end = earlier.period_start, earlier.period_end
     since = earlier.finalized_at - LATE_MARGIN
-    gpus = repository.customer_gpus(session, customer.id, start, end)
+    customer_id = earlier.customer_id
+    gpus = repository.customer_gpus(session, customer_id, start, end)
     return (
         (bool(gpus) and late_segments_since(session, gpus, epoch(start), epoch(end), since))
-        or rentals_service.changed_since(session, customer.id, start, end, since)
-        or plans_service.prices_added_since(session, customer.id, end, since)
+        or rentals_service.changed_since(session, customer_id, start, end, since)
+        or plans_service.prices_added_since(session, customer_id, end, since)
         or (
             bool(gpus)
             and fleet_service.maintenance_recorded_since(session, gpus, start, end, since)
@@ -546,16 +607,13 @@ def _changed_since_finalized(session: Session, customer: Customer, earlier: Invo
     )
 
 
-def _adjustments(session: Session, customer: Customer, earlier: Invoice) -> list[InvoiceLine]:
+def _adjustments(customer_id: uuid.UUID, correction: Correction) -> list[InvoiceLine]:
     """Adjustment lines for corrections to one earlier finalized invoice's period."""
-    span = (epoch(earlier.period_start), epoch(earlier.period_end))
-    if not _changed_since_finalized(session, customer, earlier):
-        return []
-    billed = repository.billed_by_rental(session, earlier)
+    earlier, span = correction.invoice, correction.inputs.span
     lines = []
-    for rated in rate(load_inputs(session, [customer.id], span), customer.id):
+    for rated in rate(correction.inputs, customer_id):
         rental_id = uuid.UUID(rated.rental.rental_id)
-        invoiced = billed.get(rental_id, Decimal(0))
+        invoiced = correction.billed.get(rental_id, Decimal(0))
         if rated.net == invoiced:
             continue
         lines.append(

@@ -28,9 +28,12 @@ from typing import TypeVar
 from sqlalchemy.orm import Session
 
 from app.billing import repository, rollups
-from app.billing.domain import Bucket
-from app.billing.effective import EffectiveUsage, effective_of, minute_spans
-from app.billing.lines import LineKind
+from app.billing.core.domain import Bucket
+from app.billing.core.effective import EffectiveUsage, effective_of, minute_spans
+from app.billing.core.lines import LineKind
+from app.billing.core.rating import RatedRental
+from app.billing.core.vouchers import balance, open_vouchers, usable
+from app.billing.core.whatif import DEFAULT_INCREMENTS, WhatIfCell, what_if_rated
 from app.billing.loader import (
     BillingPeriod,
     PeriodInputs,
@@ -39,7 +42,6 @@ from app.billing.loader import (
     started_period,
 )
 from app.billing.models import InvoiceLineRow
-from app.billing.rating import RatedRental
 from app.billing.schemas import (
     EffectiveRead,
     OpenVoucherRead,
@@ -53,8 +55,6 @@ from app.billing.schemas import (
     money,
 )
 from app.billing.service import core_errors, ledger
-from app.billing.vouchers import balance, open_vouchers, usable
-from app.billing.whatif import DEFAULT_INCREMENTS, WhatIfCell, what_if_rated
 from app.core.epoch import epoch, from_epoch
 from app.core.memory import rare_collections
 from app.core.money import round_money

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 
-from app.billing.lines import CREDIT_KINDS
+from app.billing.core.lines import CREDIT_KINDS
 from app.billing.schemas import InvoiceLineRead
 
 KIND_LABELS = {

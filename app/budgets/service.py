@@ -34,6 +34,7 @@ from app.core.db import lock_keys
 from app.core.errors import Conflict, not_found
 from app.core.money import round_money
 from app.customers.models import Customer
+from app.customers.service import customer_by_id
 from app.events.service import publish
 from app.rentals.service import get_rental
 from app.settings import get_settings
@@ -166,7 +167,7 @@ def check(session: Session, customer: Customer, now: datetime) -> int:
 def check_all(session: Session, now: datetime) -> CheckRead:
     periods, crossed = {}, 0
     for customer_id in repository.customers_with_budgets(session):
-        customer = session.get(Customer, customer_id)
+        customer = customer_by_id(session, customer_id)
         if customer is None:
             continue
         crossed += check(session, customer, now)

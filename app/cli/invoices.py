@@ -38,6 +38,8 @@ from app.core.pagination import paginate
 def cmd_invoices_run(args: argparse.Namespace) -> int:
     from app.billing.progress import ProgressBar
     from app.billing.run import as_of_time, run_invoices
+    from app.billing.service import BillingSettings
+    from app.settings import get_settings
     from app.wiring import install as install_subscribers
 
     install_subscribers()  # finalizing queues the Stripe mirror, webhooks
@@ -47,6 +49,7 @@ def cmd_invoices_run(args: argparse.Namespace) -> int:
             session,
             args.period,
             as_of_time(args.as_of, datetime.now(UTC), ("--as-of",)),
+            config=BillingSettings.of(get_settings()),
             customer_id=args.customer,
             finalize=args.finalize,
             force=args.force,
@@ -136,14 +139,18 @@ def cmd_invoices_show(args: argparse.Namespace) -> int:
 
 
 def cmd_invoices_finalize(args: argparse.Namespace) -> int:
-    from app.billing.service import get_invoice, refresh_and_finalize
+    from app.billing.service import BillingSettings, get_invoice, refresh_and_finalize
+    from app.settings import get_settings
     from app.wiring import install as install_subscribers
 
     install_subscribers()  # finalizing queues the Stripe mirror, webhooks
     with transaction(args) as session:
         invoice = get_invoice(session, args.invoice_id, OPERATOR, lock=True)
         now = datetime.now(UTC)
-        finalized = InvoiceRead.of(refresh_and_finalize(session, invoice, now, force=args.force))
+        config = BillingSettings.of(get_settings())
+        finalized = InvoiceRead.of(
+            refresh_and_finalize(session, invoice, now, config, force=args.force)
+        )
     print_invoice(finalized, args.json)
     return 0
 

@@ -1,4 +1,5 @@
-"""Request-scoped dependencies: the one transaction of a request."""
+"""Request-scoped dependencies: the one transaction of a request, and the settings the
+endpoints hand their services (services never read settings themselves)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from app.core.db import transaction
 from app.core.errors import BIGINT_MAX
+from app.settings import Settings, get_settings
 
 
 def _request_session(request: Request) -> Iterator[Session]:
@@ -20,6 +22,7 @@ def _request_session(request: Request) -> Iterator[Session]:
 
 
 DbSession = Annotated[Session, Depends(_request_session, scope="function")]
+AppSettings = Annotated[Settings, Depends(get_settings)]
 
 # A row id in the path (a BIGINT identity): out of its range is a 422 naming the parameter,
 # never a statement the database refuses.

@@ -23,6 +23,44 @@ def get_customer(session: Session, customer_id: uuid.UUID, principal: Principal)
     return customer
 
 
+def customer_by_id(
+    session: Session, customer_id: uuid.UUID, *, for_update: bool = False
+) -> Customer | None:
+    """Read interface (no caller to scope by): the customer, None if there is none."""
+    return session.get(Customer, customer_id, with_for_update=for_update)
+
+
+def existing_customer(
+    session: Session, customer_id: uuid.UUID, *, for_update: bool = False
+) -> Customer:
+    """Read interface: a customer a row of the caller refers to (a foreign key keeps it)."""
+    return session.get_one(Customer, customer_id, with_for_update=for_update)
+
+
+def customers_by_zone(session: Session, only_id: uuid.UUID | None = None) -> list[Customer]:
+    """Read interface (invoice runs): every customer (or only ``only_id``), by billing zone."""
+    query = select(Customer).order_by(Customer.billing_timezone, Customer.id)
+    if only_id is not None:
+        query = query.where(Customer.id == only_id)
+    return list(session.scalars(query))
+
+
+def customers_in_zone(session: Session, timezone: str) -> list[Customer]:
+    """Read interface (schedule): the customers billed in ``timezone``."""
+    query = select(Customer).where(Customer.billing_timezone == timezone).order_by(Customer.id)
+    return list(session.scalars(query))
+
+
+def billing_zones(session: Session) -> list[str]:
+    """Read interface (schedule): every billing time zone some customer has."""
+    return list(session.scalars(select(Customer.billing_timezone).distinct()))
+
+
+def customer_ids(session: Session) -> list[uuid.UUID]:
+    """Read interface (schedule): every customer's id."""
+    return list(session.scalars(select(Customer.id).order_by(Customer.id)))
+
+
 # What runs when a customer is created, registered by the composition root (app.wiring): e.g.
 # the balances package's trial credit, which sits above customers and so cannot be called here.
 CreatedHook = Callable[[Session, Customer], None]

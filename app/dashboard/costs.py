@@ -27,10 +27,10 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
 
-from app.billing.domain import CREDIT_BUCKETS, Bucket
-from app.billing.lines import InvoiceLine, LineKind
+from app.billing.core.domain import CREDIT_BUCKETS, Bucket
+from app.billing.core.lines import InvoiceLine, LineKind
+from app.billing.core.rating import RatedRental
 from app.billing.loader import BillingPeriod
-from app.billing.rating import RatedRental
 from app.billing.rollups import day_bounds
 from app.billing.schemas import money
 from app.billing.usage import rated_to_date

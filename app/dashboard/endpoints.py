@@ -422,7 +422,8 @@ def revenue_page(request: Request, session: DbSession, admin: PagePrincipal, now
 @pages.get("", name="overview")
 def overview_page(p: CustomerPage, period: PeriodParam = None) -> Response:
     billing_period = p.period(period)
-    data = service.overview(p.session, p.v, billing_period, p.now)
+    low_balance = get_settings().balance_low_threshold
+    data = service.overview(p.session, p.v, billing_period, p.now, low_balance)
     return p.render("overview.html", period=billing_period, o=data, u=data.usage)
 
 

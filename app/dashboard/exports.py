@@ -38,7 +38,7 @@ from sqlalchemy.orm import Session
 
 from app.billing import repository as billing_repository
 from app.billing import usage as billing_usage
-from app.billing.lines import LineKind
+from app.billing.core.lines import LineKind
 from app.billing.loader import BillingPeriod
 from app.billing.models import Invoice, InvoiceLineRow
 from app.billing.rollups import day_bounds

@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import Field
 from sqlalchemy.orm import Session
 
-from app.billing.lines import LineKind
+from app.billing.core.lines import LineKind
 from app.billing.loader import BillingPeriod
 from app.billing.models import Invoice
 from app.billing.schemas import money

@@ -28,7 +28,7 @@ from pydantic import Field
 from sqlalchemy.orm import Session
 
 from app.billing import repository as billing_repository
-from app.billing.lines import LineKind
+from app.billing.core.lines import LineKind
 from app.billing.schemas import money
 from app.core.epoch import epoch, from_epoch
 from app.core.schemas import Schema

@@ -113,7 +113,10 @@ class Overview:
         return min(self.usage.vouchers.open, key=lambda v: v.expires_at, default=None)
 
 
-def overview(session: Session, v: Viewer, period: BillingPeriod, now: datetime) -> Overview:
+def overview(
+    session: Session, v: Viewer, period: BillingPeriod, now: datetime, low_balance: Decimal
+) -> Overview:
+    """The overview page; ``low_balance`` is the ``balance_low_threshold`` setting."""
     usage, rated = billing_usage.usage_and_rated(session, v.customer, period.name, now)
     hi = min(period.span[1], epoch(now))
     events = incidents.latest_events(session, v.customer.id, period.span[0], hi, LATEST_EVENTS)
@@ -124,7 +127,7 @@ def overview(session: Session, v: Viewer, period: BillingPeriod, now: datetime) 
         v.customer.id,
         currency,
         balances.balance(session, v.customer),
-        balances.low_threshold(currency),
+        balances.low_threshold(low_balance, currency),
     )
     due = amount_due.of_period(session, v.customer, period, now, rated)
     return Overview(usage, events, found, spend, prepaid, due)

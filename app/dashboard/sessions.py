@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.auth.models import ApiKey, KeyKind
-from app.auth.service import Principal
+from app.auth.models import KeyKind
+from app.auth.service import Principal, key_active
 from app.core.db import transaction
 from app.core.limits import send_unavailable
 from app.customers.service import portal_revoked_at
@@ -132,8 +132,7 @@ def principal_from_claims(claims: dict[str, Any], engine: Engine) -> Principal |
 
 def _key_active(engine: Engine, key_id: uuid.UUID) -> bool:
     with transaction(engine) as session:
-        key = session.get(ApiKey, key_id)
-        return key is not None and key.revoked_at is None
+        return key_active(session, key_id)
 
 
 def _revoked(engine: Engine, customer_id: uuid.UUID, issued_at: float) -> bool:

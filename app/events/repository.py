@@ -42,3 +42,10 @@ def events_after(
 
 def event_by_id(session: Session, event_id: uuid.UUID) -> DomainEvent | None:
     return session.scalars(select(DomainEvent).where(DomainEvent.id == event_id)).first()
+
+
+def event_types(session: Session, event_ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    rows = session.execute(
+        select(DomainEvent.id, DomainEvent.type).where(DomainEvent.id.in_(event_ids))
+    )
+    return {event_id: type_ for event_id, type_ in rows}

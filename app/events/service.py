@@ -79,6 +79,11 @@ def get_event(session: Session, event_id: uuid.UUID) -> DomainEvent:
     return event
 
 
+def event_types(session: Session, event_ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Read interface (webhook deliveries): each event's type."""
+    return repository.event_types(session, event_ids)
+
+
 def _cursor(after: str | None) -> int:
     """The event id a cursor (decimal digits, by the endpoint's pattern) stands for; none: 0,
     from the start. Past a BIGINT it is no id of ours: 422, not a query the database refuses."""

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from pydantic import AwareDatetime
 
 from app.auth.deps import Admin, ConsoleUser
-from app.core.deps import DbSession
+from app.core.deps import AppSettings, DbSession
 from app.core.pagination import Page, Paging, paginate
 from app.failover import repository, service
 from app.failover.models import FailoverState
@@ -52,12 +52,17 @@ def read_failover(failover_id: uuid.UUID, session: DbSession, caller: ConsoleUse
 
 @router.post("/{failover_id}/resumed")
 def resumed(
-    failover_id: uuid.UUID, session: DbSession, _: Admin, body: ResumedBody | None = None
+    failover_id: uuid.UUID,
+    session: DbSession,
+    _: Admin,
+    settings: AppSettings,
+    body: ResumedBody | None = None,
 ) -> FailoverRead:
     """The job runs on the reserved spare since ``resumed_at`` (default now): the migration is
     recorded and the rental moves to the spare. Calling it again returns the same failover."""
     at = body.resumed_at if body is not None else None
-    return FailoverRead.model_validate(service.resume(session, failover_id, at))
+    failover = service.resume(session, failover_id, at, settings.max_clock_skew_s)
+    return FailoverRead.model_validate(failover)
 
 
 @router.post("/{failover_id}/abandoned")

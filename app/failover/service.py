@@ -49,7 +49,6 @@ from app.rentals import service as rentals
 from app.rentals.models import Rental
 from app.rentals.ports import RentalGpu
 from app.rentals.schemas import MigrationCreate
-from app.settings import get_settings
 
 # How long a reservation waits for a spare's row that another transaction holds (an ingest
 # of the spare's node takes milliseconds); then the next spare is tried.
@@ -71,13 +70,16 @@ def _second(moment: datetime) -> datetime:
 # --- reacting to telemetry (subscriber of gpu.state_changed, in ingest's transaction) -------
 
 
-def on_gpu_state_changed(session: Session, event: DomainEvent) -> None:
+def on_gpu_state_changed(session: Session, event: DomainEvent, reservation_ttl_s: int) -> None:
+    """A rented GPU failed: open its failover (a spare reserved for ``reservation_ttl_s``); a
+    GPU back to healthy: repaired."""
     data = event.data
     if data["to_state"] == FAILED:
         seen = epoch(datetime.fromisoformat(data["seen_at"]))
         failed_at = _first_failed_second(session, data["gpu_uuid"], seen)
+        evidence = list(data["evidence"])
         open_failover(
-            session, data["gpu_uuid"], failed_at, event.occurred_at, list(data["evidence"])
+            session, data["gpu_uuid"], failed_at, event.occurred_at, evidence, reservation_ttl_s
         )
     elif data["to_state"] == HEALTHY:
         repaired(session, data["gpu_uuid"])
@@ -97,10 +99,11 @@ def open_failover(
     failed_at: datetime,
     detected_at: datetime,
     evidence: list[dict[str, Any]],
+    reservation_ttl_s: int,
 ) -> Failover | None:
-    """Open the failover of a rented GPU that failed at ``failed_at``: a reserved spare and
-    ``failover.requested``, or ``failover.no_spare``. None when the GPU serves no (regular)
-    rental or already has an open failover (a re-sent state change)."""
+    """Open the failover of a rented GPU that failed at ``failed_at``: a spare reserved for
+    ``reservation_ttl_s`` and ``failover.requested``, or ``failover.no_spare``. None when the
+    GPU serves no (regular) rental or already has an open failover (a re-sent state change)."""
     site = fleet.gpu_site(session, gpu_uuid)
     if site is None:
         return None
@@ -127,7 +130,7 @@ def open_failover(
         requested_at=now,
         evidence=evidence or _segment_evidence(session, gpu_uuid, failed_at),
     )
-    spare = _reserve_spare(session, failover, gpu, node, now)
+    spare = _reserve_spare(session, failover, gpu, node, now, reservation_ttl_s)
     labels = (node.datacenter, gpu.model)
     FAILOVER_DETECTION_SECONDS.labels(*labels).observe(_seconds(failed_at, detected_at))
     FAILOVER_REQUEST_SECONDS.labels(*labels).observe(_seconds(failed_at, now))
@@ -152,11 +155,10 @@ def _seconds(start: datetime, end: datetime) -> float:
 
 
 def _reserve_spare(
-    session: Session, failover: Failover, gpu: Gpu, node: Node, now: datetime
+    session: Session, failover: Failover, gpu: Gpu, node: Node, now: datetime, ttl: int
 ) -> SiteGpu | None:
-    """Reserve the best free spare for the failover (recorded, with its expiry job), or record
-    that there is none."""
-    ttl = get_settings().failover_reservation_ttl_s
+    """Reserve the best free spare for the failover for ``ttl`` seconds (recorded, with its
+    expiry job), or record that there is none."""
     for candidate in _ranked_spares(session, gpu, node, now):
         if not fleet.lock_gpu_within(session, candidate.uuid, SPARE_LOCK_WAIT_MS):
             continue
@@ -257,7 +259,9 @@ def repaired(session: Session, gpu_uuid: str) -> None:
 # --- the orchestrator's answers ---------------------------------------------------------------
 
 
-def resume(session: Session, failover_id: uuid.UUID, resumed_at: datetime | None) -> Failover:
+def resume(
+    session: Session, failover_id: uuid.UUID, resumed_at: datetime | None, max_clock_skew_s: int
+) -> Failover:
     """The job runs on the spare since ``resumed_at``: the migration is recorded (the failed
     assignment ends at failed_at, the spare's begins at resumed_at; [failed_at, resumed_at) is
     credited). Resuming a resumed failover again returns it unchanged."""
@@ -273,7 +277,7 @@ def resume(session: Session, failover_id: uuid.UUID, resumed_at: datetime | None
             f"{failover.failed_at.isoformat()}",
             ("body", "resumed_at"),
         )
-    if at > now + timedelta(seconds=get_settings().max_clock_skew_s):
+    if at > now + timedelta(seconds=max_clock_skew_s):
         raise Unprocessable(f"resumed_at {at.isoformat()} is in the future", ("body", "resumed_at"))
     spare = failover.spare_gpu_uuid
     assert spare is not None  # a requested failover holds a spare (table constraint)

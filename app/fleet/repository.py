@@ -6,14 +6,26 @@ from datetime import datetime
 from typing import Any
 
 from psycopg.errors import LockNotAvailable
-from sqlalchemy import ARRAY, Exists, Select, Text, and_, any_, cast, func, or_, select, text
+from sqlalchemy import (
+    ARRAY,
+    Exists,
+    Select,
+    Text,
+    and_,
+    any_,
+    cast,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+)
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.core.db import pipelined
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
-from app.fleet.schemas import SiteGpu
 from app.rentals.visibility import ever_served, served
 
 
@@ -115,25 +127,21 @@ def maintenance_spans(
     return [(gpu, window_start, window_end) for gpu, window_start, window_end in rows]
 
 
-def gpus_of_pool_site(session: Session, model: str, datacenter: str, at: datetime) -> list[SiteGpu]:
-    """Every GPU of ``model`` in ``datacenter`` with its node's topology and, if a rental holds
-    it at ``at``, that rental and whether it is preemptible (the spare pool's raw material)."""
+def gpus_of_pool_site(
+    session: Session, model: str, datacenter: str
+) -> list[tuple[str, str, str | None, uuid.UUID, str | None]]:
+    """(GPU, pool, last state, node, node's topology group) of every GPU of ``model`` in
+    ``datacenter``, by GPU (the spare pool's raw material)."""
     rows = session.execute(
         text("""
-        SELECT g.uuid, g.pool::text, g.last_state, n.id, n.topology_group,
-               a.rental_id, r.preemptible, a.start_at,
-               (SELECT min(later.start_at) FROM gpu_assignments later
-                WHERE later.gpu_uuid = g.uuid AND later.start_at > :at)
+        SELECT g.uuid, g.pool::text, g.last_state, n.id, n.topology_group
         FROM gpus g JOIN nodes n ON n.id = g.node_id
-        LEFT JOIN gpu_assignments a ON a.gpu_uuid = g.uuid AND a.start_at <= :at
-             AND (a.end_at IS NULL OR a.end_at > :at)
-        LEFT JOIN rentals r ON r.id = a.rental_id
         WHERE g.model = :model AND n.datacenter = :dc
         ORDER BY g.uuid
         """),
-        {"model": model, "dc": datacenter, "at": at},
+        {"model": model, "dc": datacenter},
     )
-    return [SiteGpu(*row) for row in rows]
+    return [(gpu, pool, state, node, group) for gpu, pool, state, node, group in rows]
 
 
 def pool_sites(session: Session) -> list[tuple[str, str]]:
@@ -263,3 +271,20 @@ def gpu_places(session: Session, gpu_uuids: Collection[str]) -> dict[str, tuple[
     query = select(Gpu.uuid, Gpu.model, Node.datacenter).join(Node, Node.id == Gpu.node_id)
     rows = session.execute(query.where(Gpu.uuid.in_(gpu_uuids)))
     return {gpu: (model, datacenter) for gpu, model, datacenter in rows}
+
+
+# --- written by the fleet simulator -------------------------------------------------------
+
+
+def insert_nodes_and_gpus(
+    session: Session, nodes: list[dict[str, Any]], gpus: list[dict[str, Any]]
+) -> None:
+    """Bulk insert (thousands of rows): nodes and GPUs as column-value dicts."""
+    session.execute(insert(Node), nodes)
+    session.execute(insert(Gpu), gpus)
+
+
+def spare_uuids(session: Session, gpu_uuids: list[str]) -> set[str]:
+    """Those of the GPUs in the spare pool."""
+    query = select(Gpu.uuid).where(Gpu.uuid.in_(gpu_uuids), Gpu.pool == Pool.SPARE)
+    return set(session.scalars(query))

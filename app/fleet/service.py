@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from sqlalchemy.orm import Session
 
 from app.auth import service as key_service
-from app.auth.models import ApiKey, KeyKind
+from app.auth.models import KEY_NAME_LENGTH, KeyKind
 from app.auth.service import IssuedKey, Principal
 from app.core.errors import Conflict, Forbidden, not_found
 from app.fleet import repository
@@ -15,7 +15,7 @@ from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.fleet.schemas import GpuCreate, GpuUpdate, MaintenanceCreate, NodeCreate, SiteGpu
 from app.metering.ports import GpuRegistry, StateChange
 from app.rentals.ports import Gpus, RentalGpu
-from app.rentals.service import rentals_holding
+from app.rentals.service import holdings_at, rentals_holding
 from app.settings import get_settings
 
 
@@ -49,7 +49,7 @@ def issue_node_token(session: Session, node: Node) -> IssuedKey:
     """A new agent token for the node; earlier tokens stop working (rotation)."""
     key_service.revoke_node_keys(session, node.id)
     # A label only: a 253-character hostname must not overflow the key name's column.
-    name = f"agent@{node.hostname}"[: ApiKey.name.type.length]
+    name = f"agent@{node.hostname}"[:KEY_NAME_LENGTH]
     return key_service.issue_key(session, KeyKind.NODE, name, node_id=node.id)
 
 
@@ -119,7 +119,9 @@ def gpu_site(session: Session, gpu_uuid: str) -> tuple[Gpu, Node] | None:
 def pool_site(session: Session, model: str, datacenter: str, at: datetime) -> list[SiteGpu]:
     """Read interface (failover): the GPUs of one model in one datacenter, with topology and
     their holder at ``at``."""
-    return repository.gpus_of_pool_site(session, model, datacenter, at)
+    gpus = repository.gpus_of_pool_site(session, model, datacenter)
+    holdings = holdings_at(session, [gpu[0] for gpu in gpus], at)
+    return [SiteGpu(*gpu, *holding) for gpu, holding in zip(gpus, holdings, strict=True)]
 
 
 def lock_gpu_within(session: Session, gpu_uuid: str, timeout_ms: int) -> bool:

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 
 from app.auth.deps import Admin, ConsoleUser
-from app.core.deps import DbSession
+from app.core.deps import AppSettings, DbSession
 from app.core.pagination import Page, Paging, paginate
 from app.payments import repository, service
 from app.payments.models import SyncState
@@ -24,11 +24,13 @@ async def _raw_body(request: Request) -> bytes:
 @router.post("/webhook", responses={400: {"description": "bad or stale Stripe signature"}})
 def stripe_webhook(
     session: DbSession,
+    settings: AppSettings,
     body: Annotated[bytes, Depends(_raw_body)],
     stripe_signature: Annotated[str | None, Header()] = None,
 ) -> WebhookAck:
     """Stripe's event deliveries, authenticated by their signature; each event applies once."""
-    event_id, duplicate = service.receive_webhook(session, body, stripe_signature)
+    stripe_keys = service.StripeSettings.of(settings)
+    event_id, duplicate = service.receive_webhook(session, body, stripe_signature, stripe_keys)
     return WebhookAck(event_id=event_id, duplicate=duplicate)
 
 

@@ -12,6 +12,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,7 +28,7 @@ from app.billing import service as billing_service
 from app.billing.models import Invoice, InvoiceStatus
 from app.core.epoch import from_epoch
 from app.core.errors import ApiError, Conflict, not_found
-from app.customers.models import Customer
+from app.customers.service import customer_by_id
 from app.events.models import DomainEvent
 from app.payments import repository
 from app.payments.jobs import wake_sync
@@ -40,7 +41,7 @@ from app.payments.models import (
 )
 from app.payments.schemas import InvoiceStripeRead, PaymentFailureRead, SyncRead
 from app.payments.stripe_api import META_INVOICE, from_stripe_amount, to_stripe_amount
-from app.settings import get_settings
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -50,20 +51,36 @@ MISMATCHES = Counter(
 )
 
 
-def stripe_enabled() -> bool:
-    return bool(get_settings().stripe_api_key)
+@dataclass(frozen=True)
+class StripeSettings:
+    """The Stripe keys the payments follow, handed in by their callers."""
+
+    api_key: str | None
+    webhook_secret: str | None
+
+    @classmethod
+    def of(cls, settings: Settings) -> StripeSettings:
+        return cls(settings.stripe_api_key, settings.stripe_webhook_secret)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.api_key)
+
+    @property
+    def live(self) -> bool:
+        return "_live_" in (self.api_key or "")
 
 
-def on_invoice_event(session: Session, event: DomainEvent) -> None:
+def on_invoice_event(session: Session, event: DomainEvent, stripe_keys: StripeSettings) -> None:
     """``invoice.finalized`` / ``invoice.voided``: queue the Stripe mirror of the invoice, in
     the transaction that finalized or voided it (the outbox guarantee)."""
     invoice = billing_repository.invoice_by_id(session, uuid.UUID(event.data["invoice_id"]))
-    queue_stripe_sync(session, invoice)
+    queue_stripe_sync(session, invoice, stripe_keys)
 
 
-def queue_stripe_sync(session: Session, invoice: Invoice) -> None:
+def queue_stripe_sync(session: Session, invoice: Invoice, stripe_keys: StripeSettings) -> None:
     """Queue ``invoice`` (just finalized or voided) for the sync, in the same transaction."""
-    if not stripe_enabled() or invoice.status == InvoiceStatus.DRAFT:
+    if not stripe_keys.enabled or invoice.status == InvoiceStatus.DRAFT:
         return
     target = SyncTarget.VOID if invoice.status == InvoiceStatus.VOID else SyncTarget.FINALIZED
     item = repository.outbox_for_invoice(session, invoice.id)
@@ -128,9 +145,11 @@ class BadSignature(ApiError):
     error_type = "invalid_signature"
 
 
-def receive_webhook(session: Session, payload: bytes, signature: str | None) -> tuple[str, bool]:
+def receive_webhook(
+    session: Session, payload: bytes, signature: str | None, stripe_keys: StripeSettings
+) -> tuple[str, bool]:
     """Verify, store once and apply a Stripe event; (event id, whether it was a duplicate)."""
-    secret = get_settings().stripe_webhook_secret
+    secret = stripe_keys.webhook_secret
     if not secret:  # a 4xx: Stripe keeps redelivering until the secret is configured
         raise BadSignature("no Stripe webhook secret is configured", ("header", "stripe-signature"))
     try:
@@ -161,7 +180,7 @@ def receive_webhook(session: Session, payload: bytes, signature: str | None) -> 
         row.outcome = "unknown_invoice"
     else:
         row.outcome = "applied"  # unless the handler says otherwise
-        handler(session, invoice, obj, row)
+        handler(session, invoice, obj, row, stripe_keys)
     session.flush()
     return event.id, False
 
@@ -179,7 +198,7 @@ def _top_up(session: Session, obj: dict[str, Any]) -> str:
     if tagged is None:
         return "ignored"  # an invoice's payment: invoice.paid reports it
     try:
-        customer = session.get(Customer, uuid.UUID(tagged))
+        customer = customer_by_id(session, uuid.UUID(tagged))
     except ValueError:
         customer = None
     if customer is None:
@@ -205,9 +224,13 @@ def _at(epoch: int | None) -> datetime | None:
 
 
 def _paid(
-    session: Session, invoice: Invoice, obj: dict[str, Any], event: StripeWebhookEvent
+    session: Session,
+    invoice: Invoice,
+    obj: dict[str, Any],
+    event: StripeWebhookEvent,
+    stripe_keys: StripeSettings,
 ) -> None:
-    mismatch = _payment_mismatch(invoice, obj)
+    mismatch = _payment_mismatch(invoice, obj, stripe_keys.live)
     if mismatch is not None:  # recorded on the inbox row and the invoice, counted, logged
         event.outcome = "mismatch"
         invoice.stripe_error = f"invoice.paid {event.id} not applied: {mismatch}"
@@ -222,10 +245,11 @@ def _paid(
         invoice.stripe_error = "paid in Stripe although void in gpumeter: refund it in Stripe"
 
 
-def _payment_mismatch(invoice: Invoice, obj: dict[str, Any]) -> str | None:
+def _payment_mismatch(invoice: Invoice, obj: dict[str, Any], live: bool) -> str | None:
     """What about a paid Stripe invoice does not match ours (None: it matches): the amount
-    paid must be our total to the minor unit, in our currency, and in the mode (live or test)
-    of our Stripe key, so a test-mode or partial payment never marks an invoice paid."""
+    paid must be our total to the minor unit, in our currency, and in the mode (live or test,
+    ``live``) of our Stripe key, so a test-mode or partial payment never marks an invoice
+    paid."""
     currency = str(obj.get("currency", "")).upper()
     if currency != invoice.currency:
         return f"paid in {currency or 'no currency'}, but the invoice is in {invoice.currency}"
@@ -233,7 +257,6 @@ def _payment_mismatch(invoice: Invoice, obj: dict[str, Any]) -> str | None:
     paid = obj.get("amount_paid")
     if paid != expected:
         return f"{paid} paid (minor units), but the invoice's total is {expected}"
-    live = "_live_" in (get_settings().stripe_api_key or "")
     if obj.get("livemode") is not live:
         mode = "live" if obj.get("livemode") else "test"
         return f"paid in Stripe's {mode} mode, but our key is for {'live' if live else 'test'}"
@@ -241,7 +264,11 @@ def _payment_mismatch(invoice: Invoice, obj: dict[str, Any]) -> str | None:
 
 
 def _payment_failed(
-    session: Session, invoice: Invoice, obj: dict[str, Any], event: StripeWebhookEvent
+    session: Session,
+    invoice: Invoice,
+    obj: dict[str, Any],
+    event: StripeWebhookEvent,
+    _: StripeSettings,
 ) -> None:
     session.add(
         PaymentFailure(
@@ -261,7 +288,7 @@ def _payment_failed(
 def _stripe_status(status: str, unexpected: str | None) -> Callable[..., None]:
     """A handler recording Stripe's new status; ``unexpected`` flags it unless ours is void."""
 
-    def handler(_: Session, invoice: Invoice, obj: dict[str, Any], __: StripeWebhookEvent) -> None:
+    def handler(_: Session, invoice: Invoice, *__: object) -> None:
         invoice.stripe_status = status
         if unexpected and invoice.status != InvoiceStatus.VOID:
             invoice.stripe_error = unexpected
@@ -269,7 +296,8 @@ def _stripe_status(status: str, unexpected: str | None) -> Callable[..., None]:
     return handler
 
 
-_HANDLERS: dict[str, Callable[[Session, Invoice, dict[str, Any], StripeWebhookEvent], None]] = {
+_Handler = Callable[[Session, Invoice, dict[str, Any], StripeWebhookEvent, StripeSettings], None]
+_HANDLERS: dict[str, _Handler] = {
     "invoice.paid": _paid,
     "invoice.payment_failed": _payment_failed,
     "invoice.voided": _stripe_status("void", "voided in Stripe but not in gpumeter"),

@@ -45,6 +45,7 @@ from app.billing import repository as billing_repository
 from app.billing.models import CreditNote, Invoice, InvoiceLineRow
 from app.core.db import transaction
 from app.customers.models import Customer
+from app.customers.service import existing_customer
 from app.payments import repository
 from app.payments.models import StripeOutbox, SyncState, SyncStep, SyncTarget
 from app.payments.stripe_api import (
@@ -184,7 +185,7 @@ class SyncJob:
                 # Stripe would turn a negative total into customer credit balance that
                 # gpumeter does not track; billing never produces one, so it is an error.
                 raise MirrorError(f"invoice total {invoice.total} is negative")
-            customer = session.get_one(Customer, item.customer_id, with_for_update=True)
+            customer = existing_customer(session, item.customer_id, for_update=True)
             if customer.stripe_customer_id is None:
                 customer.stripe_customer_id = self._find_or_create_customer(customer)
             _advance(item, SyncStep.CUSTOMER)
@@ -209,7 +210,7 @@ class SyncJob:
                 found = self.client.v1.invoices.retrieve(invoice.stripe_invoice_id)
             else:
                 found = self._find_invoice(invoice.id) or self._create_invoice(
-                    invoice, session.get_one(Customer, invoice.customer_id), stripe_customer_id
+                    invoice, existing_customer(session, invoice.customer_id), stripe_customer_id
                 )
                 invoice.stripe_invoice_id = found.id
             invoice.stripe_status = found.status

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.core.errors import Conflict, Unprocessable, not_found
-from app.customers.models import Customer
+from app.customers.service import customer_by_id
 from app.plans import repository
 from app.plans.models import PlanPrice, PricePlan
 from app.plans.schemas import PlanCreate, PlanUpdate, PriceCreate, PriceRead
@@ -67,7 +67,7 @@ def update_plan(session: Session, plan: PricePlan, data: PlanUpdate) -> PricePla
 def add_price(
     session: Session, plan: PricePlan, data: PriceCreate, loc: tuple[str | int, ...] = ("body",)
 ) -> PlanPrice:
-    if data.customer_id is not None and session.get(Customer, data.customer_id) is None:
+    if data.customer_id is not None and customer_by_id(session, data.customer_id) is None:
         raise Unprocessable(f"customer {data.customer_id} does not exist", (*loc, "customer_id"))
     price = PlanPrice(plan_id=plan.id, **data.model_dump())
     try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import (
     ARRAY,
@@ -13,6 +14,7 @@ from sqlalchemy import (
     cast,
     exists,
     func,
+    insert,
     or_,
     select,
     text,
@@ -21,6 +23,7 @@ from sqlalchemy.orm import Session, lazyload
 
 from app.auth.service import Principal
 from app.rentals.models import GpuAssignment, Migration, Rental
+from app.rentals.schemas import Holding
 
 
 def readable_rentals(principal: Principal) -> Select[Rental]:
@@ -187,6 +190,25 @@ def rentals_holding(
     return sorted(session.scalars(query))
 
 
+def holdings_at(session: Session, gpu_uuids: list[str], at: datetime) -> list[Holding]:
+    """Each GPU's holder at ``at`` (the rental, whether it is preemptible, since when) and the
+    start of its first assignment after ``at``, in ``gpu_uuids``' order."""
+    rows = session.execute(
+        text("""
+        SELECT a.rental_id, r.preemptible, a.start_at,
+               (SELECT min(later.start_at) FROM gpu_assignments later
+                WHERE later.gpu_uuid = g.uuid AND later.start_at > :at)
+        FROM unnest(CAST(:gpus AS text[])) WITH ORDINALITY AS g(uuid, n)
+        LEFT JOIN gpu_assignments a ON a.gpu_uuid = g.uuid AND a.start_at <= :at
+             AND (a.end_at IS NULL OR a.end_at > :at)
+        LEFT JOIN rentals r ON r.id = a.rental_id
+        ORDER BY g.n
+        """),
+        {"gpus": gpu_uuids, "at": at},
+    )
+    return [Holding(*row) for row in rows]
+
+
 # --- read by billing's loader -------------------------------------------------------------
 
 
@@ -252,3 +274,15 @@ def moved_after(
     params = {"g": [gpu for gpu, _ in failures], "a": [at for _, at in failures]}
     rows = session.execute(_MOVED_AFTER, params)
     return {(gpu, at): (resumed_s, to_gpu) for gpu, at, resumed_s, to_gpu in rows}
+
+
+# --- written by the fleet simulator -------------------------------------------------------
+
+
+def insert_rentals(
+    session: Session, rentals: list[dict[str, Any]], assignments: list[dict[str, Any]]
+) -> None:
+    """Bulk insert (thousands of rows): rentals and their assignments as column-value dicts;
+    the GPU-overlap trigger still checks every assignment."""
+    session.execute(insert(Rental), rentals)
+    session.execute(insert(GpuAssignment), assignments)

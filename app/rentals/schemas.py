@@ -2,11 +2,20 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Self
+from typing import NamedTuple, Self
 
 from pydantic import AwareDatetime, Field, model_validator
 
 from app.core.schemas import Schema
+
+
+class Holding(NamedTuple):
+    """Who holds a GPU at a time, and when it is next booked (the failover's spare pool)."""
+
+    rental_id: uuid.UUID | None
+    rental_preemptible: bool | None
+    held_since: datetime | None
+    booked_from: datetime | None  # the first assignment that begins after that time
 
 
 class _Interval(Schema):

@@ -13,11 +13,12 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.core.errors import Conflict, Loc, NotFound, Unprocessable, not_found
 from app.customers.models import Customer
+from app.customers.service import customer_by_id
 from app.events.service import publish
 from app.rentals import repository
 from app.rentals.models import GpuAssignment, Migration, Rental
 from app.rentals.ports import Catalogue, RentalGpu
-from app.rentals.schemas import AssignmentCreate, MigrationCreate, RentalCreate
+from app.rentals.schemas import AssignmentCreate, Holding, MigrationCreate, RentalCreate
 
 
 def get_rental(session: Session, rental_id: uuid.UUID, principal: Principal) -> Rental:
@@ -37,6 +38,11 @@ def rentals_holding(
 ) -> list[uuid.UUID]:
     """Read interface: the rentals that held the GPU at some time in [start, end)."""
     return repository.rentals_holding(session, gpu_uuid, start, end)
+
+
+def holdings_at(session: Session, gpu_uuids: list[str], at: datetime) -> list[Holding]:
+    """Read interface (spare pool): each GPU's holder at ``at`` and its next booking."""
+    return repository.holdings_at(session, gpu_uuids, at)
 
 
 def customer_migrations(
@@ -86,7 +92,7 @@ def _catalogue() -> Catalogue:
 
 
 def create_rental(session: Session, data: RentalCreate) -> Rental:
-    customer = session.get(Customer, data.customer_id)
+    customer = customer_by_id(session, data.customer_id)
     if customer is None:
         raise not_found("customer", data.customer_id, ("body", "customer_id"))
     for check in _create_checks:

@@ -1,26 +1,10 @@
 from __future__ import annotations
 
-import uuid
-
 from sqlalchemy import Select, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from app.customers.models import Customer
 from app.schedule.models import RunStatus, ScheduledRun
-
-
-def billing_zones(session: Session) -> list[str]:
-    return list(session.scalars(select(Customer.billing_timezone).distinct()))
-
-
-def customer_ids(session: Session) -> list[uuid.UUID]:
-    return list(session.scalars(select(Customer.id).order_by(Customer.id)))
-
-
-def customers_in(session: Session, timezone: str) -> list[Customer]:
-    query = select(Customer).where(Customer.billing_timezone == timezone).order_by(Customer.id)
-    return list(session.scalars(query))
 
 
 def add_due(session: Session, period: str, timezone: str, finalize: bool) -> None:

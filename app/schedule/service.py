@@ -20,9 +20,10 @@ from sqlalchemy.orm import Session
 
 from app.billing.loader import billing_period
 from app.billing.run import run_invoices
+from app.billing.service import BillingSettings
 from app.billing.usage import store_closed
 from app.core.db import transaction
-from app.customers.models import Customer
+from app.customers import service as customers_service
 from app.schedule import repository
 from app.schedule.models import RunStatus, ScheduledRun
 from app.settings import Settings
@@ -42,17 +43,20 @@ def closed_period(timezone: str, now: datetime, grace_hours: int) -> str | None:
 def tick(engine: Engine, settings: Settings, now: datetime) -> list[int]:
     """Note what became due, then work every due run once; the ids of the runs worked."""
     with transaction(engine) as session:
-        for zone in repository.billing_zones(session):
+        for zone in customers_service.billing_zones(session):
             period = closed_period(zone, now, settings.invoice_grace_hours)
             if period is not None:
                 repository.add_due(session, period, zone, settings.invoice_schedule_finalize)
     worked: list[int] = []
-    while (run_id := _work_next(engine, now, exclude=worked)) is not None:
+    config = BillingSettings.of(settings)
+    while (run_id := _work_next(engine, now, config, exclude=worked)) is not None:
         worked.append(run_id)
     return worked
 
 
-def _work_next(engine: Engine, now: datetime, exclude: list[int]) -> int | None:
+def _work_next(
+    engine: Engine, now: datetime, config: BillingSettings, exclude: list[int]
+) -> int | None:
     run_id = None
     try:
         with transaction(engine) as session:
@@ -60,7 +64,7 @@ def _work_next(engine: Engine, now: datetime, exclude: list[int]) -> int | None:
             if run is None:
                 return None
             run_id = run.id
-            _run(session, run, now)
+            _run(session, run, now, config)
     except Exception as error:
         if run_id is None:
             raise
@@ -72,13 +76,13 @@ def _work_next(engine: Engine, now: datetime, exclude: list[int]) -> int | None:
     return run_id
 
 
-def _run(session: Session, run: ScheduledRun, now: datetime) -> None:
-    customers = repository.customers_in(session, run.timezone)
+def _run(session: Session, run: ScheduledRun, now: datetime, config: BillingSettings) -> None:
+    customers = customers_service.customers_in_zone(session, run.timezone)
     counts: Counter[str] = Counter()
     failures: dict[str, str] = {}
     for customer in customers:
         summary = run_invoices(
-            session, run.period, now, customer_id=customer.id, finalize=run.finalize
+            session, run.period, now, config=config, customer_id=customer.id, finalize=run.finalize
         )
         counts.update({outcome.value: n for outcome, n in summary.counts.items()})
         failures.update({str(c): message for c, message in summary.failures.items()})
@@ -94,12 +98,14 @@ def store_rollups(engine: Engine, now: datetime) -> int:
     the last hour or so live.
     A customer that fails is logged and left to its next read; how many were stored."""
     with transaction(engine) as session:
-        customer_ids = repository.customer_ids(session)
+        customer_ids = customers_service.customer_ids(session)
     stored = 0
     for customer_id in customer_ids:
         try:
             with transaction(engine) as session:
-                store_closed(session, session.get_one(Customer, customer_id), now)
+                store_closed(
+                    session, customers_service.existing_customer(session, customer_id), now
+                )
             stored += 1
         except Exception:
             log.exception("usage rollups not stored", extra={"customer_id": str(customer_id)})

@@ -9,19 +9,20 @@ does, so its checks (the GPU is free, same model, within the rental) hold for si
 from __future__ import annotations
 
 import random
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from app.core.epoch import epoch, from_epoch
-from app.fleet.models import Gpu, Pool
+from app.fleet import repository as fleet_repository
 from app.rentals import service as rentals
-from app.rentals.models import GpuAssignment, Rental
+from app.rentals.models import Rental
 from app.rentals.schemas import MigrationCreate
+from app.rentals.visibility import served
 from app.simulate.history import Failure, SimGpu
 
 FOREVER = 2**62
@@ -37,7 +38,7 @@ class Recovery(StrEnum):
 class Held:
     """An assignment as plain epoch seconds (``end`` FOREVER while open)."""
 
-    rental_id: object
+    rental_id: uuid.UUID
     start: int
     end: int
 
@@ -61,22 +62,10 @@ def epoch_or_forever(moment: datetime | None) -> int:
 
 def load_ledger(session: Session, gpu_uuids: list[str], start: int) -> Ledger:
     ledger = Ledger()
-    rows = session.scalars(
-        select(GpuAssignment).where(
-            GpuAssignment.gpu_uuid.in_(gpu_uuids),
-            or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > from_epoch(start)),
-        )
-    )
-    for a in rows:
-        ledger.held[a.gpu_uuid].append(
-            Held(a.rental_id, epoch(a.start_at), epoch_or_forever(a.end_at))
-        )
+    rows = session.execute(served(gpu_uuids=gpu_uuids, start=from_epoch(start)))
+    for rental_id, _customer_id, gpu_uuid, start_at, end_at in rows:
+        ledger.held[gpu_uuid].append(Held(rental_id, epoch(start_at), epoch_or_forever(end_at)))
     return ledger
-
-
-def spare_uuids(session: Session, gpu_uuids: list[str]) -> set[str]:
-    query = select(Gpu.uuid).where(Gpu.uuid.in_(gpu_uuids), Gpu.pool == Pool.SPARE)
-    return set(session.scalars(query))
 
 
 def resume_delay(
@@ -104,14 +93,14 @@ def migrate_failures(
     Returns the migrations recorded.
     """
     model = {g.uuid: g.model for g in gpus}
-    pool = spare_uuids(session, list(model))
+    pool = fleet_repository.spare_uuids(session, list(model))
     down: dict[str, list[Failure]] = defaultdict(list)
     for f in failures:
         down[f.gpu_uuid].append(f)
     migrated = 0
     # One object per rental: ``rentals.migrate`` expires its relationships, and fetching it
     # again would reload every assignment of a 3,000-GPU rental per failure.
-    rental_of: dict[object, Rental] = {}
+    rental_of: dict[uuid.UUID, Rental] = {}
     for f, delay in zip(failures, delays, strict=True):
         held, resumed = ledger.holder(f.gpu_uuid, f.at), f.at + delay
         if held is None or resumed >= min(held.end, window_end):
@@ -120,7 +109,7 @@ def migrate_failures(
         if target is None:
             continue  # no spare: the rental waits for the repair, credited as failure
         if held.rental_id not in rental_of:
-            rental_of[held.rental_id] = session.get_one(Rental, held.rental_id)
+            rental_of[held.rental_id] = rentals.rental_by_id(session, held.rental_id)
         rentals.migrate(
             session,
             rental_of[held.rental_id],

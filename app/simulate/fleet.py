@@ -14,16 +14,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from app.core.epoch import from_epoch
 from app.customers.schemas import CustomerCreate
 from app.customers.service import create_customer
-from app.fleet.models import Gpu, Node, Pool
+from app.fleet import repository as fleet_repository
+from app.fleet.models import Pool
 from app.plans.schemas import PlanCreate
 from app.plans.service import create_plan
-from app.rentals.models import GpuAssignment, Rental
+from app.rentals import repository as rentals_repository
 from app.simulate.history import DAY, SimGpu
 from metering_agent.nvml.simulated import sim_uuid
 
@@ -71,9 +71,10 @@ def create_fleet(
 ) -> Fleet:
     """Nodes, GPUs, a plan, customers and rentals whose assignments cover ``[start, end)``."""
     nodes = _nodes(math.ceil(gpus / GPUS_PER_NODE), rng, tag)
-    session.execute(insert(Node), [{k: v for k, v in n.items() if k != "model"} for n in nodes])
     gpu_rows = _gpus(nodes, gpus)
-    session.execute(insert(Gpu), gpu_rows)
+    fleet_repository.insert_nodes_and_gpus(
+        session, [{k: v for k, v in n.items() if k != "model"} for n in nodes], gpu_rows
+    )
     plan = create_plan(
         session,
         PlanCreate.model_validate(
@@ -86,8 +87,7 @@ def create_fleet(
     ]
     rentals, assignments = _rentals(gpu_rows, plan.id, customers, start, end, rng)
     if rentals:
-        session.execute(insert(Rental), rentals)
-        session.execute(insert(GpuAssignment), assignments)
+        rentals_repository.insert_rentals(session, rentals, assignments)
     sims = [SimGpu(g["uuid"], g["model"]) for g in gpu_rows]
     return Fleet(sims, len(customers), len(rentals))
 
@@ -218,7 +218,6 @@ def create_one_customer_fleet(
         }
         for i in range(rented_nodes + spare_nodes)
     ]
-    session.execute(insert(Node), nodes)
     rows: list[dict[str, Any]] = [
         {
             "uuid": sim_uuid(node["hostname"], i),
@@ -230,7 +229,7 @@ def create_one_customer_fleet(
         for i in range(GPUS_PER_NODE)
     ]
     rows = rows[:gpus] + rows[rented_nodes * GPUS_PER_NODE :]  # a part node rents its first GPUs
-    session.execute(insert(Gpu), rows)
+    fleet_repository.insert_nodes_and_gpus(session, nodes, rows)
     since = from_epoch(start).isoformat()
     plan = create_plan(
         session,
@@ -254,9 +253,9 @@ def create_one_customer_fleet(
         "start_at": from_epoch(start),
         "end_at": from_epoch(end),
     }
-    session.execute(insert(Rental), [rental])
-    session.execute(
-        insert(GpuAssignment),
+    rentals_repository.insert_rentals(
+        session,
+        [rental],
         [
             {
                 "rental_id": rental["id"],

@@ -21,12 +21,12 @@ from decimal import Decimal
 from sqlalchemy.orm import Session
 
 import app.models  # noqa: F401 - registers every table, so foreign keys resolve
-from app.billing.domain import Bucket
-from app.billing.effective import EffectiveUsage, effective_usage
+from app.billing.core.domain import Bucket
+from app.billing.core.effective import EffectiveUsage, effective_usage
+from app.billing.core.whatif import WhatIfTable, what_if
 from app.billing.loader import load_inputs
 from app.billing.service import rate
 from app.billing.usage import idle_by_gpu
-from app.billing.whatif import WhatIfTable, what_if
 from app.core.db import get_engine, transaction
 from app.settings import get_settings
 from app.simulate.attribution import Recovery
@@ -125,12 +125,7 @@ def _rate(
         inputs = load_inputs(session, [customer], span)
     with progress.step("rating at 1 h, 1 min and 1 s, with and without automatic credits"):
         table = what_if(
-            inputs.rentals(customer),
-            inputs.assignments_of(customer),
-            inputs.segments_by_gpu,
-            inputs.maintenance_by_gpu,
-            inputs.migrations_of(customer),
-            span,
+            inputs.for_customer(customer, span),
             increments=INCREMENTS,
             manual_recovery_s=scenario.manual_recovery_s,
         )

@@ -13,7 +13,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from fractions import Fraction
 from typing import Any
 
-from app.billing.domain import Bucket
+from app.billing.core.domain import Bucket
 from app.core.epoch import from_epoch
 from app.core.money import time_amount
 from app.simulate.replay import Replay

@@ -51,10 +51,3 @@ def attempts_of(session: Session, delivery_ids: list[int]) -> dict[int, list[Web
     for row in rows:
         out[row.delivery_id].append(row)
     return out
-
-
-def event_types(session: Session, event_ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
-    rows = session.execute(
-        select(DomainEvent.id, DomainEvent.type).where(DomainEvent.id.in_(event_ids))
-    )
-    return {event_id: type_ for event_id, type_ in rows}

@@ -9,7 +9,8 @@ from sqlalchemy import func
 from sqlalchemy.orm import Session
 
 from app.core.errors import Conflict, Unprocessable, not_found
-from app.customers.models import Customer
+from app.customers.service import customer_by_id
+from app.events import service as events_service
 from app.events.models import DomainEvent
 from app.settings import get_settings
 from app.webhooks import jobs, repository
@@ -45,7 +46,7 @@ def _checked_url(url: str) -> str:
 
 
 def create_endpoint(session: Session, data: EndpointCreate) -> EndpointWithSecret:
-    if data.customer_id is not None and session.get(Customer, data.customer_id) is None:
+    if data.customer_id is not None and customer_by_id(session, data.customer_id) is None:
         raise Unprocessable(f"customer {data.customer_id} does not exist", ("body", "customer_id"))
     endpoint = WebhookEndpoint(
         url=_checked_url(str(data.url)),
@@ -121,7 +122,7 @@ def resend(session: Session, delivery_id: int) -> DeliveryRead:
 def delivery_views(session: Session, deliveries: list[WebhookDelivery]) -> list[DeliveryRead]:
     ids = [d.id for d in deliveries]
     log = repository.attempts_of(session, ids)
-    types = repository.event_types(session, [d.event_id for d in deliveries])
+    types = events_service.event_types(session, [d.event_id for d in deliveries])
     return [_delivery_read(d, types[d.event_id], log[d.id]) for d in deliveries]
 
 

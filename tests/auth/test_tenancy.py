@@ -29,6 +29,7 @@ from sqlalchemy import Engine
 from app.billing.models import CreditNote
 from app.core.db import transaction
 from app.failover import service as failover_service
+from app.settings import get_settings
 from tests.harness import Console, bearer
 
 pytestmark = pytest.mark.xdist_group("tenancy")  # one world for the module: see ``module_db``
@@ -307,7 +308,8 @@ def _failover(db: Engine, ids: dict[str, str]) -> None:
     failover routes to hide from B."""
     failed_at = datetime(2026, 11, 3, tzinfo=UTC)
     with transaction(db) as session:
-        failover = failover_service.open_failover(session, "GPU-A-2", failed_at, failed_at, [])
+        ttl = get_settings().failover_reservation_ttl_s
+        failover = failover_service.open_failover(session, "GPU-A-2", failed_at, failed_at, [], ttl)
         assert failover is not None
         ids["failover_id"] = str(failover.id)
 

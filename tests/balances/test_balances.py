@@ -15,6 +15,7 @@ from app.balances import service
 from app.core.db import transaction
 from app.core.errors import Conflict
 from app.customers.models import Customer
+from app.settings import get_settings
 from tests.billing.world import get, write_telemetry
 from tests.harness import Console, bearer
 
@@ -39,7 +40,8 @@ def test_signup_credit_is_granted_once(console: Console, db: Engine) -> None:
         "low": False,
     }
     with transaction(db) as session:  # a second grant (a retried hook, say) adds nothing
-        service.grant_trial_credit(session, session.get_one(Customer, acme["id"]))
+        customer = session.get_one(Customer, acme["id"])
+        service.grant_trial_credit(session, customer, get_settings().trial_credit)
     [trial] = entries(console, acme["id"])
     assert (trial["kind"], trial["amount"], trial["balance"]) == ("trial", "10.00", "10.00")
 
@@ -155,7 +157,8 @@ def test_the_balance_never_goes_below_zero(console: Console, db: Engine) -> None
         with pytest.raises(
             Conflict, match=re.escape("the balance is 10.00 USD: 10.01 cannot be taken")
         ):
-            service.apply_to_invoice(session, customer, uuid.uuid4(), "GM-1", Decimal("10.01"))
+            low = get_settings().balance_low_threshold
+            service.apply_to_invoice(session, customer, uuid.uuid4(), "GM-1", Decimal("10.01"), low)
     assert balance(console, acme["id"])["balance"] == "10.00"
 
 

@@ -14,12 +14,13 @@ from sqlalchemy.orm import Session
 
 from app.balances import service
 from app.balances.models import BalanceEntry
-from app.billing.invoice import build_invoice
-from app.billing.lines import InvoiceLine, LineKind, sum_amounts
+from app.billing.core.invoice import build_invoice
+from app.billing.core.lines import InvoiceLine, LineKind, sum_amounts
 from app.core.money import to_minor
 from app.customers.models import Customer
 from app.customers.schemas import CustomerCreate
 from app.customers.service import create_customer
+from app.settings import get_settings
 
 pytestmark = pytest.mark.usefixtures("trial")
 
@@ -68,7 +69,8 @@ def _invoice(session: Session, customer: Customer, due_cents: int, tax: Decimal)
     assert -sum(prepaid, Decimal(0)) <= min(available, before_balance)  # applied <= total
     if not prepaid:
         return []
-    service.apply_to_invoice(session, customer, invoice_id, "GM-prop", -prepaid[0])
+    low = get_settings().balance_low_threshold
+    service.apply_to_invoice(session, customer, invoice_id, "GM-prop", -prepaid[0], low)
     return [invoice_id]
 
 

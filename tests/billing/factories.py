@@ -2,7 +2,7 @@
 
 from decimal import Decimal
 
-from app.billing.domain import GpuState, PlanTerms, PricePoint, RentalInput, Segment
+from app.billing.core.domain import GpuState, PlanTerms, PricePoint, RentalInput, Segment
 
 DAY = 86400
 MONTH = (0, 30 * DAY)  # a 30-day billing period starting at epoch 0

@@ -1,11 +1,11 @@
 from decimal import Decimal
 
-from app.billing.domain import Assignment, PlanTerms, PricePoint
-from app.billing.evidence import evidence_text, xid_of
-from app.billing.invoice import build_invoice
-from app.billing.lines import InvoiceLine, LineKind
-from app.billing.rating import rate_rental
-from app.billing.vouchers import issue_voucher, open_vouchers
+from app.billing.core.domain import Assignment, PlanTerms, PricePoint, RatingInputs
+from app.billing.core.evidence import evidence_text, xid_of
+from app.billing.core.invoice import build_invoice
+from app.billing.core.lines import InvoiceLine, LineKind
+from app.billing.core.rating import rate_rental
+from app.billing.core.vouchers import issue_voucher, open_vouchers
 
 from .factories import MONTH, failed, healthy, rental, usd_plan
 
@@ -13,7 +13,7 @@ from .factories import MONTH, failed, healthy, rental, usd_plan
 def _month_on_a():
     segments = {"A": [healthy("A", 0, MONTH[1]), failed("A", 100, 118)]}
     assignments = [Assignment("r1", "A", 0, MONTH[1])]
-    return rate_rental(rental(usd_plan()), assignments, segments, {}, [], MONTH)
+    return rate_rental(RatingInputs([rental(usd_plan())], assignments, segments, {}, [], MONTH))
 
 
 def test_tax_on_lines_after_vouchers_total_is_sum_of_lines() -> None:
@@ -40,7 +40,9 @@ def test_credit_rounding_keeps_the_net_at_billable_seconds_times_price() -> None
     # 0.01 by largest remainder (a tie: the earlier incident takes it).
     segments = {"A": [healthy("A", 0, 1000), failed("A", 100, 118), failed("A", 200, 218)]}
     plan = usd_plan("1.00")
-    rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, 1000)], segments, {}, [], MONTH)
+    rated = rate_rental(
+        RatingInputs([rental(plan)], [Assignment("r1", "A", 0, 1000)], segments, {}, [], MONTH)
+    )
     invoice = build_invoice("inv", "c1", "USD", [rated], [], MONTH[1], Decimal("0"))
     assert [line.amount for line in invoice.lines] == [
         Decimal("0.28"),  # 1000 s: 0.2777...
@@ -54,7 +56,9 @@ def test_credit_rounding_keeps_the_net_at_billable_seconds_times_price() -> None
 def test_jpy_invoice_has_no_decimals() -> None:
     plan = PlanTerms(prices=(PricePoint("H100", 0, Decimal("100")),), currency="JPY")
     segments = {"A": [healthy("A", 0, 5418)]}  # 5418 s x 100 / 3600 = 150.5 -> 151
-    rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, 5418)], segments, {}, [], MONTH)
+    rated = rate_rental(
+        RatingInputs([rental(plan)], [Assignment("r1", "A", 0, 5418)], segments, {}, [], MONTH)
+    )
     invoice = build_invoice("inv", "c1", "JPY", [rated], [], MONTH[1], Decimal("0.10"))
     assert [str(line.amount) for line in invoice.lines] == ["151", "15"]  # tax 15.1 -> 15
     assert str(invoice.total) == "166"

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, select, text
 
 from app.billing.models import Invoice, InvoiceLineRow, VoucherEntryRow
 from app.billing.run import run_invoices
+from app.billing.service import BillingSettings
 from app.core.db import transaction
 from app.core.money import round_money, time_amount
 from app.customers.models import Customer
@@ -23,6 +24,7 @@ from app.metering.repository import write_segments
 from app.metering.segments import Span
 from app.plans.models import PlanPrice, PricePlan
 from app.rentals.models import GpuAssignment, Migration, Rental
+from app.settings import get_settings
 
 START = int(datetime(2026, 10, 1, tzinfo=UTC).timestamp())
 END = int(datetime(2026, 11, 1, tzinfo=UTC).timestamp())
@@ -172,7 +174,13 @@ def test_rerunning_an_invoice_run_is_identical(
     snapshots = []
     for finalize in (False, False, True, True):
         with transaction(db) as session:
-            run_invoices(session, "2026-10", NOW, finalize=finalize)
+            run_invoices(
+                session,
+                "2026-10",
+                NOW,
+                config=BillingSettings.of(get_settings()),
+                finalize=finalize,
+            )
         snapshots.append(_snapshot(db))
     assert snapshots[0] == snapshots[1]  # drafts: the same again
     assert snapshots[2] == snapshots[3]  # finalized: never touched again

@@ -11,7 +11,7 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.billing.domain import (
+from app.billing.core.domain import (
     CREDIT_BUCKETS,
     Assignment,
     Bucket,
@@ -19,12 +19,13 @@ from app.billing.domain import (
     Migration,
     PlanTerms,
     PricePoint,
+    RatingInputs,
     RentalInput,
     Segment,
 )
-from app.billing.lines import InvoiceLine, LineKind, sum_amounts
-from app.billing.rating import RatedRental, is_billed, rate_rentals
-from app.billing.vouchers import (
+from app.billing.core.lines import InvoiceLine, LineKind, sum_amounts
+from app.billing.core.rating import RatedRental, is_billed, rate_rentals
+from app.billing.core.vouchers import (
     EntryKind,
     apply_vouchers,
     balance,
@@ -92,7 +93,7 @@ _CREDITS = frozenset({LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT, LineKi
 
 
 def _rate(world: dict) -> list[RatedRental]:
-    return rate_rentals(**world)
+    return rate_rentals(RatingInputs(**world))
 
 
 def _oracle_bucket(world: dict, plan: PlanTerms, gpu: str, t: int) -> Bucket:

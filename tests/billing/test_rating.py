@@ -2,18 +2,19 @@ from decimal import Decimal
 
 import pytest
 
-from app.billing.domain import (
+from app.billing.core.domain import (
     Assignment,
     Bucket,
     GpuState,
     Migration,
     PlanTerms,
     PricePoint,
+    RatingInputs,
     RentalInput,
     Segment,
 )
-from app.billing.lines import LineKind
-from app.billing.rating import RatedRental, rate_rental
+from app.billing.core.lines import LineKind
+from app.billing.core.rating import RatedRental, rate_rental
 
 from .factories import DAY, MONTH, failed, healthy, rental, usd_plan
 
@@ -33,7 +34,9 @@ def _failure_then_migration(a_end: int, b_start: int):
         "B": [healthy("B", 0, END)],
     }
     migration = Migration("r1", "A", "B", F + 2820, F + 2850, {"event_id": "mig1"})
-    return rate_rental(rental(usd_plan()), assignments, segments, {}, [migration], MONTH)
+    return rate_rental(
+        RatingInputs([rental(usd_plan())], assignments, segments, {}, [migration], MONTH)
+    )
 
 
 @pytest.mark.parametrize(
@@ -64,7 +67,9 @@ def test_price_change_splits_charge_and_credit_lines() -> None:
         prices=(PricePoint("H100", 0, Decimal("2.00")), PricePoint("H100", change, Decimal("2.50")))
     )
     segments = {"A": [healthy("A", 0, END), failed("A", change - 1800, change + 1800)]}
-    rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
+    rated = rate_rental(
+        RatingInputs([rental(plan)], [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
+    )
     charges = [x for x in rated.lines if x.kind is LineKind.CHARGE]
     assert [(x.start, x.end, x.seconds, x.amount) for x in charges] == [
         (0, change, change, Decimal("720.00")),
@@ -77,7 +82,7 @@ def test_cap_binds_per_gpu_count() -> None:
     plan = usd_plan(cap="1000")
     assignments = [Assignment("r1", "A", 0, END), Assignment("r1", "B", 0, END)]
     segments = {"A": [healthy("A", 0, END)], "B": [healthy("B", 0, END)]}
-    rated = rate_rental(rental(plan, gpus=2), assignments, segments, {}, [], MONTH)
+    rated = rate_rental(RatingInputs([rental(plan, gpus=2)], assignments, segments, {}, [], MONTH))
     assert _amounts(rated, LineKind.CHARGE) == [Decimal("3585.60")]
     assert _amounts(rated, LineKind.CAP) == [Decimal("-1585.60")]
     assert rated.net == Decimal("2000.00")
@@ -86,7 +91,9 @@ def test_cap_binds_per_gpu_count() -> None:
 def test_cap_that_does_not_bind_adds_no_line() -> None:
     plan = usd_plan(cap="1792.80")
     segments = {"A": [healthy("A", 0, END)]}
-    rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
+    rated = rate_rental(
+        RatingInputs([rental(plan)], [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
+    )
     assert _amounts(rated, LineKind.CAP) == []
 
 
@@ -97,7 +104,9 @@ def test_cap_that_does_not_bind_adds_no_line() -> None:
 def test_increments_and_minimums_per_session(increment: int, minimum: int, charged: int) -> None:
     plan = usd_plan("36.00", increment_s=increment, minimum_s=minimum)  # 0.01 $/s
     segments = {"A": [healthy("A", 0, 61)]}
-    rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, 61)], segments, {}, [], MONTH)
+    rated = rate_rental(
+        RatingInputs([rental(plan)], [Assignment("r1", "A", 0, 61)], segments, {}, [], MONTH)
+    )
     assert [s.charged_s for s in rated.sessions] == [charged]
     assert _amounts(rated, LineKind.CHARGE) == [Decimal(charged) / 100]
 
@@ -106,7 +115,7 @@ def test_each_session_is_rounded_separately() -> None:
     plan = usd_plan("3.60", increment_s=60)
     assignments = [Assignment("r1", "A", 0, 10), Assignment("r1", "A", 100, 110)]
     segments = {"A": [healthy("A", 0, 200)]}
-    rated = rate_rental(rental(plan), assignments, segments, {}, [], MONTH)
+    rated = rate_rental(RatingInputs([rental(plan)], assignments, segments, {}, [], MONTH))
     assert [s.charged_s for s in rated.sessions] == [60, 60]
     assert rated.billed_s == 120
 
@@ -114,7 +123,9 @@ def test_each_session_is_rounded_separately() -> None:
 def test_session_without_billed_seconds_costs_no_minimum() -> None:
     plan = usd_plan("3.60", increment_s=3600, minimum_s=600)
     segments = {"A": [failed("A", 0, 100)]}
-    rated = rate_rental(rental(plan), [Assignment("r1", "A", 0, 100)], segments, {}, [], MONTH)
+    rated = rate_rental(
+        RatingInputs([rental(plan)], [Assignment("r1", "A", 0, 100)], segments, {}, [], MONTH)
+    )
     assert rated.sessions[0].charged_s == 0
     assert _amounts(rated, LineKind.CHARGE) == [Decimal("0.10")]
     assert _amounts(rated, LineKind.FAILURE_CREDIT) == [Decimal("-0.10")]
@@ -134,7 +145,14 @@ def _cheap_then_dear(change_at: int) -> PlanTerms:
 def test_rounding_extra_is_priced_at_the_sessions_last_billed_or_credited_second() -> None:
     segments = {"A": [healthy("A", 50, 161)]}
     rated = rate_rental(
-        rental(_cheap_then_dear(100)), [Assignment("r1", "A", 50, 161)], segments, {}, [], MONTH
+        RatingInputs(
+            [rental(_cheap_then_dear(100))],
+            [Assignment("r1", "A", 50, 161)],
+            segments,
+            {},
+            [],
+            MONTH,
+        )
     )
     charges = [(x.seconds, x.amount) for x in rated.lines if x.kind is LineKind.CHARGE]
     assert charges == [(50, Decimal("0.05")), (61 + 9, Decimal("0.14"))]
@@ -149,7 +167,9 @@ def test_a_credit_in_a_cheap_price_period_does_not_come_back_as_dearer_rounding(
     head = failed("A", 10, 18) if fails else healthy("A", 10, 18)
     segments = {"A": [head, healthy("A", 18, 61)]}
     rated = rate_rental(
-        rental(_cheap_then_dear(60)), [Assignment("r1", "A", 10, 61)], segments, {}, [], MONTH
+        RatingInputs(
+            [rental(_cheap_then_dear(60))], [Assignment("r1", "A", 10, 61)], segments, {}, [], MONTH
+        )
     )
     charges = [(x.seconds, x.amount) for x in rated.lines if x.kind is LineKind.CHARGE]
     assert charges == [(50, Decimal("0.05")), (1 + 9, Decimal("0.02"))]  # 51 s rounds up by 9
@@ -169,7 +189,7 @@ def test_maintenance_unmetered_and_degraded_rules() -> None:
     maintenance = {"A": [(50, 80), (260, 270)]}  # maintenance outranks failed
     assignments = [Assignment("r1", "A", 0, 400)]
     base = rental(usd_plan("3.60"))
-    rated = rate_rental(base, assignments, segments, maintenance, [], MONTH)
+    rated = rate_rental(RatingInputs([base], assignments, segments, maintenance, [], MONTH))
     assert rated.buckets == {
         Bucket.MIGRATION_CREDIT: 0,
         Bucket.MAINTENANCE: 40,
@@ -181,7 +201,9 @@ def test_maintenance_unmetered_and_degraded_rules() -> None:
     }
     assert rated.billed_s == 170
     strict = usd_plan("3.60", bill_degraded=False, bill_unmetered=True)
-    rated = rate_rental(rental(strict), assignments, segments, maintenance, [], MONTH)
+    rated = rate_rental(
+        RatingInputs([rental(strict)], assignments, segments, maintenance, [], MONTH)
+    )
     assert rated.buckets[Bucket.DEGRADED_CREDIT] == 100
     assert rated.billed_s == 70 + 150
     assert _amounts(rated, LineKind.DEGRADED_CREDIT) == [Decimal("-0.10")]
@@ -192,7 +214,7 @@ def test_rental_bounds_and_period_clip_assignments() -> None:
     segments = {"A": [healthy("A", -DAY, END + DAY)]}
     assignments = [Assignment("r1", "A", -DAY, END + DAY)]
     late = rental(usd_plan(), rental_start=DAY, rental_end=2 * DAY)
-    rated = rate_rental(late, assignments, segments, {}, [], MONTH)
+    rated = rate_rental(RatingInputs([late], assignments, segments, {}, [], MONTH))
     assert rated.rented_s == DAY
     assert _amounts(rated, LineKind.CHARGE) == [Decimal("59.76")]
 
@@ -201,7 +223,9 @@ def test_missing_price_is_an_error() -> None:
     plan = PlanTerms(prices=(PricePoint("H100", 100, Decimal("1")),))
     with pytest.raises(ValueError, match="no price"):
         segments = {"A": [healthy("A", 0, 200)]}
-        rate_rental(rental(plan), [Assignment("r1", "A", 0, 200)], segments, {}, [], MONTH)
+        rate_rental(
+            RatingInputs([rental(plan)], [Assignment("r1", "A", 0, 200)], segments, {}, [], MONTH)
+        )
 
 
 def test_net_is_billable_seconds_times_price_not_the_sum_of_rounded_credits() -> None:
@@ -219,7 +243,7 @@ def test_net_is_billable_seconds_times_price_not_the_sum_of_rounded_credits() ->
     }
     migration = Migration("r1", "A", "B", fail + 2820, fail + 2850)
     two_hours = rental(plan, rental_start=start, rental_end=7200)
-    rated = rate_rental(two_hours, assignments, segments, {}, [migration], MONTH)
+    rated = rate_rental(RatingInputs([two_hours], assignments, segments, {}, [migration], MONTH))
     assert rated.buckets[Bucket.BILLABLE] == 4350
     assert [(x.kind, x.seconds, x.amount) for x in rated.lines] == [
         (LineKind.CHARGE, 7200, Decimal("5.60")),
@@ -233,7 +257,7 @@ def _capped_month(plan: PlanTerms) -> RatedRental:
     segments = {"A": [healthy("A", 0, F), failed("A", F, F + 2820)], "B": [healthy("B", 0, END)]}
     assignments = [Assignment("r1", "A", 0, F + 2820), Assignment("r1", "B", F + 2850, END)]
     migration = Migration("r1", "A", "B", F + 2820, F + 2850)
-    return rate_rental(rental(plan), assignments, segments, {}, [migration], MONTH)
+    return rate_rental(RatingInputs([rental(plan)], assignments, segments, {}, [migration], MONTH))
 
 
 def test_a_credit_lowers_what_a_capped_rental_pays() -> None:
@@ -260,7 +284,9 @@ def test_the_cap_is_prorated_by_the_part_of_the_period_rented() -> None:
     """Half the month: the allowance is half the cap (750.00); 15 d x 24 h x 2.49 = 896.40."""
     segments = {"A": [healthy("A", 0, END)]}
     half = rental(usd_plan(cap="1500"), rental_end=15 * DAY)
-    rated = rate_rental(half, [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
+    rated = rate_rental(
+        RatingInputs([half], [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
+    )
     assert _amounts(rated, LineKind.CHARGE) == [Decimal("896.40")]
     assert rated.net == Decimal("750.00")
 
@@ -275,9 +301,13 @@ def test_caps_belong_to_each_model_and_are_effective_dated_with_its_price() -> N
         )
     )
     segments = {"A": [healthy("A", 0, END)]}
-    h100 = rate_rental(rental(plan), [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
+    h100 = rate_rental(
+        RatingInputs([rental(plan)], [Assignment("r1", "A", 0, END)], segments, {}, [], MONTH)
+    )
     assert h100.net == Decimal("1350.00")  # 1500 / 2 + 1200 / 2
     a100 = RentalInput("r2", "c1", "A100", 1, 0, None, plan)
-    rated = rate_rental(a100, [Assignment("r2", "A", 0, END)], segments, {}, [], MONTH)
+    rated = rate_rental(
+        RatingInputs([a100], [Assignment("r2", "A", 0, END)], segments, {}, [], MONTH)
+    )
     assert _amounts(rated, LineKind.CHARGE) == [Decimal("1144.80")]  # 720 h x 1.59
     assert rated.net == Decimal("900.00")

@@ -24,21 +24,22 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from app.billing import rollups
-from app.billing.domain import (
+from app.billing.core.domain import (
     Assignment,
     Bucket,
     GpuState,
     Migration,
     PlanTerms,
     PricePoint,
+    RatingInputs,
     RentalInput,
     Segment,
 )
-from app.billing.effective import effective_usage
-from app.billing.intervals import Span, clip, merge
+from app.billing.core.effective import effective_usage
+from app.billing.core.intervals import Span, clip, merge
+from app.billing.core.rating import RatedRental, rate_rentals
+from app.billing.core.whatif import DEFAULT_INCREMENTS, what_if, what_if_rated
 from app.billing.loader import BillingPeriod, PeriodInputs
-from app.billing.rating import RatedRental, rate_rentals
-from app.billing.whatif import DEFAULT_INCREMENTS, what_if, what_if_rated
 from app.core.db import transaction
 from app.customers.schemas import CustomerCreate
 from app.customers.service import create_customer
@@ -126,7 +127,7 @@ def _idle_reader(idle: dict[str, list[Span]]) -> rollups.IdleReader:
 
 
 def _rated(world: dict, as_of: int) -> list[RatedRental]:
-    return rate_rentals(**world, period=(SPAN[0], as_of), cap_period=SPAN)
+    return rate_rentals(RatingInputs(**world, period=(SPAN[0], as_of)), cap_period=SPAN)
 
 
 def _summary(r: RatedRental, idle_s: int) -> tuple:
@@ -211,12 +212,14 @@ def test_rollups_plus_the_live_rest_equal_rating_the_span(
         _summary(r, effective_usage(r, idle_of).idle_s) for r in expected
     ]
     whole = what_if(
-        world["rentals"],
-        world["assignments"],
-        world["segments_by_gpu"],
-        world["maintenance_by_gpu"],
-        world["migrations"],
-        (0, later),
+        RatingInputs(
+            world["rentals"],
+            world["assignments"],
+            world["segments_by_gpu"],
+            world["maintenance_by_gpu"],
+            world["migrations"],
+            (0, later),
+        ),
         cap_period=SPAN,
     )
     from_rollups = what_if_rated({i: to_date.rerated(i) for i in DEFAULT_INCREMENTS})

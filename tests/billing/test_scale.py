@@ -7,8 +7,8 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.billing.domain import Assignment, GpuState, Migration, Segment
-from app.billing.rating import _swept_timeline, build_timeline, rate_rentals
+from app.billing.core.domain import Assignment, GpuState, Migration, RatingInputs, Segment
+from app.billing.core.rating import _swept_timeline, build_timeline, rate_rentals
 
 from .factories import MONTH, rental, usd_plan
 
@@ -36,7 +36,9 @@ def _fleet() -> tuple[list, list, dict, dict, list]:
 
 def test_a_month_of_3000_gpus_accounts_for_every_rented_second() -> None:
     rentals, assignments, segments, maintenance, migrations = _fleet()
-    rated = rate_rentals(rentals, assignments, segments, maintenance, migrations, MONTH)
+    rated = rate_rentals(
+        RatingInputs(rentals, assignments, segments, maintenance, migrations, MONTH)
+    )
     assert sum(r.rented_s for r in rated) == GPUS * MONTH[1]
 
 

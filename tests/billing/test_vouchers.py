@@ -1,8 +1,8 @@
 from decimal import Decimal
 
-from app.billing.domain import Assignment, VoucherTier
-from app.billing.rating import rate_rental
-from app.billing.vouchers import (
+from app.billing.core.domain import Assignment, RatingInputs, VoucherTier
+from app.billing.core.rating import rate_rental
+from app.billing.core.vouchers import (
     EntryKind,
     apply_vouchers,
     balance,
@@ -20,7 +20,9 @@ def _rated(rental_start: int, rental_end: int | None = None):
     plan = usd_plan(voucher_tiers=TIERS, voucher_validity_days=60)
     r = rental(plan, rental_start=rental_start, rental_end=rental_end)
     segments = {"A": [healthy("A", -10 * DAY, MONTH[1])]}
-    return rate_rental(r, [Assignment("r1", "A", rental_start, MONTH[1])], segments, {}, [], MONTH)
+    return rate_rental(
+        RatingInputs([r], [Assignment("r1", "A", rental_start, MONTH[1])], segments, {}, [], MONTH)
+    )
 
 
 def test_35_day_rental_earns_the_15_percent_tier() -> None:

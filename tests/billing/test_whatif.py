@@ -1,7 +1,7 @@
 from decimal import Decimal
 
-from app.billing.domain import Assignment, Migration
-from app.billing.whatif import what_if
+from app.billing.core.domain import Assignment, Migration, RatingInputs
+from app.billing.core.whatif import what_if
 
 from .factories import DAY, MONTH, failed, healthy, rental, usd_plan
 
@@ -17,7 +17,9 @@ def _table(failure_s: int, window_s: int):
         "B": [healthy("B", 0, END)],
     }
     migration = Migration("r1", "A", "B", F + failure_s, resumed)
-    return what_if([rental(usd_plan())], assignments, segments, {}, [migration], MONTH)
+    return what_if(
+        RatingInputs([rental(usd_plan())], assignments, segments, {}, [migration], MONTH)
+    )
 
 
 def test_47_minute_failure_exceeds_manual_recovery_so_no_top_up() -> None:

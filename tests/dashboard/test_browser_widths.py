@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, ViewportSize, expect
 
-from app.dashboard.formatting import money
+from app.core.money import display
 from tests.dashboard import test_browser as chromium
 from tests.dashboard import world
 from tests.dashboard.world import PERIOD, Tenant, World, ts
@@ -69,7 +69,7 @@ def long_named(console: Console) -> Tenant:
 
 
 def euros(amount: str) -> str:
-    return money(amount, "EUR")
+    return display(amount, "EUR")
 
 
 def at_both_widths(page: Page, name: str) -> None:

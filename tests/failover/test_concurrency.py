@@ -15,6 +15,7 @@ from app.core.errors import Conflict
 from app.failover import service
 from app.rentals import service as rentals
 from app.rentals.schemas import AssignmentCreate
+from app.settings import get_settings
 from tests.failover.conftest import Fleet
 
 FAILURES = 8
@@ -39,7 +40,8 @@ def test_concurrent_failovers_never_share_a_spare(fleet: Fleet, db: Engine) -> N
         try:
             with transaction(db) as session:
                 start.wait(timeout=30)
-                opened = service.open_failover(session, gpu, failed_at, datetime.now(UTC), [])
+                now, ttl = datetime.now(UTC), get_settings().failover_reservation_ttl_s
+                opened = service.open_failover(session, gpu, failed_at, now, [], ttl)
                 assert opened is not None
                 outcomes[opened.state.value] += 1
         except BaseException as error:  # reported below: a thread's failure fails the test

@@ -16,7 +16,7 @@ import stripe
 from sqlalchemy import Engine, text
 
 from app.billing import service as billing_service
-from app.billing.invoice import Invoice as BuiltInvoice
+from app.billing.core.invoice import Invoice as BuiltInvoice
 from app.billing.models import Invoice, InvoiceLineRow
 from app.core.db import transaction
 from app.customers.models import Customer
@@ -130,7 +130,8 @@ class Mirror:
                 str(invoice.id), str(invoice.customer_id), invoice.currency, (), (), ()
             )
             draft = billing_service.Draft(invoice, [], built)
-            billing_service.finalize_invoice(session, draft, NOW, force=True)
+            config = billing_service.BillingSettings.of(get_settings())
+            billing_service.finalize_invoice(session, draft, NOW, config, force=True)
 
     def void(self, invoice_id: uuid.UUID) -> None:
         with transaction(self.engine) as session:

@@ -1,8 +1,8 @@
 """What-if: the same usage rated at several increments, with and without automatic credits.
 
 API:
-    what_if(rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period,
-            increments=(1, 60, 3600), manual_recovery_s=2820, cap_period=None) -> WhatIfTable
+    what_if(inputs, increments=(1, 60, 3600), manual_recovery_s=2820, cap_period=None)
+        -> WhatIfTable
     what_if_rated({increment: [RatedRental]}, manual_recovery_s=2820) -> WhatIfTable
 
 Rules:
@@ -24,14 +24,14 @@ Rules:
 * Amounts exclude vouchers and tax, which would mask the comparison.
 """
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
-from app.billing.domain import Assignment, Bucket, Migration, Piece, RentalInput, Segment
-from app.billing.intervals import Span
-from app.billing.lines import LineKind, sum_amounts
-from app.billing.rating import RatedRental, cap_allowance, is_billed, price_at, rate_rentals
+from app.billing.core.domain import Bucket, Piece, RatingInputs
+from app.billing.core.intervals import Span
+from app.billing.core.lines import LineKind, sum_amounts
+from app.billing.core.rating import RatedRental, cap_allowance, is_billed, price_at, rate_rentals
 from app.core.money import time_amount
 
 DEFAULT_MANUAL_RECOVERY_S = 47 * 60
@@ -66,28 +66,22 @@ class WhatIfTable:
 
 
 def what_if(
-    rentals: Iterable[RentalInput],
-    assignments: Iterable[Assignment],
-    segments_by_gpu: Mapping[str, Sequence[Segment]],
-    maintenance_by_gpu: Mapping[str, Sequence[Span]],
-    migrations: Iterable[Migration],
-    period: Span,
+    inputs: RatingInputs,
     increments: Sequence[int] = DEFAULT_INCREMENTS,
     manual_recovery_s: int = DEFAULT_MANUAL_RECOVERY_S,
     cap_period: Span | None = None,
 ) -> WhatIfTable:
-    rentals, assignments, migrations = list(rentals), list(assignments), list(migrations)
-    currencies = {r.plan.currency for r in rentals}
+    currencies = {r.plan.currency for r in inputs.rentals}
     if len(currencies) > 1:
         raise ValueError(f"what-if needs a single currency, got {sorted(currencies)}")
     rated = {
         increment: rate_rentals(
-            [replace(r, plan=replace(r.plan, increment_s=increment)) for r in rentals],
-            assignments,
-            segments_by_gpu,
-            maintenance_by_gpu,
-            migrations,
-            period,
+            replace(
+                inputs,
+                rentals=[
+                    replace(r, plan=replace(r.plan, increment_s=increment)) for r in inputs.rentals
+                ],
+            ),
             cap_period,
         )
         for increment in increments

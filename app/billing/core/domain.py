@@ -3,15 +3,17 @@
 Times are integer UTC epoch seconds; every interval is half-open [start, end).
 Money is ``Decimal``; prices are per GPU-hour with at most 10 decimal places.
 
-Inputs:  Assignment, Segment, Migration, PricePoint, VoucherTier, PlanTerms, RentalInput
-Outputs: Bucket, Piece (a classified rented interval), Session
+Inputs:  Assignment, Segment, Migration, PricePoint, VoucherTier, PlanTerms, RentalInput,
+         RatingInputs (all of them for some rentals over a period)
+Outputs: Bucket, Piece (a classified rented interval), RentalSession
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from enum import StrEnum
 
+from app.billing.core.intervals import Span
 from app.core.money import minor_units
 
 # Segment states are the agent's (wire format), re-exported for the billing core.
@@ -154,6 +156,19 @@ class RentalInput:
 
 
 @dataclass(frozen=True)
+class RatingInputs:
+    """What rating reads: the rentals, their GPUs' assignments and migrations, and each GPU's
+    segments and maintenance, over ``period``."""
+
+    rentals: Sequence[RentalInput]
+    assignments: Sequence[Assignment]
+    segments_by_gpu: Mapping[str, Sequence[Segment]]
+    maintenance_by_gpu: Mapping[str, Sequence[Span]]
+    migrations: Sequence[Migration]
+    period: Span
+
+
+@dataclass(frozen=True)
 class Piece:
     """A maximal rented interval of one GPU slot with a single bucket.
 
@@ -174,7 +189,7 @@ class Piece:
 
 
 @dataclass(frozen=True)
-class Session:
+class RentalSession:
     """One assignment run on one GPU, clipped to the period, with its increment rounding."""
 
     gpu_uuid: str

@@ -27,8 +27,8 @@ from decimal import Decimal
 from enum import StrEnum
 from fractions import Fraction
 
-from app.billing.domain import Bucket, Evidence, Piece
-from app.billing.intervals import Span
+from app.billing.core.domain import Bucket, Evidence, Piece
+from app.billing.core.intervals import Span
 from app.core.money import SECONDS_PER_HOUR, quantum, round_money, time_amount, zero
 
 

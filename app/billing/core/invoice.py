@@ -28,9 +28,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from app.billing.lines import InvoiceLine, LineKind, sum_amounts
-from app.billing.rating import RatedRental
-from app.billing.vouchers import OpenVoucher, VoucherEntry, apply_vouchers
+from app.billing.core.lines import InvoiceLine, LineKind, sum_amounts
+from app.billing.core.rating import RatedRental
+from app.billing.core.vouchers import OpenVoucher, VoucherEntry, apply_vouchers
 from app.core.money import round_money
 
 

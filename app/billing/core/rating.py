@@ -1,12 +1,9 @@
 """Rating: rented GPU-seconds -> buckets -> sessions -> invoice lines, by interval algebra.
 
 API:
-    rate_rental(rental, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period,
-                cap_period=None) -> RatedRental
-    rate_rentals(rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period,
-                 cap_period=None) -> list[RatedRental]   # each GPU's timeline built once
-    classify_rentals(rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations,
-                     period) -> [Classified]   # the pieces alone
+    rate_rental(inputs, cap_period=None) -> RatedRental   # inputs of one rental
+    rate_rentals(inputs, cap_period=None) -> list[RatedRental]   # each GPU's timeline built once
+    classify_rentals(inputs) -> [Classified]   # the pieces alone
     rate_pieces(rental, bounds, pieces, runs, period_s) -> RatedRental   # from stored pieces
     rental_bounds(rental, period) -> Span
     session_runs(assignments, bounds) -> {gpu: [Span]}
@@ -16,7 +13,7 @@ API:
     is_billed(bucket, plan) -> bool
 
 Rules (where the design left room):
-* Bounds: everything is clipped to ``period`` intersected with [rental_start, rental_end).
+* Bounds: everything is clipped to ``inputs.period`` intersected with [rental_start, rental_end).
 * Rented GPU-seconds of a rental = for each GPU, the union of its assignments on that GPU
   minus the migration windows involving that GPU (as ``from_gpu`` or ``to_gpu``), plus each
   migration window counted once, attributed to ``from_gpu``. So a window is rented whether
@@ -62,7 +59,7 @@ from fractions import Fraction
 from itertools import pairwise
 from typing import NamedTuple, TypeVar
 
-from app.billing.domain import (
+from app.billing.core.domain import (
     CREDIT_BUCKETS,
     Assignment,
     Bucket,
@@ -70,12 +67,13 @@ from app.billing.domain import (
     Piece,
     PlanTerms,
     PricePoint,
+    RatingInputs,
     RentalInput,
+    RentalSession,
     Segment,
-    Session,
 )
-from app.billing.intervals import Span, clip, merge, subtract
-from app.billing.lines import (
+from app.billing.core.intervals import Span, clip, merge, subtract
+from app.billing.core.lines import (
     InvoiceLine,
     LineKind,
     cap_line,
@@ -246,7 +244,7 @@ class RatedRental:
     rental: RentalInput
     bounds: Span
     pieces: tuple[Piece, ...]
-    sessions: tuple[Session, ...]
+    sessions: tuple[RentalSession, ...]
     lines: tuple[InvoiceLine, ...]
     buckets: Mapping[Bucket, int] = field(hash=False)
     cap_allowance: Decimal | None = None  # the most this rental's capped price periods cost
@@ -277,34 +275,16 @@ class RatedRental:
         return sum_amounts(lines, self.rental.plan.currency)
 
 
-def rate_rental(
-    rental: RentalInput,
-    assignments: Iterable[Assignment],
-    segments_by_gpu: Mapping[str, Sequence[Segment]],
-    maintenance_by_gpu: Mapping[str, Sequence[Span]],
-    migrations: Iterable[Migration],
-    period: Span,
-    cap_period: Span | None = None,
-) -> RatedRental:
-    [rated] = rate_rentals(
-        [rental], assignments, segments_by_gpu, maintenance_by_gpu, migrations, period, cap_period
-    )
+def rate_rental(inputs: RatingInputs, cap_period: Span | None = None) -> RatedRental:
+    """The rating of the one rental of ``inputs``."""
+    [rated] = rate_rentals(inputs, cap_period)
     return rated
 
 
-def rate_rentals(
-    rentals: Iterable[RentalInput],
-    assignments: Iterable[Assignment],
-    segments_by_gpu: Mapping[str, Sequence[Segment]],
-    maintenance_by_gpu: Mapping[str, Sequence[Span]],
-    migrations: Iterable[Migration],
-    period: Span,
-    cap_period: Span | None = None,
-) -> list[RatedRental]:
-    period_s = (cap_period or period)[1] - (cap_period or period)[0]
-    classified = classify_rentals(
-        rentals, assignments, segments_by_gpu, maintenance_by_gpu, migrations, period
-    )
+def rate_rentals(inputs: RatingInputs, cap_period: Span | None = None) -> list[RatedRental]:
+    cap_span = cap_period or inputs.period
+    period_s = cap_span[1] - cap_span[0]
+    classified = classify_rentals(inputs)
     return [
         _rated(
             c.rental,
@@ -326,29 +306,24 @@ class Classified(NamedTuple):
     runs: list[tuple[str, Span, list[Piece]]]  # (GPU, run, the run's pieces)
 
 
-def classify_rentals(
-    rentals: Iterable[RentalInput],
-    assignments: Iterable[Assignment],
-    segments_by_gpu: Mapping[str, Sequence[Segment]],
-    maintenance_by_gpu: Mapping[str, Sequence[Span]],
-    migrations: Iterable[Migration],
-    period: Span,
-) -> list[Classified]:
-    """Each rental's pieces over ``period`` (sorted by GPU and start) and its session runs,
+def classify_rentals(inputs: RatingInputs) -> list[Classified]:
+    """Each rental's pieces over the period (sorted by GPU and start) and its session runs,
     without sessions or lines: what rollups store, and the live part of a read that
     ``rate_pieces`` then rates with the stored ones."""
-    assignments_of, migrations_of = by_rental(assignments), by_rental(migrations)
-    rentals = list(rentals)
-    gpus = {a.gpu_uuid for r in rentals for a in assignments_of[r.rental_id]}
+    assignments_of = by_rental(inputs.assignments)
+    migrations_of = by_rental(inputs.migrations)
+    gpus = {a.gpu_uuid for r in inputs.rentals for a in assignments_of[r.rental_id]}
     timelines = {
-        gpu: build_timeline(segments_by_gpu.get(gpu, ()), maintenance_by_gpu.get(gpu, ()))
+        gpu: build_timeline(
+            inputs.segments_by_gpu.get(gpu, ()), inputs.maintenance_by_gpu.get(gpu, ())
+        )
         for gpu in gpus
     }
     return [
         _classify_rental(
-            r, assignments_of[r.rental_id], migrations_of[r.rental_id], timelines, period
+            r, assignments_of[r.rental_id], migrations_of[r.rental_id], timelines, inputs.period
         )
-        for r in rentals
+        for r in inputs.rentals
     ]
 
 
@@ -432,7 +407,7 @@ def _rated(
     rental: RentalInput,
     bounds: Span,
     pieces: Sequence[Piece],
-    sessions: Sequence[Session],
+    sessions: Sequence[RentalSession],
     period_s: int,
 ) -> RatedRental:
     buckets = {b: 0 for b in Bucket}
@@ -473,7 +448,7 @@ def _classify(
     return pieces
 
 
-def _session(gpu: str, run: Span, pieces: Sequence[Piece], plan: PlanTerms) -> Session:
+def _session(gpu: str, run: Span, pieces: Sequence[Piece], plan: PlanTerms) -> RentalSession:
     """The increment and the minimum round the billed and the credited seconds together, and
     the credited ones then come off: a credit is refunded to the second, never rounded away,
     so a failure never raises what a session pays (rounding only the billed seconds let a
@@ -481,12 +456,12 @@ def _session(gpu: str, run: Span, pieces: Sequence[Piece], plan: PlanTerms) -> S
     billed = [p for p in pieces if is_billed(p.bucket, plan)]
     billed_s = sum(p.seconds for p in billed)
     if billed_s == 0:
-        return Session(gpu, run[0], run[1], 0, 0, None)
+        return RentalSession(gpu, run[0], run[1], 0, 0, None)
     counted = billed + [p for p in pieces if p.bucket in CREDIT_BUCKETS]
     counted_s = sum(p.seconds for p in counted)
     rounded_s = max(-(-counted_s // plan.increment_s) * plan.increment_s, plan.minimum_s)
     extra_at = max(p.end for p in counted) - 1
-    return Session(gpu, run[0], run[1], billed_s, billed_s + rounded_s - counted_s, extra_at)
+    return RentalSession(gpu, run[0], run[1], billed_s, billed_s + rounded_s - counted_s, extra_at)
 
 
 class _PeriodTally:
@@ -501,7 +476,7 @@ def _lines(
     rental: RentalInput,
     bounds: Span,
     pieces: Sequence[Piece],
-    sessions: Sequence[Session],
+    sessions: Sequence[RentalSession],
     period_s: int,
 ) -> tuple[tuple[InvoiceLine, ...], Decimal | None]:
     plan, model, rental_id = rental.plan, rental.gpu_model, rental.rental_id

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
 
-from app.billing.intervals import Span
-from app.billing.rating import RatedRental
+from app.billing.core.intervals import Span
+from app.billing.core.rating import RatedRental
 from app.core.money import round_money
 
 SECONDS_PER_DAY = 86400

@@ -18,9 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from app.billing.domain import Bucket
-from app.billing.intervals import Span
-from app.billing.rating import RatedRental
+from app.billing.core.domain import Bucket
+from app.billing.core.intervals import Span
+from app.billing.core.rating import RatedRental
 
 _UNMEASURED = (Bucket.UNMETERED, Bucket.MAINTENANCE)
 _HOUR = Decimal(3600)

@@ -18,6 +18,7 @@ from app.rentals.schemas import (
     RentalCreate,
     RentalEnd,
     RentalRead,
+    RentalUpdate,
 )
 
 router = APIRouter(prefix="/v1/rentals", tags=["rentals"])
@@ -48,6 +49,15 @@ def list_rentals(
 def read_rental(rental_id: uuid.UUID, session: DbSession, caller: ConsoleUser) -> RentalRead:
     """A rental with its assignment history and migrations."""
     return RentalRead.model_validate(service.get_rental(session, rental_id, caller))
+
+
+@router.patch("/{rental_id}")
+def rename_rental(
+    rental_id: uuid.UUID, body: RentalUpdate, session: DbSession, caller: ConsoleUser
+) -> RentalRead:
+    """Name (or, with null, unname) a rental; a customer key renames only its own."""
+    rental = service.get_rental(session, rental_id, caller)
+    return RentalRead.model_validate(service.rename_rental(session, rental, body.name))
 
 
 @router.post("/{rental_id}/end")

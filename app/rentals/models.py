@@ -8,6 +8,8 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.core.base import Base, Timestamped
 
+NAME_MAX = 100  # characters of a rental's name
+
 
 class Rental(Timestamped, Base):
     __tablename__ = "rentals"
@@ -19,6 +21,9 @@ class Rental(Timestamped, Base):
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
     customer_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("customers.id"), index=True)
     plan_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("price_plans.id"))
+    # What the customer calls it (pages fall back to its GPUs and dates); a rename is no
+    # billing change, so it leaves changed_at alone.
+    name: Mapped[str | None] = mapped_column(String(NAME_MAX))
     gpu_model: Mapped[str] = mapped_column(String(100))
     gpu_count: Mapped[int]
     start_at: Mapped[datetime]

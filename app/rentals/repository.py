@@ -18,6 +18,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    update,
 )
 from sqlalchemy.orm import Session, lazyload
 
@@ -32,6 +33,26 @@ def readable_rentals(principal: Principal) -> Select[Rental]:
     query = select(Rental)
     scope = principal.customer_scope
     return query if scope is None else query.where(Rental.customer_id == scope)
+
+
+def rename(session: Session, rental_id: uuid.UUID, name: str | None) -> None:
+    """Set the rental's name. ``changed_at`` keeps its value: a name is no billing change, so
+    a rename never makes a finalized month look changed."""
+    session.execute(
+        update(Rental).where(Rental.id == rental_id).values(name=name, changed_at=Rental.changed_at)
+    )
+
+
+def rentals_of(
+    session: Session, customer_id: uuid.UUID, rental_ids: Collection[uuid.UUID]
+) -> list[Rental]:
+    """The customer's rentals among ``rental_ids`` (for their names and descriptions)."""
+    query = (
+        select(Rental)
+        .where(Rental.customer_id == customer_id, Rental.id.in_(rental_ids))
+        .options(lazyload(Rental.assignments), lazyload(Rental.migrations))
+    )
+    return list(session.scalars(query))
 
 
 def rentals_query(

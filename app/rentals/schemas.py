@@ -1,12 +1,29 @@
 from __future__ import annotations
 
+import unicodedata
 import uuid
 from datetime import datetime
-from typing import NamedTuple, Self
+from typing import Annotated, NamedTuple, Self
 
-from pydantic import AwareDatetime, Field, model_validator
+from pydantic import AfterValidator, AwareDatetime, Field, StringConstraints, model_validator
 
 from app.core.schemas import Schema
+from app.rentals.models import NAME_MAX
+
+
+def _one_line(name: str) -> str:
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        raise ValueError("must be one line of text, without control characters")
+    return name
+
+
+# Surrounding spaces are dropped before the length is checked.
+RentalName = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=NAME_MAX),
+    AfterValidator(_one_line),
+]
+_NAME_HELP = f"What you call the rental (1 to {NAME_MAX} characters, one line); pages show it."
 
 
 class Holding(NamedTuple):
@@ -35,6 +52,7 @@ class _Interval(Schema):
 
 class RentalCreate(_Interval):
     customer_id: uuid.UUID
+    name: RentalName | None = Field(default=None, description=_NAME_HELP)
     plan_id: uuid.UUID
     gpu_model: str = Field(min_length=1, max_length=100)
     gpu_count: int = Field(ge=1, le=100_000)
@@ -43,6 +61,12 @@ class RentalCreate(_Interval):
         description="Rent idle hot spares at the plan's preemptible price; a failover that "
         "needs one ends the rental at that second (``rental.preempted``), never billed past it.",
     )
+
+
+class RentalUpdate(Schema):
+    """A rename: the only change a customer may make to its rental."""
+
+    name: RentalName | None = Field(description=f"{_NAME_HELP} null clears it.")
 
 
 class RentalEnd(Schema):
@@ -97,6 +121,7 @@ class MigrationRead(Schema):
 class RentalRead(Schema):
     id: uuid.UUID
     customer_id: uuid.UUID
+    name: str | None
     plan_id: uuid.UUID
     gpu_model: str
     gpu_count: int

@@ -121,6 +121,12 @@ def create_rental(session: Session, data: RentalCreate) -> Rental:
     return rental
 
 
+def rename_rental(session: Session, rental: Rental, name: str | None) -> Rental:
+    repository.rename(session, rental.id, name)
+    session.refresh(rental)
+    return rental
+
+
 def end_rental(session: Session, rental: Rental, end_at: datetime) -> Rental:
     if rental.end_at is not None:
         raise Conflict(

@@ -213,7 +213,7 @@ def _first_run(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
         return False
     body = RentalCreate(
         customer_id=mapping.customer_id, plan_id=mapping.plan_id, gpu_model=models[0],
-        gpu_count=len(gpus), start_at=start, end_at=end,
+        gpu_count=len(gpus), start_at=start, end_at=end, name=f"slurm job {job.job_id}",
     )  # fmt: skip
     try:
         rental = rentals.create_rental(session, body)

@@ -20,8 +20,8 @@ def test_a_running_job_becomes_one_rental_of_exactly_its_gpus(world: SlurmWorld)
         CLUSTER, ACCOUNT, 0, ["n1", "n2"],
     )  # fmt: skip
     rental = world.get(f"/v1/rentals/{row['rental_id']}")
-    assert (rental["customer_id"], rental["gpu_count"], rental["gpu_model"]) == (
-        world.customer_id, 4, "H100",
+    assert (rental["customer_id"], rental["gpu_count"], rental["gpu_model"], rental["name"]) == (
+        world.customer_id, 4, "H100", "slurm job 7",
     )  # fmt: skip
     expected = [(gpu_of(n, i), start, None) for n in ("n1", "n2") for i in (0, 1)]
     assert world.assignments(7) == expected

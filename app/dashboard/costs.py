@@ -38,6 +38,7 @@ from app.core.epoch import epoch, from_epoch
 from app.core.errors import Unprocessable
 from app.core.schemas import Schema
 from app.customers.models import Customer
+from app.dashboard import rental_labels
 from app.dashboard.exports import allocate
 from app.dashboard.formatting import Formatter
 from app.fleet import repository as fleet_repository
@@ -75,7 +76,7 @@ class DayRead(Schema):
 
 class GroupCostRead(Schema):
     key: str  # a rental id, a GPU model or a datacenter
-    label: str  # what a person calls it (a rental: its GPUs and dates)
+    label: str  # what a person calls it (a rental: its name, else its GPUs and dates)
     by_kind: dict[str, str]  # line kind -> amount over the range
     net: str
 
@@ -172,6 +173,9 @@ def costs(
         for key, kinds in totals.money[day].items():
             for kind, amount in kinds.items():
                 by_group[key][kind] += amount
+    if group_by is GroupBy.RENTAL:
+        named = rental_labels.labels(session, customer.id, [uuid.UUID(k) for k in by_group], fmt)
+        totals.labels.update({str(rental_id): label for rental_id, label in named.items()})
     groups = sorted(by_group.items(), key=lambda g: (-sum(g[1].values()), totals.labels[g[0]]))
     return CostsRead(
         customer_id=customer.id,
@@ -261,10 +265,7 @@ def _splitter(
 ) -> Callable[[int, Decimal], list[tuple[str, Decimal]]]:
     """How one rental's share of a day goes to its group(s), naming each group on the way."""
     rental = r.rental
-    if group_by is GroupBy.RENTAL:
-        labels[rental.rental_id] = fmt.rental(
-            rental.gpu_count, rental.gpu_model, rental.rental_start, rental.rental_end
-        )
+    if group_by is GroupBy.RENTAL:  # costs() names the rentals, all in one query
         return lambda _, share: [(rental.rental_id, share)]
     if group_by is GroupBy.GPU_MODEL:
         labels[rental.gpu_model] = rental.gpu_model

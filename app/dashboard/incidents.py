@@ -41,12 +41,11 @@ from app.billing.schemas import money
 from app.core.epoch import epoch, from_epoch
 from app.core.schemas import Schema
 from app.customers.models import Customer
-from app.dashboard import exports, wording
+from app.dashboard import exports, rental_labels, wording
 from app.dashboard.formatting import Formatter, duration
 from app.failover import repository as failover_repository
 from app.failover.models import Failover, FailoverState
 from app.metering import repository as metering_repository
-from app.rentals import repository as rentals_repository
 from app.rentals.models import Migration
 from app.rentals.service import customer_migrations
 from app.rentals.visibility import served
@@ -84,7 +83,7 @@ class Outcome(StrEnum):
 class IncidentRead(Schema):
     gpu_uuid: str
     rental_id: uuid.UUID
-    rental_name: str  # what it rents and when (``Formatter.rental``)
+    rental_name: str  # its name, else what it rents and when (``app.dashboard.rental_labels``)
     failed_at: datetime
     cause: str  # ``wording.cause``: what a customer reads
     evidence: str  # the node's own words: "XID 79: GPU has fallen off the bus"
@@ -141,7 +140,7 @@ def incidents(
         for fo in failover_repository.failovers_of(session, customer.id, lo, hi, MAX_INCIDENTS)
     }
     pairs = _pair(failures, migrations)
-    names = _rental_names(session, customer, {f.rental_id for f, _ in pairs}, lo, hi, fmt)
+    names = rental_labels.labels(session, customer.id, {f.rental_id for f, _ in pairs}, fmt)
     return [
         _read(
             f,
@@ -153,30 +152,6 @@ def incidents(
         )
         for f, m in pairs
     ]
-
-
-def _rental_names(
-    session: Session,
-    customer: Customer,
-    rental_ids: set[uuid.UUID],
-    lo: int,
-    hi: int,
-    fmt: Formatter,
-) -> dict[uuid.UUID, str]:
-    if not rental_ids:
-        return {}
-    rentals = rentals_repository.rentals_overlapping(
-        session, [customer.id], from_epoch(lo), from_epoch(hi), rental_ids
-    )
-    return {
-        r.id: fmt.rental(
-            r.gpu_count,
-            r.gpu_model,
-            epoch(r.start_at),
-            None if r.end_at is None else epoch(r.end_at),
-        )
-        for r in rentals
-    }
 
 
 def _failure(event: dict[str, Any]) -> _Failure:

@@ -34,7 +34,7 @@ from app.core.errors import NotFound, Unprocessable, not_found
 from app.customers.models import Customer
 from app.customers.repository import customers_query
 from app.customers.service import get_customer
-from app.dashboard import bands, incidents
+from app.dashboard import bands, incidents, rental_labels
 from app.dashboard.formatting import Formatter
 from app.rentals.models import Rental
 from app.rentals.service import get_rental
@@ -102,6 +102,7 @@ class Overview:
     budgets: list[BudgetStatus]
     balance: BalanceRead  # the prepaid balance (app.balances), as GET .../balance has it
     due: billing_schemas.AmountDueRead  # as GET .../amount-due has it
+    rentals: dict[uuid.UUID, str]  # what to call each rental shown (rental_labels)
 
     @property
     def idle_share(self) -> Decimal | None:
@@ -130,7 +131,10 @@ def overview(
         balances.low_threshold(low_balance, currency),
     )
     due = amount_due.of_period(session, v.customer, period, now, rated)
-    return Overview(usage, events, found, spend, prepaid, due)
+    shown = {r.rental_id for r in usage.rentals} | {e["rental_id"] for e in events}
+    shown |= {s.budget.rental_id for s in spend if s.budget.rental_id is not None}
+    labels = rental_labels.labels(session, v.customer.id, shown, v.fmt)
+    return Overview(usage, events, found, spend, prepaid, due, labels)
 
 
 # --- rental -------------------------------------------------------------------------------
@@ -139,6 +143,7 @@ def overview(
 @dataclass(frozen=True)
 class RentalPage:
     rental: Rental
+    label: str  # its name, else what it rents and when
     chart: bands.BandChart | None  # None: nothing of the rental falls in the period yet
     window: tuple[int, int]
     incidents: list[incidents.IncidentRead]
@@ -156,15 +161,16 @@ def rental_page(
     if rental.customer_id != v.customer.id:  # an admin's link naming two customers
         raise not_found("rental", rental_id)
     window = _rented_window(rental, period, now)
+    label = rental_labels.label(rental, v.fmt)
     mine = [
         i
         for i in incidents.incidents(session, v.customer, period, now, v.fmt)
         if i.rental_id == rental.id
     ]
     if window[0] >= window[1]:
-        return RentalPage(rental, None, window, mine)
+        return RentalPage(rental, label, None, window, mine)
     chart = bands.build(session, rental, v.principal, v.fmt, window, gpu_page)
-    return RentalPage(rental, chart, window, mine)
+    return RentalPage(rental, label, chart, window, mine)
 
 
 def _rented_window(rental: Rental, period: BillingPeriod, now: datetime) -> tuple[int, int]:

@@ -138,7 +138,9 @@ def test_customer_journey(server: str, browser: Browser, console: Console, seede
     shoot(page, "overview")
 
     # Rental page: the failure band, and its evidence on hover.
-    page.get_by_role("link", name=seeded.acme.rental["id"][:8]).click()
+    page.get_by_role(
+        "link", name="1 \u00d7 H100, 2026-10-10 02:00 to 2026-10-12 02:00 CEST"
+    ).first.click()
     failed = page.locator('rect[data-state="failed"]')
     expect(failed).to_have_count(1)
     failed.hover()

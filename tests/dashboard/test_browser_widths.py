@@ -252,3 +252,33 @@ def test_operator_pages_fit_and_speak_money(
         expect(row.locator('[data-api="total"]')).to_have_text(euros(month["total"]))
     at_both_widths(page, "revenue")
     context.close()
+
+
+# The longest name a rental may have, with no space to break it at.
+LONG_RENTAL_NAME = "llama-3.1-70b-instruct-finetune-lr3e-5-bs512-ctx8192-seed42-eu-fra1-" + "x" * 32
+
+
+def test_a_rental_is_called_by_its_name_and_the_longest_fits_a_phone(
+    server: str, browser: Browser, console: Console, seeded: World
+) -> None:
+    rental = seeded.acme.rental["id"]
+    assert len(LONG_RENTAL_NAME) == 100
+    renamed = console.client.patch(
+        f"/v1/rentals/{rental}", json={"name": LONG_RENTAL_NAME}, headers=console.headers
+    )
+    assert renamed.status_code == 200, renamed.text
+    page = customer_page(browser, server, console, seeded)
+    page.goto(f"/dashboard?period={PERIOD}")
+    links = page.get_by_role("link", name=LONG_RENTAL_NAME, exact=True)
+    expect(links).to_have_count(3)  # the rentals table and the two latest events
+    at_both_widths(page, "overview-named")
+    links.first.click()
+    expect(page).to_have_title(f"Rental {LONG_RENTAL_NAME} \u00b7 gpumeter")
+    expect(page.get_by_role("heading", level=1)).to_have_text(LONG_RENTAL_NAME)
+    at_both_widths(page, "rental-named")
+    for path in ("costs", "incidents"):
+        page.goto(f"/dashboard/{path}?period={PERIOD}")
+        link = page.get_by_role("link", name=LONG_RENTAL_NAME, exact=True)
+        expect(link).to_have_attribute("title", f"Rental {rental}")
+        at_both_widths(page, f"{path}-named")
+    page.context.close()

@@ -711,3 +711,33 @@ def test_an_admin_explores_a_customers_costs_and_stays_on_that_customer(
         f"/dashboard/costs?customer={customer}&amp;group_by=datacenter&amp;start=2026-10-09" in html
     )
     assert 'data-group="H100"' in html
+
+
+def test_every_page_calls_a_rental_by_its_name_else_by_its_gpus_and_dates(
+    client: TestClient, seeded: World
+) -> None:
+    headers = bearer(seeded.acme.key)
+    rental = seeded.acme.rental["id"]
+    base = f"/v1/customers/{seeded.acme.customer['id']}"
+    budget = {"amount": "1.00", "rental_id": rental, "thresholds": [{"percent": 50}]}
+    assert client.post(f"{base}/budgets", json=budget, headers=headers).status_code == 201
+    described = "1 \u00d7 H100, 2026-10-10 02:00 to 2026-10-12 02:00 CEST"
+    named = "R&D <sweep> 7"
+    for name, label in [(None, described), (named, named)]:
+        renamed = client.patch(f"/v1/rentals/{rental}", json={"name": name}, headers=headers)
+        assert renamed.status_code == 200, renamed.text
+        costs = client.get(f"{base}/costs?period={PERIOD}", headers=headers).json()
+        assert [g["label"] for g in costs["groups"]] == [label]
+        incidents = client.get(f"{base}/incidents?period={PERIOD}", headers=headers).json()
+        assert [i["rental_name"] for i in incidents["items"]] == [label]
+        shown = html_escape(label, quote=False)
+        link = f'title="Rental {rental}">{shown}</a>'
+        overview = client.get(f"/dashboard?period={PERIOD}", headers=headers).text
+        # The rentals table and the latest events (the failure and its XID).
+        assert overview.count(link) == 3
+        assert f"monthly budget for rental {shown}:" in overview
+        assert f"{rental[:8]}\u2026" not in overview
+        page = client.get(f"/dashboard/rentals/{rental}?period={PERIOD}", headers=headers).text
+        assert f"<title>Rental {shown}" in page and f"<h1>{shown}</h1>" in page
+        for path in ("/dashboard/costs", "/dashboard/incidents"):
+            assert link in client.get(f"{path}?period={PERIOD}", headers=headers).text, path

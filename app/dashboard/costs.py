@@ -161,11 +161,20 @@ class _Totals:
 def costs(
     session: Session, customer: Customer, days: DayRange, group_by: GroupBy, now: datetime
 ) -> CostsRead:
+    return costs_and_rated(session, customer, days, group_by, now)[0]
+
+
+def costs_and_rated(
+    session: Session, customer: Customer, days: DayRange, group_by: GroupBy, now: datetime
+) -> tuple[CostsRead, list[RatedRental]]:
+    """The costs, and the rentals of the last month they touch rated to date (a month's page
+    previews its amount due from them instead of rating the month again)."""
     currency = customer.currency
     fmt = Formatter(currency, customer.billing_timezone)
     totals = _Totals()
+    rated: list[RatedRental] = []
     for period in days.periods:
-        _add_period(session, customer, period, now, group_by, fmt, totals)
+        rated = _add_period(session, customer, period, now, group_by, fmt, totals)
     shown = [days.first + timedelta(days=n) for n in range((days.last - days.first).days + 1)]
     as_of = min(epoch(now), max(p.span[1] for p in days.periods))
     by_group: dict[str, dict[LineKind, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
@@ -177,7 +186,7 @@ def costs(
         named = rental_labels.labels(session, customer.id, [uuid.UUID(k) for k in by_group], fmt)
         totals.labels.update({str(rental_id): label for rental_id, label in named.items()})
     groups = sorted(by_group.items(), key=lambda g: (-sum(g[1].values()), totals.labels[g[0]]))
-    return CostsRead(
+    read = CostsRead(
         customer_id=customer.id,
         currency=currency,
         as_of=from_epoch(as_of),
@@ -197,6 +206,7 @@ def costs(
         ],
         net=money(sum((sum(k.values(), Decimal(0)) for _, k in groups), Decimal(0)), currency),
     )
+    return read, rated
 
 
 def _day(day: date, totals: _Totals, currency: str) -> DayRead:
@@ -227,7 +237,8 @@ def _add_period(
     group_by: GroupBy,
     fmt: Formatter,
     totals: _Totals,
-) -> None:
+) -> list[RatedRental]:
+    """Adds the period's days to ``totals``; returns its rentals rated to date."""
     span = (period.span[0], min(period.span[1], epoch(now)))
     to_date = rated_to_date(session, customer, period, span)
     bounds = day_bounds(period)
@@ -254,6 +265,7 @@ def _add_period(
             for i, share in _spread(line, rented, by_bucket, bounds, customer.currency):
                 for key, amount in split(i, share):
                     totals.money[dates[i]][key][line.kind] += amount
+    return list(to_date.rated)
 
 
 def _splitter(

@@ -471,7 +471,7 @@ def costs_page(
     group_by: GroupByParam = costs.GroupBy.RENTAL,
 ) -> Response:
     days = _cost_days(p.v.customer, period, start, end, p.now)
-    data = costs.costs(p.session, p.v.customer, days, group_by, p.now)
+    data, rated = costs.costs_and_rated(p.session, p.v.customer, days, group_by, p.now)
     kinds = sorted({k for g in data.groups for k in g.by_kind}, key=costs.KIND_ORDER.index)
     billing_period = days.periods[-1] if data.period else None
     return p.render(
@@ -483,7 +483,8 @@ def costs_page(
         group_by=group_by,
         group_names=_GROUP_NAMES,
         # The path to the amount due is a month's: a range of days has none.
-        due=billing_period and service.period_amount_due(p.session, p.v, billing_period, p.now),
+        due=billing_period
+        and service.period_amount_due(p.session, p.v, billing_period, p.now, rated),
     )
 
 

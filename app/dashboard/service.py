@@ -8,6 +8,7 @@ arranges.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -25,6 +26,7 @@ from app.billing import repository as billing_repository
 from app.billing import schemas as billing_schemas
 from app.billing import service as billing
 from app.billing import usage as billing_usage
+from app.billing.core.rating import RatedRental
 from app.billing.html import InvoiceDocument, invoice_document, render_document
 from app.billing.loader import BillingPeriod, current_period, started_period
 from app.budgets import service as budgets
@@ -209,9 +211,14 @@ def invoice(session: Session, v: Viewer, invoice_id: uuid.UUID, now: datetime) -
 
 
 def period_amount_due(
-    session: Session, v: Viewer, period: BillingPeriod, now: datetime
+    session: Session,
+    v: Viewer,
+    period: BillingPeriod,
+    now: datetime,
+    rated: Sequence[RatedRental] | None = None,
 ) -> billing_schemas.AmountDueRead:
-    return amount_due.of_period(session, v.customer, period, now)
+    """``rated``: the period's rentals rated to date, when the page has them already."""
+    return amount_due.of_period(session, v.customer, period, now, rated)
 
 
 def what_if(

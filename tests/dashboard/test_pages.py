@@ -8,12 +8,14 @@ import time
 from datetime import UTC, datetime
 from decimal import Decimal
 from html import escape as html_escape
+from typing import Any
 
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pypdf import PdfReader
 
+from app.billing import rollups
 from app.billing.endpoints import clock
 from app.dashboard import bands, sessions, tokens
 from app.settings import get_settings
@@ -741,3 +743,31 @@ def test_every_page_calls_a_rental_by_its_name_else_by_its_gpus_and_dates(
         assert f"<title>Rental {shown}" in page and f"<h1>{shown}</h1>" in page
         for path in ("/dashboard/costs", "/dashboard/incidents"):
             assert link in client.get(f"{path}?period={PERIOD}", headers=headers).text, path
+
+
+def test_an_open_months_costs_page_rates_the_month_once(
+    app: FastAPI, client: TestClient, seeded: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Other's October has no invoice yet: the page's path to the amount due is previewed
+    from the rentals the costs rated, not from a second rating; it is still the API's."""
+    rated: list[int] = []
+    real = rollups.rated_to_date
+
+    def counted(*args: Any, **kwargs: Any) -> rollups.ToDate:
+        rated.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rollups, "rated_to_date", counted)
+    app.dependency_overrides[clock] = lambda: datetime(2026, 10, 10, 13, 0, tzinfo=UTC)
+    try:
+        headers = bearer(seeded.other.key)
+        html = client.get(f"/dashboard/costs?period={PERIOD}", headers=headers).text
+        page_ratings = len(rated)
+        base = f"/v1/customers/{seeded.other.customer['id']}"
+        due = client.get(f"{base}/amount-due?period={PERIOD}", headers=headers).json()
+    finally:
+        app.dependency_overrides.pop(clock)
+    assert page_ratings == 1
+    assert due["source"] == "to_date" and Decimal(due["steps"][-1]["amount"]) > 0
+    for step in due["steps"]:
+        assert raw(html, f"due.steps.{step['key']}") == step["amount"], step

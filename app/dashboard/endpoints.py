@@ -53,6 +53,7 @@ from app.dashboard import (
     incidents,
     operators,
     pdf,
+    rental_labels,
     service,
     sessions,
     wording,
@@ -261,7 +262,10 @@ def _export(
         with transaction(engine) as stream:
             parts = exports.day_parts(stream, source)
             if kind is ExportKind.FOCUS:
-                yield from exports.focus_csv(parts, source, customer, provider)
+                start, end = (from_epoch(t) for t in period.span)
+                fmt = formatting.Formatter(customer.currency, customer.billing_timezone)
+                names = rental_labels.labels_overlapping(stream, customer.id, start, end, fmt)
+                yield from exports.focus_csv(parts, source, customer, provider, names)
             else:
                 yield from exports.usage_csv(parts, source, customer.billing_timezone)
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Iterator
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -317,8 +318,13 @@ def usage_csv(parts: Iterable[DayPart], source: Statement, timezone: str) -> Ite
 
 
 def focus_csv(
-    parts: Iterable[DayPart], source: Statement, customer: Customer, provider: str
+    parts: Iterable[DayPart],
+    source: Statement,
+    customer: Customer,
+    provider: str,
+    rental_names: Mapping[uuid.UUID, str],
 ) -> Iterator[str]:
+    """``rental_names``: what to call each rental (``SubAccountName``), by id."""
     period_start, period_end = (_utc(t) for t in source.period.span)
 
     def row(p: DayPart) -> dict[str, str]:
@@ -361,7 +367,10 @@ def focus_csv(
             "ServiceName": "GPU rental",
             "SkuId": line.gpu_model or "",
             "SubAccountId": str(line.rental_id) if line.rental_id else "",
-            "SubAccountName": f"rental {str(line.rental_id)[:8]}" if line.rental_id else "",
+            # A rental ended before the period after it was billed has no label: its id.
+            "SubAccountName": rental_names.get(line.rental_id, str(line.rental_id))
+            if line.rental_id
+            else "",
             "x_LineKind": kind.value,
             "x_GpuSeconds": _num(p.seconds, 0),
         }

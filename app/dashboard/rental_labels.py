@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection
+from datetime import datetime
 
 from sqlalchemy.orm import Session
 
@@ -25,4 +26,12 @@ def labels(
     if not rental_ids:
         return {}
     rentals = rentals_repository.rentals_of(session, customer_id, rental_ids)
+    return {rental.id: label(rental, fmt) for rental in rentals}
+
+
+def labels_overlapping(
+    session: Session, customer_id: uuid.UUID, start: datetime, end: datetime, fmt: Formatter
+) -> dict[uuid.UUID, str]:
+    """Each of the customer's rentals overlapping [start, end) with its label (one query)."""
+    rentals = rentals_repository.rentals_overlapping(session, [customer_id], start, end)
     return {rental.id: label(rental, fmt) for rental in rentals}

@@ -141,3 +141,18 @@ def test_allocation_sums_exactly_and_stays_within_a_cent(units: int, weights: li
     total = sum(weights)
     for part, weight in zip(parts, weights, strict=True):
         assert abs(part - amount * weight / total) < Decimal("0.01")
+
+
+def test_focus_sub_account_is_the_rental_by_its_name_else_its_gpus_and_dates(
+    client: TestClient, seeded: World
+) -> None:
+    rental = seeded.acme.rental["id"]
+    described = "1 \u00d7 H100, 2026-10-10 02:00 to 2026-10-12 02:00 CEST"
+    for name, label in [(None, described), ("eval sweep", "eval sweep")]:
+        renamed = client.patch(
+            f"/v1/rentals/{rental}", json={"name": name}, headers=bearer(seeded.acme.key)
+        )
+        assert renamed.status_code == 200, renamed.text
+        rows = export(client, seeded, "focus.csv")
+        rentals = {(r["SubAccountId"], r["SubAccountName"]) for r in rows if r["SubAccountId"]}
+        assert rentals == {(rental, label)}

@@ -72,10 +72,10 @@ def euros(amount: str) -> str:
     return display(amount, "EUR")
 
 
-def at_both_widths(page: Page, name: str) -> None:
+def at_both_widths(page: Page, name: str, shots: Path = SHOTS) -> None:
     """At each width: no horizontal scroll (the page is no wider than the window), and a
-    full-page screenshot."""
-    SHOTS.mkdir(parents=True, exist_ok=True)
+    full-page screenshot in ``shots``."""
+    shots.mkdir(parents=True, exist_ok=True)
     for label, size in WIDTHS.items():
         page.set_viewport_size(size)
         page.wait_for_function("document.fonts.status === 'loaded'")
@@ -86,7 +86,7 @@ def at_both_widths(page: Page, name: str) -> None:
             ".slice(0, 5).map(e => e.tagName + '.' + e.className)]"
         )
         assert widths[0] <= widths[1], f"{name} scrolls sideways at {label} px: {widths}"
-        page.screenshot(path=SHOTS / f"{name}-{label}.png", full_page=True)
+        page.screenshot(path=shots / f"{name}-{label}.png", full_page=True)
     page.set_viewport_size(WIDTHS["1440"])
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.dashboard.test_browser import SHOTS, browser, portal_path, server  # noqa: F401
+from tests.dashboard.test_browser_widths import at_both_widths
 from tests.dashboard.world import PERIOD, World
 from tests.harness import Console
 
@@ -19,7 +20,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("browser")]
 
 from playwright.sync_api import Browser, BrowserContext, Page, expect  # noqa: E402
 
-WIDTHS = (1440, 390)
 MONEY_SHOTS = SHOTS.parent / "money"
 
 
@@ -43,18 +43,6 @@ def acme_context(
     context.close()
 
 
-def at_each_width(page: Page, name: str) -> None:
-    """At 1440 and 390 px: the whole page is no wider than the window (nothing scrolls
-    sideways), and a full-page screenshot."""
-    MONEY_SHOTS.mkdir(parents=True, exist_ok=True)
-    for width in WIDTHS:
-        page.set_viewport_size({"width": width, "height": 900})
-        page.wait_for_function("document.fonts.status === 'loaded'")
-        overflow = page.evaluate("document.scrollingElement.scrollWidth - window.innerWidth")
-        assert overflow <= 0, f"{name} scrolls sideways by {overflow} px at {width} px"
-        page.screenshot(path=MONEY_SHOTS / f"{name}-{width}.png", full_page=True)
-
-
 def chain_is_the_apis(page: Page, due: dict) -> None:
     for step in due["steps"]:
         cell = page.locator(f'[data-api="due.steps.{step["key"]}"]')
@@ -75,7 +63,7 @@ def test_money_pages_show_the_apis_path_to_the_amount_due(
     ):
         page.goto(path)
         chain_is_the_apis(page, due)
-        at_each_width(page, name)
+        at_both_widths(page, name, MONEY_SHOTS)
 
     page.goto(f"/dashboard/what-if?period={PERIOD}")
     what_if = acme_context.request.get(f"/v1/customers/{acme}/what-if?period={PERIOD}").json()
@@ -84,7 +72,7 @@ def test_money_pages_show_the_apis_path_to_the_amount_due(
     for cell, row in zip(credits.all(), what_if["rows"], strict=True):
         expect(cell).to_have_attribute("data-raw", row["credits"])
     expect(page.locator(".whatif-why")).to_contain_text("the cap holds that bill down too")
-    at_each_width(page, "what-if")
+    at_both_widths(page, "what-if", MONEY_SHOTS)
 
 
 def test_the_invoice_page_is_the_apis_document(acme_context: BrowserContext, seeded: World) -> None:
@@ -101,7 +89,7 @@ def test_the_invoice_page_is_the_apis_document(acme_context: BrowserContext, see
     for step in due["steps"]:
         expect(doc.locator(f'[data-api="steps.{step["key"]}"]')).to_have_text(euros(step["amount"]))
     expect(page.locator(".why-vouchers")).to_contain_text(due["vouchers"]["reason"])
-    at_each_width(page, "invoice")
+    at_both_widths(page, "invoice", MONEY_SHOTS)
     page.set_viewport_size({"width": 1440, "height": 900})
     with page.expect_download() as download:
         page.get_by_role("link", name="Download PDF").click()
@@ -139,5 +127,5 @@ def test_revenue_page_totals_include_the_prepaid_balance(
         row = page.locator(f'tr[data-period="{month["period"]}"]')
         for key in ("total", "prepaid", "amount_due"):
             expect(row.locator(f'[data-api="{key}"]')).to_have_attribute("data-raw", month[key])
-    at_each_width(page, "revenue")
+    at_both_widths(page, "revenue", MONEY_SHOTS)
     context.close()

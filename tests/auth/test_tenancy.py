@@ -87,6 +87,7 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/rentals"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/rentals"): Case(Expect.SCOPED, query="?customer_id={customer_id}"),
     ("GET", "/v1/rentals/{rental_id}"): Case(Expect.HIDDEN),
+    ("PATCH", "/v1/rentals/{rental_id}"): Case(Expect.HIDDEN, body={"name": "x"}),
     ("POST", "/v1/rentals/{rental_id}/end"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/rentals/{rental_id}/assignments"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/rentals/{rental_id}/assignments/{assignment_id}/end"): Case(Expect.ADMIN_ONLY),

@@ -2,11 +2,13 @@
 same-origin check of the dashboard's cookie-setting forms (login CSRF).
 
 Headers: a Content-Security-Policy (own scripts only, no plugins, no framing by other sites),
-``X-Frame-Options`` for browsers without ``frame-ancestors``, ``nosniff``, no Referer (portal
-links carry their token in the path), HSTS when the request came over TLS (``https`` scheme, or
-``X-Forwarded-Proto: https`` from the proxy that terminated it), and ``Cache-Control: no-store``
-on any response to a request that carried credentials (an API key or the session cookie),
-unless the route chose its own caching.
+``X-Frame-Options`` for browsers without ``frame-ancestors``, ``nosniff``, no Referer to other
+sites (portal links carry their token in the path; ``same-origin``, not ``no-referrer``, which
+makes browsers send ``Origin: null`` on the dashboard's own forms and so fail the check
+below), HSTS when the request came over TLS (``https`` scheme, or ``X-Forwarded-Proto: https``
+from the proxy that terminated it), and ``Cache-Control: no-store`` on any response to a
+request that carried credentials (an API key or the session cookie), unless the route chose its
+own caching.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class SecurityHeaders:
                 headers.setdefault("Content-Security-Policy", csp)
                 headers.setdefault("X-Frame-Options", "DENY")
                 headers.setdefault("X-Content-Type-Options", "nosniff")
-                headers.setdefault("Referrer-Policy", "no-referrer")
+                headers.setdefault("Referrer-Policy", "same-origin")
                 if tls:
                     headers.setdefault("Strict-Transport-Security", HSTS)
                 if credentials:

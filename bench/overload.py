@@ -48,6 +48,7 @@ from typing import Any
 import psycopg
 from ingest import Target, batch_body, register_nodes, start_service
 
+from app.core.processes import stop_child
 from app.core.scratch_db import libpq_dsn, scratch_database, server_from_environment
 from app.settings import Settings
 
@@ -449,9 +450,7 @@ def run(url: str, tokens: list[str], args: argparse.Namespace) -> dict[str, Any]
         sigterm = sigterm_s(senders, process, offered, burst_start, sigterm_at)
     finally:
         senders.stop()
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        stop_child(process, "service")  # SIGTERM first: a SIGKILLed parent orphans its workers
     return {
         "workers": args.workers,
         "senders": args.senders,

@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "met": per_gpu_hour <= TARGET_BYTES_PER_GPU_HOUR,
     }
     print(json.dumps(result))
-    return 0
+    return 0 if result["met"] else 1
 
 
 if __name__ == "__main__":

@@ -127,7 +127,7 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     # they wait for their writer, so the pool-sized slots would only cap its groups.
     settings = get_settings()
     limits = replace(Limits.of(settings), max_in_flight=settings.ingest_in_flight)
-    endpoint = RequestLimits(ingest.IngestEndpoint(app.state.ingest_writers), limits)
+    endpoint = RequestLimits(ingest.IngestEndpoint(app.state.ingest_writers, settings), limits)
     build_stack = app.build_middleware_stack  # Starlette builds it at the first request
     # Failed authentication is throttled outermost: ingest's node tokens too.
     app.state.auth_throttle = throttle = FailedAuthThrottle.of(settings)

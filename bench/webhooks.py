@@ -31,7 +31,7 @@ from app.core.db import transaction
 from app.core.local_service import free_port
 from app.core.scratch_db import scratch_database, server_from_environment
 from app.events.service import publish
-from app.settings import get_settings, sqlalchemy_url
+from app.settings import sqlalchemy_url
 from app.webhooks.schemas import EndpointCreate
 from app.webhooks.service import create_endpoint
 from app.wiring import install
@@ -88,8 +88,6 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=300)
     parser.add_argument("--rate", type=float, default=50.0, help="events per second")
     args = parser.parse_args()
-    os.environ["GPUMETER_WEBHOOK_ALLOW_PRIVATE"] = "true"  # the receiver is on 127.0.0.1
-    get_settings.cache_clear()
     install()
     arrivals, port = Arrivals(), free_port()
     server = serve(arrivals, port)
@@ -97,7 +95,8 @@ def main() -> int:
         engine = create_engine(sqlalchemy_url(url))
         with transaction(engine) as session:
             endpoint = EndpointCreate.model_validate({"url": f"http://127.0.0.1:{port}/hooks"})
-            arrivals.secret = create_endpoint(session, endpoint).secret
+            # the receiver is on 127.0.0.1
+            arrivals.secret = create_endpoint(session, endpoint, allow_private=True).secret
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMETER_")}
         env |= {"GPUMETER_DATABASE_URL": url, "GPUMETER_WEBHOOK_ALLOW_PRIVATE": "true"}
         worker = subprocess.Popen(

@@ -33,7 +33,7 @@ from app.billing.core.rating import RatedRental
 from app.billing.loader import BillingPeriod
 from app.billing.rollups import day_bounds
 from app.billing.schemas import money
-from app.billing.usage import rated_to_date
+from app.billing.usage import UsageSettings, rated_to_date
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import Unprocessable
 from app.core.schemas import Schema
@@ -158,13 +158,18 @@ class _Totals:
 
 
 def costs(
-    session: Session, customer: Customer, days: DayRange, group_by: GroupBy, now: datetime
+    session: Session,
+    customer: Customer,
+    days: DayRange,
+    group_by: GroupBy,
+    now: datetime,
+    config: UsageSettings,
 ) -> CostsRead:
     currency = customer.currency
     fmt = Formatter(currency, customer.billing_timezone)
     totals = _Totals()
     for period in days.periods:
-        _add_period(session, customer, period, now, group_by, fmt, totals)
+        _add_period(session, customer, period, now, group_by, fmt, totals, config)
     shown = [days.first + timedelta(days=n) for n in range((days.last - days.first).days + 1)]
     as_of = min(epoch(now), max(p.span[1] for p in days.periods))
     by_group: dict[str, dict[LineKind, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
@@ -223,9 +228,10 @@ def _add_period(
     group_by: GroupBy,
     fmt: Formatter,
     totals: _Totals,
+    config: UsageSettings,
 ) -> None:
     span = (period.span[0], min(period.span[1], epoch(now)))
-    to_date = rated_to_date(session, customer, period, span)
+    to_date = rated_to_date(session, customer, period, span, config)
     bounds = day_bounds(period)
     n = len(bounds) - 1
     dates = [_local(t, period) for t in bounds[:-1]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -31,7 +32,7 @@ from app.core.db import transaction
 from app.core.local_service import free_port
 from app.core.scratch_db import scratch_database, server_from_environment
 from app.events.service import publish
-from app.settings import sqlalchemy_url
+from app.settings import get_settings, sqlalchemy_url
 from app.webhooks.schemas import EndpointCreate
 from app.webhooks.service import create_endpoint
 from app.wiring import install
@@ -88,6 +89,10 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=300)
     parser.add_argument("--rate", type=float, default=50.0, help="events per second")
     args = parser.parse_args()
+    # Endpoint secrets are encrypted at rest with a key derived from the secret key: this
+    # process writes the endpoint, the worker reads it, so both need the same one.
+    os.environ.setdefault("GPUMETER_SECRET_KEY", secrets.token_urlsafe(32))
+    get_settings.cache_clear()  # read at import by the job schedules, before the key was set
     install()
     arrivals, port = Arrivals(), free_port()
     server = serve(arrivals, port)
@@ -98,7 +103,11 @@ def main() -> int:
             # the receiver is on 127.0.0.1
             arrivals.secret = create_endpoint(session, endpoint, allow_private=True).secret
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMETER_")}
-        env |= {"GPUMETER_DATABASE_URL": url, "GPUMETER_WEBHOOK_ALLOW_PRIVATE": "true"}
+        env |= {
+            "GPUMETER_DATABASE_URL": url,
+            "GPUMETER_SECRET_KEY": os.environ["GPUMETER_SECRET_KEY"],
+            "GPUMETER_WEBHOOK_ALLOW_PRIVATE": "true",
+        }
         worker = subprocess.Popen(
             [str(GPUMETER), "worker"], env=env, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL
         )

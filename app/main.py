@@ -34,7 +34,7 @@ from app.events.endpoints import router as events_router
 from app.failover.endpoints import router as failovers_router
 from app.failover.endpoints import spares as spares_router
 from app.fleet.endpoints import router as fleet_router
-from app.fleet.service import GPU_REGISTRY
+from app.fleet.service import IngestGpus
 from app.metering import endpoints as ingest
 from app.metering.group_commit import GroupCommit
 from app.payments.endpoints import router as stripe_router
@@ -115,7 +115,9 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     )
     app.state.engine = engine or get_engine()
     # Ingest's writers, over metering's port to the fleet's GPUs.
-    app.state.ingest_writers = GroupCommit.of(app.state.engine, GPU_REGISTRY, get_settings())
+    settings = get_settings()
+    gpus = IngestGpus.of(settings)
+    app.state.ingest_writers = GroupCommit.of(app.state.engine, gpus, settings)
     install_subscribers()
     install_error_handlers(app)
     dashboard.install(app)
@@ -127,7 +129,7 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     # they wait for their writer, so the pool-sized slots would only cap its groups.
     settings = get_settings()
     limits = replace(Limits.of(settings), max_in_flight=settings.ingest_in_flight)
-    endpoint = RequestLimits(ingest.IngestEndpoint(app.state.ingest_writers), limits)
+    endpoint = RequestLimits(ingest.IngestEndpoint(app.state.ingest_writers, settings), limits)
     build_stack = app.build_middleware_stack  # Starlette builds it at the first request
     # Failed authentication is throttled outermost: ingest's node tokens too.
     app.state.auth_throttle = throttle = FailedAuthThrottle.of(settings)

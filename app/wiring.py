@@ -12,6 +12,7 @@ import procrastinate
 from sqlalchemy.orm import Session
 
 from app.balances.service import grant_trial_credit
+from app.billing.usage import UsageSettings
 from app.budgets.service import refuse_rental_over_hard_limit
 from app.core import queue as job_queue
 from app.customers.models import Customer
@@ -20,7 +21,7 @@ from app.events import stream
 from app.events.models import DomainEvent
 from app.events.service import ALL_TYPES, subscribe
 from app.failover import jobs as failover_jobs
-from app.failover.service import on_gpu_state_changed, refuse_reserved_spare
+from app.failover.service import FailoverSettings, on_gpu_state_changed, refuse_reserved_spare
 from app.fleet.service import RENTAL_GPUS
 from app.metering import retention
 from app.payments import jobs as payments_jobs
@@ -51,7 +52,7 @@ def install() -> None:
     subscribe("invoice.voided", _mirror_to_stripe)
     subscribe(ALL_TYPES, deliver_to_webhooks)
     use_catalogue(Catalogue(RENTAL_GPUS, RENTAL_PLANS))
-    add_create_check(refuse_rental_over_hard_limit)
+    add_create_check(_refuse_rental_over_hard_limit)
     # The failure loop: a rented GPU turning failed opens a failover; reserved spares are
     # refused to new assignments.
     subscribe("gpu.state_changed", _open_failovers)
@@ -60,7 +61,7 @@ def install() -> None:
     # subscriber, so a repaired GPU's pool is settled before its node's is.
     subscribe("failover.requested", slurm.on_failover_requested)
     subscribe("failover.resumed", slurm.on_failover_resumed)
-    subscribe("gpu.state_changed", slurm.on_gpu_state_changed)
+    subscribe("gpu.state_changed", _resume_repaired_slurm_nodes)
     add_created_hook(_grant_trial_credit)
     if get_settings().nats_url:
         subscribe(ALL_TYPES, stream.queue_publication)
@@ -74,12 +75,20 @@ def install() -> None:
 
 
 def _open_failovers(session: Session, event: DomainEvent) -> None:
-    on_gpu_state_changed(session, event, get_settings().failover_reservation_ttl_s)
+    on_gpu_state_changed(session, event, FailoverSettings.of(get_settings()))
 
 
 def _mirror_to_stripe(session: Session, event: DomainEvent) -> None:
     on_invoice_event(session, event, StripeSettings.of(get_settings()))
 
 
+def _resume_repaired_slurm_nodes(session: Session, event: DomainEvent) -> None:
+    slurm.on_gpu_state_changed(session, event, get_settings().spare_target_percent)
+
+
 def _grant_trial_credit(session: Session, customer: Customer) -> None:
     grant_trial_credit(session, customer, get_settings().trial_credit)
+
+
+def _refuse_rental_over_hard_limit(session: Session, customer: Customer) -> None:
+    refuse_rental_over_hard_limit(session, customer, UsageSettings.of(get_settings()))

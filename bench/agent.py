@@ -191,7 +191,7 @@ def main() -> int:
         "nvml_calls_target_met": max(nvml.values()) <= NVML_CALLS_TARGET,
     }
     print(json.dumps(summary))
-    return 0
+    return 0 if target is not False and summary["nvml_calls_target_met"] else 1
 
 
 if __name__ == "__main__":

@@ -388,7 +388,7 @@ def main() -> int:
             }
         )
     )
-    return 0
+    return 0 if all(c["pass"] for c in checks) else 1
 
 
 def _check(case: str, page: str, result: dict[str, float], target: float) -> dict[str, object]:

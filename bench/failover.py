@@ -320,7 +320,7 @@ def _credited_seconds(api: Api) -> dict[str, int]:
     return seconds
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=4, help="agent processes")
     parser.add_argument("--gpus-per-node", type=int, default=32)
@@ -342,7 +342,8 @@ def main() -> None:
         result = Bench(args, directory, stack).run(url)
     result["wall_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(result))
+    return 0 if result["ok"] else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

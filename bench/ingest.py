@@ -125,6 +125,13 @@ def parse_args() -> argparse.Namespace:
     )
     p.add_argument("--fleet-nodes", type=int, default=2000, help="nodes of fleet and burst")
     p.add_argument("--burst-rounds", type=int, default=3)
+    p.add_argument("--runs", type=int, default=1, help="agent mode: whole runs, each printed")
+    p.add_argument(
+        "--copy-rows",
+        type=int,
+        default=400_000,
+        help="agent mode: rows of the COPY that gives Postgres's limit (0: skip it)",
+    )
     p.add_argument("--burst-every", type=float, default=6.0, help="seconds between bursts")
     p.add_argument(
         "--settle-s",
@@ -442,9 +449,9 @@ class AgentNode:
     reader: asyncio.StreamReader | None = None
     writer: asyncio.StreamWriter | None = None
 
-    def batch(self, now: int, rng: random.Random) -> tuple[bytes, int]:
+    def batch(self, now: int, rng: random.Random) -> tuple[bytes, int, int]:
         """Records of [next_start, now) for each GPU, cut at minute boundaries, as the agent
-        cuts them at an upload round; the GPU-seconds they carry."""
+        cuts them at an upload round; the GPU-seconds and records they carry."""
         start = self.next_start or now - 2
         now = max(now, start + 1)  # two rounds within one second: the next second (skew)
         cuts = [start, *range((start // 60 + 1) * 60, now, 60), now]
@@ -464,13 +471,15 @@ class AgentNode:
             f'{{"batch_id":"{secrets.token_hex(8)}","protocol_version":1,'
             f'"records":[{",".join(records)}],"events":[]}}'
         )
-        return body.encode(), AGENT_GPUS * (now - start)
+        return body.encode(), AGENT_GPUS * (now - start), len(records)
 
 
 @dataclass
 class PhaseStats:
     latencies: list[float] = field(default_factory=list)
+    sent: int = 0  # uploads written to a socket (answered or not)
     gpu_seconds: int = 0
+    records: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     late: int = 0  # uploads sent more than one interval behind their schedule
 
@@ -523,9 +532,10 @@ async def upload(
 ) -> None:
     """One upload round of one node: a kept-alive connection the server closed meanwhile
     (idle timeout) is reopened once, as an HTTP client does."""
-    body, gpu_seconds = node.batch(int(time.time()), rng)
+    body, gpu_seconds, records = node.batch(int(time.time()), rng)
     payload = target.request(node.token, body, keep_alive=keep_alive)
     sent = time.perf_counter()
+    stats.sent += 1
     for attempt in (1, 2):
         reused = node.writer is not None
         try:
@@ -544,6 +554,7 @@ async def upload(
         return
     stats.latencies.append(time.perf_counter() - sent)
     stats.gpu_seconds += gpu_seconds
+    stats.records += records
 
 
 async def run_schedule(
@@ -681,8 +692,11 @@ def phase_report(
     lat = sorted(stats.latencies)
     return {
         "nodes": nodes,
+        # Offered: what the schedule asks; sent: uploads that left (a late node sends less).
         "offered_batches_per_s": round(nodes / interval, 1),
+        "sent_batches_per_s": round(stats.sent / elapsed, 1),
         "batches_per_s": round(len(lat) / elapsed, 1),
+        "records_per_s": round(stats.records / elapsed),
         "gpu_seconds_per_s": round(stats.gpu_seconds / elapsed),
         "p50_ms": percentile_ms(lat, 0.5),
         "p99_ms": percentile_ms(lat, 0.99),
@@ -825,6 +839,29 @@ async def count_round_trips(url: str, nodes: list[AgentNode], batches: int) -> d
     }
 
 
+async def catch_up(
+    nodes: list[AgentNode], target: Target, keep_alive: bool, rng: random.Random
+) -> dict[str, Any]:
+    """Each node uploads what it has not yet sent (the seconds since the previous phase or the
+    warm-up), 64 at a time, before a steady phase starts: the phase then measures nodes
+    uploading every interval, not a fleet back from an outage all at once (which spilled
+    into the measured window: issue 32). Returns how long that took and its p99."""
+    stats = PhaseStats()
+    began = time.monotonic()
+    queue = list(nodes)
+
+    async def lane() -> None:
+        while queue:
+            await upload(queue.pop(), target, rng, keep_alive, stats)
+
+    await asyncio.gather(*(lane() for _ in range(64)))
+    return {
+        "seconds": round(time.monotonic() - began, 1),
+        "p99_ms": percentile_ms(sorted(stats.latencies), 0.99),
+        "errors": stats.errors,
+    }
+
+
 async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> dict[str, Any]:
     phases = args.phases.split(",")
     nodes = [AgentNode(i, tok) for i, tok in enumerate(tokens)]
@@ -862,6 +899,7 @@ async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> 
             if name not in phases:
                 continue
             print(f"{name} ({what}, {len(phase_nodes)} nodes every {interval} s):", file=sys.stderr)
+            caught_up = await catch_up(phase_nodes, target, keep_alive, rng)
             out[name] = await measure_phase(
                 clock,
                 phase_nodes,
@@ -872,6 +910,7 @@ async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> 
                 phases=[rng.uniform(0, interval) for _ in phase_nodes],
                 settle_s=args.settle_s,
             )
+            out[name]["catch_up"] = caught_up
         if "burst" in phases:
             print("burst (every node in the same second):", file=sys.stderr)
             start = math.ceil(time.time()) + 1 - time.time()
@@ -892,25 +931,108 @@ async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> 
     return out
 
 
-def agent_main(args: argparse.Namespace) -> int:
+COPY_TABLE = """CREATE TABLE bench_copy_records (
+    gpu_uuid varchar(96), model varchar(100), start bigint, "end" bigint, state varchar(16),
+    sample_count int, gpu_util_mean float8, gpu_util_max int, mem_util_mean float8,
+    mem_used_max_mib bigint, mem_total_mib int, energy_j float8, power_max_w float8,
+    temp_max_c int, sm_clock_mean_mhz int, PRIMARY KEY (gpu_uuid, start))"""
+
+
+def copy_rows_per_s(url: str, rows: int) -> float:
+    """Postgres's own limit for the records' row shape, in this run's database: a COPY of
+    ``rows`` agent-shaped records (the record's columns, keyed by GPU and start as segments
+    are; 16,000 GPUs, 2-s records) in one transaction, timed from the first byte to the
+    commit. The text is built before the clock starts: the figure is Postgres's."""
+    start = int(time.time()) - rows
+    lines = []
+    for i in range(rows):
+        r = AGENT_READINGS[i % len(AGENT_READINGS)]
+        gpu, at = f"GPU-copy-{i % 16_000:05d}", start + 2 * (i // 16_000)
+        lines.append(
+            f"{gpu}\tH100 80GB HBM3\t{at}\t{at + 2}\thealthy\t2\t{r['util']}\t{r['umax']}"
+            f"\t{r['mem']}\t{r['mem_used']}\t81559\t{round(2 * r['watts'], 1)}\t{r['power']}"
+            f"\t{r['temp']}\t1980\n"
+        )
+    data = "".join(lines).encode()
+    with psycopg.connect(libpq_dsn(url)) as conn:
+        conn.execute(COPY_TABLE)
+        conn.commit()
+        began = time.perf_counter()
+        with conn.cursor() as cursor, cursor.copy("COPY bench_copy_records FROM STDIN") as copy:
+            for at in range(0, len(data), 1 << 20):
+                copy.write(data[at : at + (1 << 20)])
+        conn.commit()
+        elapsed = time.perf_counter() - began
+        conn.execute("DROP TABLE bench_copy_records")
+        conn.commit()
+    return rows / elapsed
+
+
+def run_met(figures: dict[str, Any], targets: dict[str, Any]) -> dict[str, bool]:
+    """Each measured steady phase against its targets: served at least
+    ``served_share_min`` of what was offered, p99 under its bound, no errors."""
+    met = {}
+    for name, bound in (
+        ("rate", targets["rate_p99_ms_max"]),
+        ("fleet", targets["fleet_p99_ms_max"]),
+    ):
+        phase = figures.get(name)
+        if phase is not None:
+            met[name] = (
+                phase["batches_per_s"]
+                >= targets["served_share_min"] * phase["offered_batches_per_s"]
+                and (phase["p99_ms"] or 1e9) < bound
+                and not phase["errors"]
+            )
+    return met
+
+
+def agent_run(args: argparse.Namespace) -> dict[str, Any]:
+    """One run: a fresh database and service, the phases, then the COPY limit beside them."""
     nodes = max(args.rate_nodes, args.fleet_nodes)
     with scratch_database(
         server_from_environment(), "gpumeter_bench_ingest", keep=args.keep_db
     ) as url:
         tokens = register_nodes(url, nodes)
         figures = asyncio.run(agent_drive(url, tokens, args))
-    rate: dict[str, Any] | None = figures.get("rate")
-    fleet: dict[str, Any] | None = figures.get("fleet")
+        if args.copy_rows:
+            copy = copy_rows_per_s(url, args.copy_rows)
+            figures["copy_rows_per_s"] = round(copy)
+            if "rate" in figures:
+                figures["rate_share_of_copy"] = round(figures["rate"]["records_per_s"] / copy, 3)
+    figures["load_average"] = os.getloadavg()
+    return figures
+
+
+def agent_main(args: argparse.Namespace) -> int:
     targets = {
-        "rate_batches_per_s_min": 600,
+        "served_share_min": 0.95,
         "rate_p99_ms_max": 250,
         "fleet_nodes": args.fleet_nodes,
         "fleet_p99_ms_max": 1000,
+        "rate_share_of_copy_min": 0.10,
     }
-    met = {
-        "rate": rate is not None and rate["batches_per_s"] >= 600 and (rate["p99_ms"] or 1e9) < 250,
-        "fleet": fleet is not None and (fleet["p99_ms"] or 1e9) < 1000 and not fleet["errors"],
+    runs = []
+    for n in range(1, args.runs + 1):
+        figures = agent_run(args)
+        figures["met"] = run_met(figures, targets)
+        runs.append(figures)
+        rate = figures.get("rate", {})
+        print(
+            f"run {n}/{args.runs}: rate {rate.get('batches_per_s')}/s of "
+            f"{rate.get('offered_batches_per_s')} offered, p99 {rate.get('p99_ms')} ms; "
+            f"fleet p99 {figures.get('fleet', {}).get('p99_ms')} ms; "
+            f"share of COPY {figures.get('rate_share_of_copy')}; met {figures['met']}; "
+            f"load {figures['load_average']}",
+            file=sys.stderr,
+        )
+    spread = {
+        f"{phase}_{key}": [r[phase][key] for r in runs]
+        for phase in ("rate", "fleet")
+        if phase in runs[0]
+        for key in ("batches_per_s", "p99_ms")
     }
+    passed = sum(all(r["met"].values()) for r in runs)
     print(
         json.dumps(
             {
@@ -920,13 +1042,21 @@ def agent_main(args: argparse.Namespace) -> int:
                 "fleet_interval_s": args.fleet_interval,
                 "settle_s": args.settle_s,
                 "gpus_per_node": AGENT_GPUS,
-                **figures,
+                "runs": runs if args.runs > 1 else None,
+                **({} if args.runs > 1 else runs[0]),
+                "spread": {k: {"min": min(v), "max": max(v), "each": v} for k, v in spread.items()},
                 "targets": targets,
-                "met": met,
+                "runs_passed": f"{passed}/{args.runs}",
+                # Reported, not part of a run's pass: the issue's ingest-cost target.
+                "share_of_copy_met": all(
+                    r.get("rate_share_of_copy", 0) >= targets["rate_share_of_copy_min"]
+                    for r in runs
+                ),
+                "pass": passed == args.runs,
             }
         )
     )
-    return 0
+    return 0 if passed == args.runs else 1
 
 
 if __name__ == "__main__":

@@ -267,7 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "big_customer" in results:
         results["big_customer_met"] = results["big_customer"]["seconds"] < TARGET_BIG_S
     print(json.dumps(results))
-    return 0
+    missed = [k for k in ("30k_gpus_met", "big_customer_met") if results.get(k) is False]
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 from app.core.scratch_db import scratch_database, server_from_environment, table_bytes
 
 SCENARIO_TARGET_S = 180  # the seed's 3,000 GPUs x 60 days, on 2 cores
+DEFAULT_TARGET_S = 60  # 3,000 GPUs x 30 days (the defaults)
 METERING_TABLES = (
     "gpu_state_segments",
     "gpu_minute_metrics",
@@ -51,8 +52,15 @@ def main() -> int:
         sys.stderr.write(result.stderr.decode())
         report = json.loads(result.stdout.decode().strip().splitlines()[-1])
         sizes = table_bytes(url, METERING_TABLES)
-        print(json.dumps({**report, "wall_seconds": round(wall, 1), "bytes": sizes}))
-    return 0
+    target = DEFAULT_TARGET_S if (args.gpus, args.days) == (3000, 30) else None
+    met = target is None or wall < target
+    print(
+        json.dumps(
+            {**report, "wall_seconds": round(wall, 1), "bytes": sizes, "target_seconds": target}
+            | {"met": met}
+        )
+    )
+    return 0 if met else 1
 
 
 def scenario(name: str, scale: float) -> int:
@@ -71,8 +79,13 @@ def scenario(name: str, scale: float) -> int:
     figures = json.loads(result.stdout.decode().strip().splitlines()[-1])
     print(result.stdout.decode(), end="")
     target = SCENARIO_TARGET_S if name == "seed" and scale == 1 else None
-    print(json.dumps({**figures, "wall_seconds": round(wall, 1), "target_seconds": target}))
-    return 0
+    met = target is None or wall < target
+    print(
+        json.dumps(
+            {**figures, "wall_seconds": round(wall, 1), "target_seconds": target, "met": met}
+        )
+    )
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

@@ -212,7 +212,7 @@ def _ended(api: Api, job_id: int) -> bool:
     return any(r["job_id"] == job_id and r["ended_at"] for r in rows)
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--failures", type=int, default=6, help="GPU failures, one at a time")
     parser.add_argument("--every", type=float, default=30.0, help="seconds between failures")
@@ -237,7 +237,8 @@ def main() -> None:
         result = Bench(args, directory, stack).run(url)
     result["wall_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(result))
+    return 0 if result["ok"] else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -42,7 +42,7 @@ from sqlalchemy import create_engine
 import app.models  # noqa: F401 - every table registered, so foreign keys resolve
 from app.core.db import transaction
 from app.core.scratch_db import libpq_dsn, scratch_database, server_from_environment, table_bytes
-from app.fleet.service import GPU_REGISTRY
+from app.fleet.service import IngestGpus
 from app.metering.service import ingest
 from app.settings import Settings, sqlalchemy_url
 from metering_agent.protocol import MINUTE, GpuState, IngestBatch, UsageRecord
@@ -185,7 +185,7 @@ def simulate(phase: Phase, seed: int) -> None:
                 for node, group in zip(nodes, groups, strict=True):
                     batch = IngestBatch(uuid.uuid4().hex, [g.record(a, b) for g in group])
                     with transaction(engine) as session:
-                        ingest(session, node, batch, settings, GPU_REGISTRY)
+                        ingest(session, node, batch, settings, IngestGpus.of(settings))
                     phase.records += len(batch.records)
                 if a % VACUUM_EVERY_S == 0:
                     bytes_now = vacuumed_bytes(conninfo, url)
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "met": per_gpu_hour <= TARGET_BYTES_PER_GPU_HOUR,
     }
     print(json.dumps(result))
-    return 0
+    return 0 if result["met"] else 1
 
 
 if __name__ == "__main__":

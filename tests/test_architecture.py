@@ -7,6 +7,7 @@ naming the offending module.
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -85,3 +86,69 @@ def test_the_readme_pictures_the_layers_of_the_contract() -> None:
         for layer in re.split(r"\s{2,}", line.strip())[0].split(" > ")
     ]
     assert pictured == layers
+
+
+# Who reads the settings (``get_settings``): the composition roots, which hand each service the
+# values it follows, and infrastructure that no domain rule is about. Every ``endpoints.py``
+# (the request's edge) and ``jobs.py`` (the worker's) may as well, though most take
+# ``AppSettings`` or the worker's context instead.
+SETTINGS_READERS = {
+    "app/main.py": "composition root: the app, its middleware, ingest's writers",
+    "app/wiring.py": "composition root: the subscribers, given their settings per event",
+    "app/cli": "composition root: each command",
+    "app/demo/run.py": "composition root: the demo's processes",
+    "app/core/deps.py": "AppSettings, the endpoints' dependency",
+    "app/core/db.py": "the engine and its pool",
+    "app/core/limits.py": "ASGI middleware and the server protocol's header timeout",
+    "app/core/crypto.py": "a column type (encrypted at rest): no call passes it a value",
+    "app/auth/cache.py": "the process's key cache per engine, and how stale it may be",
+    "app/dashboard/sessions.py": "the session cookie's signing key (middleware)",
+}
+EDGES = ("endpoints.py", "jobs.py")
+
+
+def settings_readers(root: Path) -> list[str]:
+    """The modules under ``root``/app that name ``get_settings``, imported or called."""
+    readers = []
+    for path in sorted((root / "app").rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        names = (
+            n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
+            for n in ast.walk(tree)
+        )
+        imported = (
+            alias.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for alias in n.names
+        )
+        if "get_settings" in {*names, *imported}:
+            readers.append(path.relative_to(root).as_posix())
+    return readers
+
+
+def _allowed(module: str) -> bool:
+    return module.endswith(EDGES) or any(
+        module == allowed or module.startswith(f"{allowed}/") for allowed in SETTINGS_READERS
+    )
+
+
+def test_services_read_no_settings_only_their_composition_roots_do() -> None:
+    readers = settings_readers(REPO)
+    assert [m for m in readers if not _allowed(m)] == []
+    # Each allowance is still needed: a module that stopped reading settings leaves the list.
+    assert [a for a in SETTINGS_READERS if not any(m.startswith(a) for m in readers)] == []
+
+
+def test_a_service_reading_settings_is_caught(tmp_path: Path) -> None:
+    planted = {
+        "app/budgets/service.py": "from app.settings import get_settings\n",
+        "app/billing/usage.py": "import app.settings\nX = app.settings.get_settings()\n",
+        "app/fleet/endpoints.py": "from app.settings import get_settings\n",  # an edge
+    }
+    for module, source in planted.items():
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / module).write_text(source)
+    readers = settings_readers(tmp_path)
+    assert readers == ["app/billing/usage.py", "app/budgets/service.py", "app/fleet/endpoints.py"]
+    assert [m for m in readers if not _allowed(m)] == [
+        "app/billing/usage.py",
+        "app/budgets/service.py",
+    ]

@@ -36,7 +36,7 @@ from app.billing.loader import BillingPeriod
 from app.billing.models import Invoice, InvoiceStatus, VoucherEntryRow
 from app.billing.schemas import AmountDueRead, MoneyStepRead, VouchersAppliedRead, money
 from app.billing.service import core_errors, ledger
-from app.billing.usage import rated_to_date
+from app.billing.usage import UsageSettings, rated_to_date
 from app.billing.wording import percent
 from app.core.epoch import epoch, from_epoch
 from app.core.money import display
@@ -104,6 +104,7 @@ def of_period(
     customer: Customer,
     period: BillingPeriod,
     now: datetime,
+    config: UsageSettings,
     rated: Sequence[RatedRental] | None = None,
 ) -> AmountDueRead:
     """The period's invoice's chain, else the period to date's; ``rated``: the rentals rated
@@ -113,7 +114,7 @@ def of_period(
         return of_invoice(session, invoice, customer, now)
     if rated is None:
         span = (period.span[0], min(period.span[1], epoch(now)))
-        rated = rated_to_date(session, customer, period, span).rated
+        rated = rated_to_date(session, customer, period, span, config).rated
     return _to_date(session, customer, period, rated, now)
 
 

@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 
 from app.auth.deps import Admin, ConsoleUser
 from app.billing import amount_due, repository, service, usage
-from app.billing.html import render_invoice
+from app.billing.html import Seller, render_invoice
 from app.billing.loader import PERIOD_PATTERN, current_period, started_period
 from app.billing.models import InvoiceStatus
 from app.billing.run import as_of_time, run_invoices
@@ -33,6 +33,7 @@ from app.billing.schemas import (
     WhatIfRead,
 )
 from app.billing.service import BillingSettings
+from app.billing.usage import UsageSettings
 from app.core.deps import AppSettings, DbSession
 from app.core.pagination import Page, Paging, paginate
 from app.customers.models import Customer
@@ -104,11 +105,13 @@ def read_invoice(invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser)
 
 
 @router.get("/{invoice_id}/html", response_class=HTMLResponse)
-def invoice_html(invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser) -> HTMLResponse:
+def invoice_html(
+    invoice_id: uuid.UUID, session: DbSession, caller: ConsoleUser, settings: AppSettings
+) -> HTMLResponse:
     """The invoice as a standalone, printable HTML page."""
     invoice = service.get_invoice(session, invoice_id, caller)
     customer = existing_customer(session, invoice.customer_id)
-    return HTMLResponse(render_invoice(InvoiceRead.of(invoice), customer))
+    return HTMLResponse(render_invoice(InvoiceRead.of(invoice), customer, Seller.of(settings)))
 
 
 @router.get("/{invoice_id}/amount-due")
@@ -178,11 +181,13 @@ def read_usage(
     session: DbSession,
     caller: ConsoleUser,
     now: Now,
+    settings: AppSettings,
     period: PeriodQuery = None,
 ) -> UsageRead:
     """Cost to date with its buckets, effective GPU-hours, vouchers and a month-end forecast."""
     customer = get_customer(session, customer_id, caller)
-    return usage.usage(session, customer, _customer_period(customer, period, now), now)
+    name = _customer_period(customer, period, now)
+    return usage.usage(session, customer, name, now, UsageSettings.of(settings))
 
 
 @customer_router.get("/{customer_id}/amount-due")
@@ -191,6 +196,7 @@ def read_amount_due(
     session: DbSession,
     caller: ConsoleUser,
     now: Now,
+    settings: AppSettings,
     period: PeriodQuery = None,
 ) -> AmountDueRead:
     """The period's path from usage cost to the amount due: its invoice's, or with no invoice
@@ -198,7 +204,7 @@ def read_amount_due(
     customer = get_customer(session, customer_id, caller)
     name = _customer_period(customer, period, now)
     billing_period = started_period(name, customer.billing_timezone, now, ("query", "period"))
-    return amount_due.of_period(session, customer, billing_period, now)
+    return amount_due.of_period(session, customer, billing_period, now, UsageSettings.of(settings))
 
 
 @customer_router.get("/{customer_id}/credit-notes")
@@ -218,12 +224,14 @@ def read_what_if(
     session: DbSession,
     caller: ConsoleUser,
     now: Now,
+    settings: AppSettings,
     period: PeriodQuery = None,
 ) -> WhatIfRead:
     """The period's usage at 1 s, 60 s and 3600 s increments, with and without automatic
     failure and migration credits."""
     customer = get_customer(session, customer_id, caller)
-    return usage.what_if_table(session, customer, _customer_period(customer, period, now), now)
+    name = _customer_period(customer, period, now)
+    return usage.what_if_table(session, customer, name, now, UsageSettings.of(settings))
 
 
 @customer_router.get("/{customer_id}/vouchers")

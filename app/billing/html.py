@@ -24,7 +24,7 @@ from app.billing.core.evidence import evidence_text
 from app.billing.schemas import InvoiceLineRead, InvoiceRead
 from app.core.money import display
 from app.customers.models import Customer
-from app.settings import get_settings
+from app.settings import Settings
 
 _When = Callable[[datetime], str]
 COLUMNS = ("Item", "Detail", "Time", "Rate", "Amount")
@@ -63,7 +63,26 @@ class InvoiceDocument:
     note: str
 
 
-def invoice_document(invoice: InvoiceRead, customer: Customer) -> InvoiceDocument:
+@dataclass(frozen=True)
+class Seller:
+    """Who issues the invoices (the ``seller_*`` settings), handed in by the callers."""
+
+    name: str
+    address: str
+    tax_id: str
+
+    @classmethod
+    def of(cls, settings: Settings) -> Seller:
+        return cls(settings.seller_name, settings.seller_address, settings.seller_tax_id)
+
+    @property
+    def lines(self) -> tuple[str, ...]:
+        address = [line.strip() for line in self.address.splitlines() if line.strip()]
+        tax_id = [f"Tax id: {self.tax_id}"] if self.tax_id else []
+        return (self.name, *address, *tax_id)
+
+
+def invoice_document(invoice: InvoiceRead, customer: Customer, seller: Seller) -> InvoiceDocument:
     zone = ZoneInfo(invoice.timezone)
 
     def when(at: datetime) -> str:
@@ -80,7 +99,7 @@ def invoice_document(invoice: InvoiceRead, customer: Customer) -> InvoiceDocumen
     return InvoiceDocument(
         title=f"Invoice {invoice.number}" if invoice.number else f"Draft invoice {invoice.period}",
         status=invoice.status.value,
-        seller=_seller(),
+        seller=seller.lines,
         bill_to=(customer.name, *([customer.email] if customer.email else [])),
         facts=_facts(invoice, customer, when),
         credits=wording.credits_summary(invoice.lines).text,
@@ -88,13 +107,6 @@ def invoice_document(invoice: InvoiceRead, customer: Customer) -> InvoiceDocumen
         totals=totals,
         note=_NOTE,
     )
-
-
-def _seller() -> tuple[str, ...]:
-    settings = get_settings()
-    address = [line.strip() for line in settings.seller_address.splitlines() if line.strip()]
-    tax_id = [f"Tax id: {settings.seller_tax_id}"] if settings.seller_tax_id else []
-    return (settings.seller_name, *address, *tax_id)
 
 
 def _facts(invoice: InvoiceRead, customer: Customer, when: _When) -> tuple[str, ...]:
@@ -187,9 +199,9 @@ def render_document(doc: InvoiceDocument) -> str:
 </article>"""
 
 
-def render_invoice(invoice: InvoiceRead, customer: Customer) -> str:
+def render_invoice(invoice: InvoiceRead, customer: Customer, seller: Seller) -> str:
     """The standalone, printable page."""
-    doc = invoice_document(invoice, customer)
+    doc = invoice_document(invoice, customer, seller)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">

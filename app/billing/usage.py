@@ -60,24 +60,40 @@ from app.core.memory import rare_collections
 from app.core.money import round_money
 from app.customers.models import Customer
 from app.metering.repository import idle_minutes
-from app.settings import get_settings
+from app.settings import Settings
 
 T = TypeVar("T")
 # The credits the what-if compares against a manual process (``whatif``'s rule).
 _AUTOMATIC = frozenset({LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT})
 
 
-def usage(session: Session, customer: Customer, period_name: str, now: datetime) -> UsageRead:
-    return usage_and_rated(session, customer, period_name, now)[0]
+@dataclass(frozen=True)
+class UsageSettings:
+    """The settings the usage views follow, handed in by their callers."""
+
+    # A GPU minute below this utilisation is idle (tenths of a percent: utilisation is a
+    # measurement, not money, and tenths are precise enough).
+    idle_below_tenths: int
+    manual_recovery_s: int  # the what-if's manual process takes at least this long
+
+    @classmethod
+    def of(cls, settings: Settings) -> UsageSettings:
+        return cls(round(settings.idle_util_threshold_percent * 10), settings.manual_recovery_s)
+
+
+def usage(
+    session: Session, customer: Customer, period_name: str, now: datetime, config: UsageSettings
+) -> UsageRead:
+    return usage_and_rated(session, customer, period_name, now, config)[0]
 
 
 def usage_and_rated(
-    session: Session, customer: Customer, period_name: str, now: datetime
+    session: Session, customer: Customer, period_name: str, now: datetime, config: UsageSettings
 ) -> tuple[UsageRead, list[RatedRental]]:
     """The usage and the rentals rated to date it was computed from (the overview's amount
     due previews an invoice from them instead of rating the month again)."""
     period, span = _to_date(customer, period_name, now)
-    to_date = rated_to_date(session, customer, period, span)
+    to_date = rated_to_date(session, customer, period, span, config)
     rated = to_date.rated
     currency, zero = customer.currency, Decimal(0)
     forecasts = [_forecast(r, span[1], period.span[1], currency) for r in rated]
@@ -104,11 +120,11 @@ def usage_and_rated(
 
 
 def what_if_table(
-    session: Session, customer: Customer, period_name: str, now: datetime
+    session: Session, customer: Customer, period_name: str, now: datetime, config: UsageSettings
 ) -> WhatIfRead:
     period, span = _to_date(customer, period_name, now)
-    to_date = rated_to_date(session, customer, period, span)
-    recovery = get_settings().manual_recovery_s
+    to_date = rated_to_date(session, customer, period, span, config)
+    recovery = config.manual_recovery_s
     with core_errors(customer):
         rated = {increment: to_date.rerated(increment) for increment in DEFAULT_INCREMENTS}
         table = what_if_rated(rated, manual_recovery_s=recovery, currency=customer.currency)
@@ -141,19 +157,27 @@ def what_if_table(
 
 
 def rated_to_date(
-    session: Session, customer: Customer, period: BillingPeriod, span: tuple[int, int]
+    session: Session,
+    customer: Customer,
+    period: BillingPeriod,
+    span: tuple[int, int],
+    config: UsageSettings,
 ) -> rollups.ToDate:
     """The period to date: stored spans from their rollups, the rest rated live."""
-    return _from_inputs(session, customer, period, span, rollups.rated_to_date)
+    return _from_inputs(session, customer, period, span, rollups.rated_to_date, config)
 
 
 def lines_to_date(
-    session: Session, customer: Customer, period: BillingPeriod, now: datetime
+    session: Session,
+    customer: Customer,
+    period: BillingPeriod,
+    now: datetime,
+    config: UsageSettings,
 ) -> list[InvoiceLineRow]:
     """The period to date's lines (charges, credits, caps) as unsaved invoice line rows: what
     the exports write for a period the invoice run has not drafted yet."""
     span = (period.span[0], min(period.span[1], epoch(now)))
-    rated = rated_to_date(session, customer, period, span).rated
+    rated = rated_to_date(session, customer, period, span, config).rated
     return [
         InvoiceLineRow(
             kind=line.kind.value,
@@ -172,11 +196,13 @@ def lines_to_date(
     ]
 
 
-def store_closed(session: Session, customer: Customer, now: datetime) -> None:
+def store_closed(
+    session: Session, customer: Customer, now: datetime, config: UsageSettings
+) -> None:
     """Store the rollups of the customer's current period's closed days and hours
     (``rollups.stored_spans``) where missing or stale, so that no reader pays for it."""
     period, span = _to_date(customer, current_period(customer.billing_timezone, now), now)
-    _from_inputs(session, customer, period, span, rollups.store_closed)
+    _from_inputs(session, customer, period, span, rollups.store_closed, config)
 
 
 def _from_inputs(
@@ -185,18 +211,20 @@ def _from_inputs(
     period: BillingPeriod,
     span: tuple[int, int],
     step: Callable[[Session, uuid.UUID, BillingPeriod, int, PeriodInputs, rollups.IdleReader], T],
+    config: UsageSettings,
 ) -> T:
     """A rollups step over the customer's inputs loaded for ``span``, up to its end."""
     with rare_collections():  # the rating and the reads behind it allocate by the million
         inputs = load_inputs(session, [customer.id], span)
         with core_errors(customer):
-            return step(session, customer.id, period, span[1], inputs, _idle_reader(session))
+            reader = _idle_reader(session, config.idle_below_tenths)
+            return step(session, customer.id, period, span[1], inputs, reader)
 
 
-def _idle_reader(session: Session) -> rollups.IdleReader:
+def _idle_reader(session: Session, below_tenths: int) -> rollups.IdleReader:
     def read_idle(gpus: Sequence[str], part: tuple[int, int]) -> dict[str, list[tuple[int, int]]]:
         with rare_collections():  # also when called later, for the open day (``ToDate``)
-            return idle_by_gpu(session, gpus, part)
+            return idle_by_gpu(session, gpus, part, below_tenths)
 
     return read_idle
 
@@ -232,11 +260,10 @@ def _to_date(
 
 
 def idle_by_gpu(
-    session: Session, gpus: Sequence[str], span: tuple[int, int]
+    session: Session, gpus: Sequence[str], span: tuple[int, int], below_tenths: int
 ) -> dict[str, list[tuple[int, int]]]:
-    # Utilisation is a measurement (not money): tenths of a percent are precise enough.
-    tenths = round(get_settings().idle_util_threshold_percent * 10)
-    idle = idle_minutes(session, gpus, *span, tenths)
+    """Each GPU's idle spans: its minutes under ``below_tenths`` (``UsageSettings``)."""
+    idle = idle_minutes(session, gpus, *span, below_tenths)
     return {gpu: minute_spans(minutes) for gpu, minutes in idle.items()}
 
 

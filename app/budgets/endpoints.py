@@ -6,9 +6,10 @@ from fastapi import APIRouter
 
 from app.auth.deps import Admin, ConsoleUser
 from app.billing.endpoints import Now
+from app.billing.usage import UsageSettings
 from app.budgets import repository, service
 from app.budgets.schemas import BudgetCreate, BudgetRead, BudgetStatus, CheckRead
-from app.core.deps import DbSession
+from app.core.deps import AppSettings, DbSession
 from app.core.pagination import Page, Paging, page_of, paginate
 from app.customers.service import get_customer
 
@@ -17,12 +18,17 @@ router = APIRouter(tags=["budgets"])
 
 @router.post("/v1/customers/{customer_id}/budgets", status_code=201)
 def create_budget(
-    customer_id: uuid.UUID, body: BudgetCreate, session: DbSession, caller: ConsoleUser
+    customer_id: uuid.UUID,
+    body: BudgetCreate,
+    session: DbSession,
+    caller: ConsoleUser,
+    settings: AppSettings,
 ) -> BudgetRead:
     """A monthly budget for the customer (or one of its rentals), with thresholds of actual
     and forecast spend; a hard limit refuses new rentals once the month's spend reaches it."""
     customer = get_customer(session, customer_id, caller)
-    return BudgetRead.of(service.create_budget(session, customer, body, caller))
+    cap = settings.max_budgets_per_customer
+    return BudgetRead.of(service.create_budget(session, customer, body, caller, cap))
 
 
 @router.get("/v1/customers/{customer_id}/budgets")
@@ -44,16 +50,21 @@ def delete_budget(budget_id: uuid.UUID, session: DbSession, caller: ConsoleUser)
 
 @router.get("/v1/customers/{customer_id}/budgets/status")
 def budget_status(
-    customer_id: uuid.UUID, session: DbSession, caller: ConsoleUser, now: Now, page: Paging
+    customer_id: uuid.UUID,
+    session: DbSession,
+    caller: ConsoleUser,
+    now: Now,
+    page: Paging,
+    settings: AppSettings,
 ) -> Page[BudgetStatus]:
     """Each budget against this month's spend so far and its forecast."""
     customer = get_customer(session, customer_id, caller)
-    spend = service.current_spend(session, customer, now)
+    spend = service.current_spend(session, customer, now, UsageSettings.of(settings))
     return page_of(service.status(service.budgets_of(session, customer), spend), page)
 
 
 @router.post("/v1/budget-checks")
-def check_budgets(session: DbSession, _: Admin, now: Now) -> CheckRead:
+def check_budgets(session: DbSession, _: Admin, now: Now, settings: AppSettings) -> CheckRead:
     """Evaluate every budget for its customer's current month: each threshold newly crossed
     is recorded and published once as ``budget.threshold_crossed`` (run it on a schedule)."""
-    return service.check_all(session, now)
+    return service.check_all(session, now, UsageSettings.of(settings))

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.billing.loader import current_period
 from app.billing.schemas import UsageRead, money
-from app.billing.usage import usage
+from app.billing.usage import UsageSettings, usage
 from app.budgets import repository
 from app.budgets.models import Budget
 from app.budgets.schemas import (
@@ -37,20 +37,20 @@ from app.customers.models import Customer
 from app.customers.service import customer_by_id
 from app.events.service import publish
 from app.rentals.service import get_rental
-from app.settings import get_settings
 
 THRESHOLD_CROSSED = "budget.threshold_crossed"
 
 
 def create_budget(
-    session: Session, customer: Customer, data: BudgetCreate, caller: Principal
+    session: Session, customer: Customer, data: BudgetCreate, caller: Principal, cap: int
 ) -> Budget:
+    """A new budget, refused (409) when the customer already has ``cap`` of them (the
+    ``max_budgets_per_customer`` setting)."""
     if data.rental_id is not None:
         rental = get_rental(session, data.rental_id, caller)
         if rental.customer_id != customer.id:
             raise not_found("rental", data.rental_id, ("body", "rental_id"))
     lock_keys(session, [f"budgets:{customer.id}"])  # two creations count one after the other
-    cap = get_settings().max_budgets_per_customer
     if repository.budget_count(session, customer.id) >= cap:
         raise Conflict(
             f"customer {customer.id} has {cap} budgets, the most one may have: delete one "
@@ -126,16 +126,18 @@ def _spend(budget: Budget, spend: UsageRead) -> tuple[Decimal, Decimal]:
     return Decimal(0), Decimal(0)
 
 
-def current_spend(session: Session, customer: Customer, now: datetime) -> UsageRead:
-    return usage(session, customer, current_period(customer.billing_timezone, now), now)
+def current_spend(
+    session: Session, customer: Customer, now: datetime, config: UsageSettings
+) -> UsageRead:
+    return usage(session, customer, current_period(customer.billing_timezone, now), now, config)
 
 
-def check(session: Session, customer: Customer, now: datetime) -> int:
+def check(session: Session, customer: Customer, now: datetime, config: UsageSettings) -> int:
     """Record and publish the thresholds newly crossed this period; how many there were."""
     budgets = budgets_of(session, customer)
     if not budgets:
         return 0
-    spend = current_spend(session, customer, now)
+    spend = current_spend(session, customer, now, config)
     crossed = 0
     for s in status(budgets, spend):
         for t in s.thresholds:
@@ -164,24 +166,26 @@ def check(session: Session, customer: Customer, now: datetime) -> int:
     return crossed
 
 
-def check_all(session: Session, now: datetime) -> CheckRead:
+def check_all(session: Session, now: datetime, config: UsageSettings) -> CheckRead:
     periods, crossed = {}, 0
     for customer_id in repository.customers_with_budgets(session):
         customer = customer_by_id(session, customer_id)
         if customer is None:
             continue
-        crossed += check(session, customer, now)
+        crossed += check(session, customer, now, config)
         periods[customer_id] = current_period(customer.billing_timezone, now)
     return CheckRead(period_by_customer=periods, crossed=crossed)
 
 
-def refuse_rental_over_hard_limit(session: Session, customer: Customer) -> None:
+def refuse_rental_over_hard_limit(
+    session: Session, customer: Customer, config: UsageSettings
+) -> None:
     """Rentals' create check (registered by app.wiring): 409 while a hard limit is reached."""
     limited = [b for b in budgets_of(session, customer) if b.hard_limit and b.rental_id is None]
     if not limited:
         return
     now = datetime.now(UTC)
-    spend = current_spend(session, customer, now)
+    spend = current_spend(session, customer, now, config)
     for s in status(limited, spend):
         if s.blocks_new_rentals:
             raise Conflict(

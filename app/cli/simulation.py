@@ -22,6 +22,7 @@ from app.settings import get_settings
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from app.billing.usage import UsageSettings
     from app.core import migrate
     from app.simulate.attribution import Recovery
     from app.simulate.command import print_report, replay_scenario, simulate_fleet
@@ -44,6 +45,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 keep=args.keep,
                 progress=progress,
+                idle_below=UsageSettings.of(get_settings()).idle_below_tenths,
             )
     with database_url(args.data_dir) as url:
         migrate.upgrade(url)

@@ -33,7 +33,7 @@ from app.billing.core.rating import RatedRental
 from app.billing.loader import BillingPeriod
 from app.billing.rollups import day_bounds
 from app.billing.schemas import money
-from app.billing.usage import rated_to_date
+from app.billing.usage import UsageSettings, rated_to_date
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import Unprocessable
 from app.core.schemas import Schema
@@ -159,13 +159,23 @@ class _Totals:
 
 
 def costs(
-    session: Session, customer: Customer, days: DayRange, group_by: GroupBy, now: datetime
+    session: Session,
+    customer: Customer,
+    days: DayRange,
+    group_by: GroupBy,
+    now: datetime,
+    config: UsageSettings,
 ) -> CostsRead:
-    return costs_and_rated(session, customer, days, group_by, now)[0]
+    return costs_and_rated(session, customer, days, group_by, now, config)[0]
 
 
 def costs_and_rated(
-    session: Session, customer: Customer, days: DayRange, group_by: GroupBy, now: datetime
+    session: Session,
+    customer: Customer,
+    days: DayRange,
+    group_by: GroupBy,
+    now: datetime,
+    config: UsageSettings,
 ) -> tuple[CostsRead, list[RatedRental]]:
     """The costs, and the rentals of the last month they touch rated to date (a month's page
     previews its amount due from them instead of rating the month again)."""
@@ -174,7 +184,7 @@ def costs_and_rated(
     totals = _Totals()
     rated: list[RatedRental] = []
     for period in days.periods:
-        rated = _add_period(session, customer, period, now, group_by, fmt, totals)
+        rated = _add_period(session, customer, period, now, group_by, fmt, totals, config)
     shown = [days.first + timedelta(days=n) for n in range((days.last - days.first).days + 1)]
     as_of = min(epoch(now), max(p.span[1] for p in days.periods))
     by_group: dict[str, dict[LineKind, Decimal]] = defaultdict(lambda: defaultdict(Decimal))
@@ -237,10 +247,11 @@ def _add_period(
     group_by: GroupBy,
     fmt: Formatter,
     totals: _Totals,
+    config: UsageSettings,
 ) -> list[RatedRental]:
     """Adds the period's days to ``totals``; returns its rentals rated to date."""
     span = (period.span[0], min(period.span[1], epoch(now)))
-    to_date = rated_to_date(session, customer, period, span)
+    to_date = rated_to_date(session, customer, period, span, config)
     bounds = day_bounds(period)
     n = len(bounds) - 1
     dates = [_local(t, period) for t in bounds[:-1]]

@@ -34,10 +34,12 @@ from app.auth.throttle import FailedAuthThrottle, client_address
 from app.billing import html as invoice_html
 from app.billing import wording as billing_wording
 from app.billing.endpoints import Now
+from app.billing.html import Seller
 from app.billing.loader import PERIOD_PATTERN, BillingPeriod
+from app.billing.usage import UsageSettings
 from app.core.browser import same_origin
 from app.core.db import transaction
-from app.core.deps import DbSession
+from app.core.deps import AppSettings, DbSession
 from app.core.epoch import from_epoch
 from app.core.errors import ApiError, TooManyRequests, Unauthorized, error_responses
 from app.core.money import display
@@ -168,7 +170,7 @@ def read_costs(
     days, with billed, credited and idle GPU-seconds per day."""
     customer = get_customer(session, customer_id, caller)
     days = _cost_days(customer, period, start, end, now)
-    return costs.costs(session, customer, days, group_by, now)
+    return costs.costs(session, customer, days, group_by, now, UsageSettings.of(get_settings()))
 
 
 def _cost_days(
@@ -182,10 +184,12 @@ def _cost_days(
 
 
 @router.get("/v1/fleet/summary")
-def fleet_summary(session: DbSession, _: Admin, now: Now) -> operators.FleetRead:
+def fleet_summary(
+    session: DbSession, _: Admin, now: Now, settings: AppSettings
+) -> operators.FleetRead:
     """GPUs by model and datacenter (pool, last state, rented, spare level against its
     target), failures in the last 24 h, and the latencies that are measured."""
-    return operators.fleet(session, now)
+    return operators.fleet(session, now, settings.spare_target_percent)
 
 
 MonthParam = Annotated[str | None, Query(pattern=PERIOD_PATTERN, description="YYYY-MM")]
@@ -254,8 +258,10 @@ def _export(
     kind: ExportKind,
     now: datetime,
 ) -> StreamingResponse:
-    source = exports.statement(session, customer, period, now)  # errors before streaming
-    engine, provider = request.app.state.engine, get_settings().provider_name
+    settings = get_settings()
+    # Errors before streaming.
+    source = exports.statement(session, customer, period, now, UsageSettings.of(settings))
+    engine, provider = request.app.state.engine, settings.provider_name
 
     def body() -> Iterator[str]:
         # Its own read-only transaction: the request's has committed when streaming begins.
@@ -409,7 +415,7 @@ def customers_page(request: Request, session: DbSession, admin: PagePrincipal) -
 def fleet_page(request: Request, session: DbSession, admin: PagePrincipal, now: Now) -> Response:
     if not admin.is_admin:
         return RedirectResponse("/dashboard", status_code=303)
-    data = operators.fleet(session, now)
+    data = operators.fleet(session, now, get_settings().spare_target_percent)
     fmt = formatting.Formatter("USD", "UTC")
     return _render(request, "fleet.html", f=data, fmt=fmt, signed_in=True, admin_nav="fleet")
 
@@ -426,8 +432,9 @@ def revenue_page(request: Request, session: DbSession, admin: PagePrincipal, now
 @pages.get("", name="overview")
 def overview_page(p: CustomerPage, period: PeriodParam = None) -> Response:
     billing_period = p.period(period)
-    low_balance = get_settings().balance_low_threshold
-    data = service.overview(p.session, p.v, billing_period, p.now, low_balance)
+    settings = get_settings()
+    low_balance, config = settings.balance_low_threshold, UsageSettings.of(settings)
+    data = service.overview(p.session, p.v, billing_period, p.now, low_balance, config)
     return p.render("overview.html", period=billing_period, o=data, u=data.usage)
 
 
@@ -450,13 +457,13 @@ def invoices_page(p: CustomerPage) -> Response:
 
 @pages.get("/invoices/{invoice_id}", name="invoice")
 def invoice_page(p: CustomerPage, invoice_id: uuid.UUID) -> Response:
-    view = service.invoice(p.session, p.v, invoice_id, p.now)
+    view = service.invoice(p.session, p.v, invoice_id, p.now, Seller.of(get_settings()))
     return p.render("invoice.html", inv=view.invoice, view=view, due=view.due)
 
 
 @pages.get("/invoices/{invoice_id}/pdf", name="invoice_pdf")
 def invoice_pdf(p: CustomerPage, invoice_id: uuid.UUID) -> Response:
-    view = service.invoice(p.session, p.v, invoice_id, p.now)
+    view = service.invoice(p.session, p.v, invoice_id, p.now, Seller.of(get_settings()))
     inv = view.invoice
     name = f"invoice-{inv.number or 'draft-' + inv.period}.pdf"
     return Response(
@@ -475,7 +482,8 @@ def costs_page(
     group_by: GroupByParam = costs.GroupBy.RENTAL,
 ) -> Response:
     days = _cost_days(p.v.customer, period, start, end, p.now)
-    data, rated = costs.costs_and_rated(p.session, p.v.customer, days, group_by, p.now)
+    config = UsageSettings.of(get_settings())
+    data, rated = costs.costs_and_rated(p.session, p.v.customer, days, group_by, p.now, config)
     kinds = sorted({k for g in data.groups for k in g.by_kind}, key=costs.KIND_ORDER.index)
     billing_period = days.periods[-1] if data.period else None
     return p.render(
@@ -488,7 +496,7 @@ def costs_page(
         group_names=_GROUP_NAMES,
         # The path to the amount due is a month's: a range of days has none.
         due=billing_period
-        and service.period_amount_due(p.session, p.v, billing_period, p.now, rated),
+        and service.period_amount_due(p.session, p.v, billing_period, p.now, config, rated),
     )
 
 
@@ -515,7 +523,8 @@ def export_page(p: CustomerPage, kind: ExportKind, period: PeriodParam = None) -
 @pages.get("/what-if", name="what_if")
 def what_if_page(p: CustomerPage, period: PeriodParam = None) -> Response:
     billing_period = p.period(period)
-    table = service.what_if(p.session, p.v, billing_period, p.now)
+    config = UsageSettings.of(get_settings())
+    table = service.what_if(p.session, p.v, billing_period, p.now, config)
     capped = service.capped_rows(table)
     return p.render("what_if.html", period=billing_period, table=table, capped=capped)
 

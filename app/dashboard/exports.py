@@ -43,6 +43,7 @@ from app.billing.core.lines import LineKind
 from app.billing.loader import BillingPeriod
 from app.billing.models import Invoice, InvoiceLineRow
 from app.billing.rollups import day_bounds
+from app.billing.usage import UsageSettings
 from app.core.epoch import epoch, from_epoch
 from app.core.money import minor_units
 from app.customers.models import Customer
@@ -201,13 +202,17 @@ class Statement:
 
 
 def statement(
-    session: Session, customer: Customer, period: BillingPeriod, now: datetime
+    session: Session,
+    customer: Customer,
+    period: BillingPeriod,
+    now: datetime,
+    config: UsageSettings,
 ) -> Statement:
     """The period's invoice, else its lines to date, rated as the invoice will rate them."""
     invoice = find_invoice(session, customer, period)
     if invoice is not None:
         return Statement(period, invoice.currency, invoice)
-    to_date = billing_usage.lines_to_date(session, customer, period, now)
+    to_date = billing_usage.lines_to_date(session, customer, period, now, config)
     return Statement(period, customer.currency, None, tuple(to_date))
 
 

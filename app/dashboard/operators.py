@@ -86,13 +86,14 @@ class FleetRead(Schema):
     )
 
 
-def fleet(session: Session, now: datetime) -> FleetRead:
+def fleet(session: Session, now: datetime, spare_target: Decimal) -> FleetRead:
+    """``spare_target``: the ``spare_target_percent`` setting (a pool with no policy)."""
     until = epoch(now)
     failures = _failures(session, until - FAILURE_WINDOW_S, until + 1)
     per_group: defaultdict[tuple[str, str], int] = defaultdict(int)
     for f in failures:
         per_group[(f.model, f.datacenter)] += 1
-    pools = _spare_pools(session, now)
+    pools = _spare_pools(session, now, spare_target)
     return FleetRead(
         at=now,
         groups=_groups(fleet_repository.fleet_counts(session), per_group, pools),
@@ -104,10 +105,10 @@ def fleet(session: Session, now: datetime) -> FleetRead:
     )
 
 
-def _spare_pools(session: Session, now: datetime) -> list[SparePoolRead]:
+def _spare_pools(session: Session, now: datetime, spare_target: Decimal) -> list[SparePoolRead]:
     """This UTC month to now (at least a second: the pool view wants a window)."""
     start = now.astimezone(UTC).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    return pool_view(session, start, max(now, start + timedelta(seconds=1)))
+    return pool_view(session, start, max(now, start + timedelta(seconds=1)), spare_target)
 
 
 def _groups(

@@ -27,8 +27,9 @@ from app.billing import schemas as billing_schemas
 from app.billing import service as billing
 from app.billing import usage as billing_usage
 from app.billing.core.rating import RatedRental
-from app.billing.html import InvoiceDocument, invoice_document, render_document
+from app.billing.html import InvoiceDocument, Seller, invoice_document, render_document
 from app.billing.loader import BillingPeriod, current_period, started_period
+from app.billing.usage import UsageSettings
 from app.budgets import service as budgets
 from app.budgets.schemas import BudgetStatus
 from app.core.epoch import epoch
@@ -117,10 +118,15 @@ class Overview:
 
 
 def overview(
-    session: Session, v: Viewer, period: BillingPeriod, now: datetime, low_balance: Decimal
+    session: Session,
+    v: Viewer,
+    period: BillingPeriod,
+    now: datetime,
+    low_balance: Decimal,
+    config: UsageSettings,
 ) -> Overview:
     """The overview page; ``low_balance`` is the ``balance_low_threshold`` setting."""
-    usage, rated = billing_usage.usage_and_rated(session, v.customer, period.name, now)
+    usage, rated = billing_usage.usage_and_rated(session, v.customer, period.name, now, config)
     hi = min(period.span[1], epoch(now))
     events = incidents.latest_events(session, v.customer.id, period.span[0], hi, LATEST_EVENTS)
     found = incidents.incidents(session, v.customer, period, now, v.fmt)
@@ -132,7 +138,7 @@ def overview(
         balances.balance(session, v.customer),
         balances.low_threshold(low_balance, currency),
     )
-    due = amount_due.of_period(session, v.customer, period, now, rated)
+    due = amount_due.of_period(session, v.customer, period, now, config, rated)
     shown = {r.rental_id for r in usage.rentals} | {e["rental_id"] for e in events}
     shown |= {s.budget.rental_id for s in spend if s.budget.rental_id is not None}
     labels = rental_labels.labels(session, v.customer.id, shown, v.fmt)
@@ -201,13 +207,15 @@ class InvoiceView:
         return Markup(render_document(self.document))  # every value escaped by the renderer
 
 
-def invoice(session: Session, v: Viewer, invoice_id: uuid.UUID, now: datetime) -> InvoiceView:
+def invoice(
+    session: Session, v: Viewer, invoice_id: uuid.UUID, now: datetime, seller: Seller
+) -> InvoiceView:
     found = billing.get_invoice(session, invoice_id, v.principal)
     if found.customer_id != v.customer.id:
         raise not_found("invoice", invoice_id)
     read = billing_schemas.InvoiceRead.of(found)
     due = amount_due.of_invoice(session, found, v.customer, now)
-    return InvoiceView(read, invoice_document(read, v.customer), due)
+    return InvoiceView(read, invoice_document(read, v.customer, seller), due)
 
 
 def period_amount_due(
@@ -215,16 +223,17 @@ def period_amount_due(
     v: Viewer,
     period: BillingPeriod,
     now: datetime,
+    config: UsageSettings,
     rated: Sequence[RatedRental] | None = None,
 ) -> billing_schemas.AmountDueRead:
     """``rated``: the period's rentals rated to date, when the page has them already."""
-    return amount_due.of_period(session, v.customer, period, now, rated)
+    return amount_due.of_period(session, v.customer, period, now, config, rated)
 
 
 def what_if(
-    session: Session, v: Viewer, period: BillingPeriod, now: datetime
+    session: Session, v: Viewer, period: BillingPeriod, now: datetime, config: UsageSettings
 ) -> billing_schemas.WhatIfRead:
-    return billing_usage.what_if_table(session, v.customer, period.name, now)
+    return billing_usage.what_if_table(session, v.customer, period.name, now, config)
 
 
 def capped_rows(table: billing_schemas.WhatIfRead) -> list[billing_schemas.WhatIfRowRead]:

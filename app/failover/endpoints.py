@@ -20,6 +20,7 @@ from app.failover.schemas import (
     SparePolicyWrite,
     SparePoolView,
 )
+from app.failover.service import FailoverSettings
 
 router = APIRouter(prefix="/v1/failovers", tags=["failovers"])
 spares = APIRouter(tags=["failovers"])
@@ -61,22 +62,24 @@ def resumed(
     """The job runs on the reserved spare since ``resumed_at`` (default now): the migration is
     recorded and the rental moves to the spare. Calling it again returns the same failover."""
     at = body.resumed_at if body is not None else None
-    failover = service.resume(session, failover_id, at, settings.max_clock_skew_s)
+    failover = service.resume(session, failover_id, at, FailoverSettings.of(settings))
     return FailoverRead.model_validate(failover)
 
 
 @router.post("/{failover_id}/abandoned")
 def abandoned(
-    failover_id: uuid.UUID, body: AbandonedBody, session: DbSession, _: Admin
+    failover_id: uuid.UUID, body: AbandonedBody, session: DbSession, _: Admin, settings: AppSettings
 ) -> FailoverRead:
     """The orchestrator will not move the job: the spare is released."""
-    return FailoverRead.model_validate(service.abandon(session, failover_id, body.reason))
+    target = settings.spare_target_percent
+    return FailoverRead.model_validate(service.abandon(session, failover_id, body.reason, target))
 
 
 @spares.get("/v1/spare-pool")
 def spare_pool(
     session: DbSession,
     _: Admin,
+    settings: AppSettings,
     start: AwareDatetime | None = None,
     end: AwareDatetime | None = None,
 ) -> SparePoolView:
@@ -85,7 +88,8 @@ def spare_pool(
     month to now)."""
     now = datetime.now(UTC)
     first = start or now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    return SparePoolView(pools=service.pool_view(session, first, end or now))
+    pools = service.pool_view(session, first, end or now, settings.spare_target_percent)
+    return SparePoolView(pools=pools)
 
 
 @spares.get("/v1/spare-policies")
@@ -95,7 +99,10 @@ def list_spare_policies(session: DbSession, _: Admin, page: Paging) -> Page[Spar
 
 
 @spares.put("/v1/spare-policies")
-def set_spare_policy(body: SparePolicyWrite, session: DbSession, _: Admin) -> SparePolicyRead:
+def set_spare_policy(
+    body: SparePolicyWrite, session: DbSession, _: Admin, settings: AppSettings
+) -> SparePolicyRead:
     """How many hot spares a model keeps in a datacenter: the larger of ``min_count`` and
     ``target_percent`` of its GPUs."""
-    return SparePolicyRead.model_validate(service.set_policy(session, body))
+    policy = service.set_policy(session, body, settings.spare_target_percent)
+    return SparePolicyRead.model_validate(policy)

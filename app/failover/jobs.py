@@ -20,9 +20,10 @@ tasks = procrastinate.Blueprint()
 @tasks.task(name="expire", pass_context=True)
 def expire_reservation(context: job_context.JobContext, failover_id: str) -> bool:
     """Whether the reservation expired now (False: answered meanwhile, or not yet due)."""
-    engine = context.additional_context["engine"]
+    engine, settings = context.additional_context["engine"], context.additional_context["settings"]
     with transaction(engine) as session:
-        return expire(session, uuid.UUID(failover_id), datetime.now(UTC)) is not None
+        now, target = datetime.now(UTC), settings.spare_target_percent
+        return expire(session, uuid.UUID(failover_id), now, target) is not None
 
 
 def schedule_expiry(session: Session, failover_id: uuid.UUID, at: datetime) -> None:

@@ -17,7 +17,6 @@ from app.failover.models import Failover
 from app.fleet import service as fleet
 from app.fleet.models import Pool
 from app.fleet.schemas import SiteGpu
-from app.settings import get_settings
 
 FAILED = "failed"
 
@@ -41,19 +40,23 @@ class _Policy:
     min_count: int
 
 
-def _policy_of(session: Session, datacenter: str, model: str) -> _Policy:
+def _policy_of(session: Session, datacenter: str, model: str, default_target: Decimal) -> _Policy:
     row = repository.policy(session, datacenter, model)
     if row is None:
-        return _Policy(get_settings().spare_target_percent, 0)
+        return _Policy(default_target, 0)
     return _Policy(row.target_percent, row.min_count)
 
 
-def pool_counts(session: Session, datacenter: str, model: str) -> dict[str, Any]:
+def pool_counts(
+    session: Session, datacenter: str, model: str, default_target: Decimal
+) -> dict[str, Any]:
+    """The pool's counts against its policy (with no policy row, ``default_target`` percent:
+    the ``spare_target_percent`` setting)."""
     site = fleet.pool_site(session, model, datacenter, datetime.now(UTC))
     reserved = repository.reservations(session, [g.uuid for g in site])
     spares = [g for g in site if g.pool == Pool.SPARE]
     free = [g for g in spares if available(g, reserved)]
-    policy = _policy_of(session, datacenter, model)
+    policy = _policy_of(session, datacenter, model, default_target)
     target = max(policy.min_count, math.ceil(len(site) * policy.target_percent / 100))
     return {
         "datacenter": datacenter,
@@ -75,11 +78,11 @@ def pool_counts(session: Session, datacenter: str, model: str) -> dict[str, Any]
     }
 
 
-def check_pool(session: Session, datacenter: str, model: str) -> None:
+def check_pool(session: Session, datacenter: str, model: str, default_target: Decimal) -> None:
     """Publish ``spare_pool.low`` when the pool has just fallen below its target (once per
     crossing: the policy row remembers, locked while it is compared)."""
-    row = repository.locked_policy(session, datacenter, model, get_settings().spare_target_percent)
-    counts = pool_counts(session, datacenter, model)
+    row = repository.locked_policy(session, datacenter, model, default_target)
+    counts = pool_counts(session, datacenter, model, default_target)
     low = bool(counts["below_target"])
     if low and not row.below_target:
         data = {k: v for k, v in counts.items() if k != "site_uuids"}

@@ -14,6 +14,7 @@ locked is passed over for the next one, so two ingests never deadlock.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -49,6 +50,7 @@ from app.rentals import service as rentals
 from app.rentals.models import Rental
 from app.rentals.ports import RentalGpu
 from app.rentals.schemas import MigrationCreate
+from app.settings import Settings
 
 # How long a reservation waits for a spare's row that another transaction holds (an ingest
 # of the spare's node takes milliseconds); then the next spare is tried.
@@ -70,19 +72,34 @@ def _second(moment: datetime) -> datetime:
 # --- reacting to telemetry (subscriber of gpu.state_changed, in ingest's transaction) -------
 
 
-def on_gpu_state_changed(session: Session, event: DomainEvent, reservation_ttl_s: int) -> None:
-    """A rented GPU failed: open its failover (a spare reserved for ``reservation_ttl_s``); a
+@dataclass(frozen=True)
+class FailoverSettings:
+    """The settings the failover controller follows, handed in by its callers."""
+
+    reservation_ttl_s: int  # a reserved spare waits this long for the orchestrator's answer
+    max_clock_skew_s: int  # a resume this far in the future is still believed
+    spare_target_percent: Decimal  # the spare pool's target where no policy sets one
+
+    @classmethod
+    def of(cls, settings: Settings) -> FailoverSettings:
+        return cls(
+            settings.failover_reservation_ttl_s,
+            settings.max_clock_skew_s,
+            settings.spare_target_percent,
+        )
+
+
+def on_gpu_state_changed(session: Session, event: DomainEvent, config: FailoverSettings) -> None:
+    """A rented GPU failed: open its failover (a spare reserved for the reservation time); a
     GPU back to healthy: repaired."""
     data = event.data
     if data["to_state"] == FAILED:
         seen = epoch(datetime.fromisoformat(data["seen_at"]))
         failed_at = _first_failed_second(session, data["gpu_uuid"], seen)
         evidence = list(data["evidence"])
-        open_failover(
-            session, data["gpu_uuid"], failed_at, event.occurred_at, evidence, reservation_ttl_s
-        )
+        open_failover(session, data["gpu_uuid"], failed_at, event.occurred_at, evidence, config)
     elif data["to_state"] == HEALTHY:
-        repaired(session, data["gpu_uuid"])
+        repaired(session, data["gpu_uuid"], config.spare_target_percent)
 
 
 def _first_failed_second(session: Session, gpu_uuid: str, seen: int) -> datetime:
@@ -99,10 +116,10 @@ def open_failover(
     failed_at: datetime,
     detected_at: datetime,
     evidence: list[dict[str, Any]],
-    reservation_ttl_s: int,
+    config: FailoverSettings,
 ) -> Failover | None:
     """Open the failover of a rented GPU that failed at ``failed_at``: a spare reserved for
-    ``reservation_ttl_s`` and ``failover.requested``, or ``failover.no_spare``. None when the
+    ``config.reservation_ttl_s`` and ``failover.requested``, or ``failover.no_spare``. None when the
     GPU serves no (regular) rental or already has an open failover (a re-sent state change)."""
     site = fleet.gpu_site(session, gpu_uuid)
     if site is None:
@@ -114,7 +131,7 @@ def open_failover(
         # Preemptible rentals are best effort (credited, not failed over); a failed spare
         # shrinks the pool.
         if gpu.pool == Pool.SPARE:
-            check_pool(session, node.datacenter, gpu.model)
+            check_pool(session, node.datacenter, gpu.model, config.spare_target_percent)
         return None
     now = _now()
     failover = Failover(
@@ -130,7 +147,7 @@ def open_failover(
         requested_at=now,
         evidence=evidence or _segment_evidence(session, gpu_uuid, failed_at),
     )
-    spare = _reserve_spare(session, failover, gpu, node, now, reservation_ttl_s)
+    spare = _reserve_spare(session, failover, gpu, node, now, config.reservation_ttl_s)
     labels = (node.datacenter, gpu.model)
     FAILOVER_DETECTION_SECONDS.labels(*labels).observe(_seconds(failed_at, detected_at))
     FAILOVER_REQUEST_SECONDS.labels(*labels).observe(_seconds(failed_at, now))
@@ -138,7 +155,7 @@ def open_failover(
         publish_failover(session, "failover.no_spare", failover)
     else:
         publish_failover(session, "failover.requested", failover)
-    check_pool(session, node.datacenter, gpu.model)
+    check_pool(session, node.datacenter, gpu.model, config.spare_target_percent)
     return failover
 
 
@@ -233,10 +250,10 @@ def _preempt(session: Session, failover: Failover, rental_id: uuid.UUID, now: da
     session.flush()
 
 
-def repaired(session: Session, gpu_uuid: str) -> None:
+def repaired(session: Session, gpu_uuid: str, default_target: Decimal) -> None:
     """A failed GPU is healthy again: a failover still waiting for a spare is closed (the
     rental is served again, the credit ends with the failure), and an idle GPU joins the
-    spare pool while its pool is below target (the policy)."""
+    spare pool while its pool is below target (the policy, else ``default_target``)."""
     site = fleet.gpu_site(session, gpu_uuid)
     if site is None:
         return
@@ -249,18 +266,18 @@ def repaired(session: Session, gpu_uuid: str) -> None:
     if (
         idle
         and gpu.pool == Pool.RENTABLE
-        and pool_counts(session, node.datacenter, gpu.model)["below_target"]
+        and pool_counts(session, node.datacenter, gpu.model, default_target)["below_target"]
     ):
         fleet.move_to_pool(session, gpu_uuid, Pool.SPARE, "repaired; spare pool below target")
     if gpu.pool == Pool.SPARE:
-        check_pool(session, node.datacenter, gpu.model)
+        check_pool(session, node.datacenter, gpu.model, default_target)
 
 
 # --- the orchestrator's answers ---------------------------------------------------------------
 
 
 def resume(
-    session: Session, failover_id: uuid.UUID, resumed_at: datetime | None, max_clock_skew_s: int
+    session: Session, failover_id: uuid.UUID, resumed_at: datetime | None, config: FailoverSettings
 ) -> Failover:
     """The job runs on the spare since ``resumed_at``: the migration is recorded (the failed
     assignment ends at failed_at, the spare's begins at resumed_at; [failed_at, resumed_at) is
@@ -277,7 +294,7 @@ def resume(
             f"{failover.failed_at.isoformat()}",
             ("body", "resumed_at"),
         )
-    if at > now + timedelta(seconds=max_clock_skew_s):
+    if at > now + timedelta(seconds=config.max_clock_skew_s):
         raise Unprocessable(f"resumed_at {at.isoformat()} is in the future", ("body", "resumed_at"))
     spare = failover.spare_gpu_uuid
     assert spare is not None  # a requested failover holds a spare (table constraint)
@@ -302,11 +319,13 @@ def resume(
         _seconds(failover.failed_at, at)
     )
     publish_failover(session, "failover.resumed", failover)
-    check_pool(session, failover.datacenter, failover.model)
+    check_pool(session, failover.datacenter, failover.model, config.spare_target_percent)
     return failover
 
 
-def abandon(session: Session, failover_id: uuid.UUID, reason: str) -> Failover:
+def abandon(
+    session: Session, failover_id: uuid.UUID, reason: str, default_target: Decimal
+) -> Failover:
     """The orchestrator gave up (the job will not move): the spare is released. Abandoning an
     abandoned failover again returns it unchanged."""
     failover = _locked(session, failover_id)
@@ -320,7 +339,7 @@ def abandon(session: Session, failover_id: uuid.UUID, reason: str) -> Failover:
         )
     close(session, failover, FailoverState.ABANDONED, reason)
     publish_failover(session, "failover.abandoned", failover)
-    check_pool(session, failover.datacenter, failover.model)
+    check_pool(session, failover.datacenter, failover.model, default_target)
     return failover
 
 
@@ -364,21 +383,25 @@ def requested_for_rental(session: Session, rental_id: uuid.UUID) -> Failover | N
     return repository.requested_for_rental(session, rental_id)
 
 
-def spare_pool_below_target(session: Session, datacenter: str, model: str) -> bool:
-    return bool(pool_counts(session, datacenter, model)["below_target"])
+def spare_pool_below_target(
+    session: Session, datacenter: str, model: str, default_target: Decimal
+) -> bool:
+    return bool(pool_counts(session, datacenter, model, default_target)["below_target"])
 
 
 # --- the spare pool ---------------------------------------------------------------------------
 
 
-def pool_view(session: Session, start: datetime, end: datetime) -> list[SparePoolRead]:
-    """Every (datacenter, model)'s spare pool now, and the spare GPU-seconds sold
-    preemptibly in [start, end)."""
+def pool_view(
+    session: Session, start: datetime, end: datetime, default_target: Decimal
+) -> list[SparePoolRead]:
+    """Every (datacenter, model)'s spare pool now (against ``default_target`` where no policy
+    sets one), and the spare GPU-seconds sold preemptibly in [start, end)."""
     if end <= start:
         raise Unprocessable("end must be after start", ("query", "end"))
     pools = []
     for datacenter, model in fleet.pool_sites(session):
-        counts = pool_counts(session, datacenter, model)
+        counts = pool_counts(session, datacenter, model, default_target)
         sold = rentals.preemptible_seconds(session, counts.pop("site_uuids"), start, end)
         pools.append(
             SparePoolRead(
@@ -392,9 +415,9 @@ def pool_view(session: Session, start: datetime, end: datetime) -> list[SparePoo
     return pools
 
 
-def set_policy(session: Session, data: SparePolicyWrite) -> SparePolicy:
+def set_policy(session: Session, data: SparePolicyWrite, default_target: Decimal) -> SparePolicy:
     policy = repository.upsert_policy(session, data.model_dump())
-    check_pool(session, data.datacenter, data.model)
+    check_pool(session, data.datacenter, data.model, default_target)
     return policy
 
 

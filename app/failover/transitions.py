@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -14,9 +15,12 @@ from app.failover.models import Failover, FailoverState
 from app.failover.pool import check_pool
 
 
-def expire(session: Session, failover_id: uuid.UUID, now: datetime) -> Failover | None:
+def expire(
+    session: Session, failover_id: uuid.UUID, now: datetime, default_target: Decimal
+) -> Failover | None:
     """Release the spare of a reservation not confirmed by its deadline (the expiry job);
-    anything else (resumed, abandoned, not yet due) is left as it is."""
+    anything else (resumed, abandoned, not yet due) is left as it is. ``default_target``: the
+    spare target of a pool with no policy (``pool.check_pool``)."""
     failover = repository.locked_failover(session, failover_id)
     if (
         failover is None
@@ -28,7 +32,7 @@ def expire(session: Session, failover_id: uuid.UUID, now: datetime) -> Failover 
     reason = f"not confirmed by {failover.reserved_until.isoformat()}"
     close(session, failover, FailoverState.EXPIRED, reason)
     publish_failover(session, "failover.expired", failover)
-    check_pool(session, failover.datacenter, failover.model)
+    check_pool(session, failover.datacenter, failover.model, default_target)
     return failover
 
 

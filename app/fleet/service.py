@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy.orm import Session
@@ -13,10 +14,10 @@ from app.core.errors import Conflict, Forbidden, not_found
 from app.fleet import repository
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.fleet.schemas import GpuCreate, GpuUpdate, MaintenanceCreate, NodeCreate, SiteGpu
-from app.metering.ports import GpuRegistry, StateChange
+from app.metering.ports import StateChange
 from app.rentals.ports import Gpus, RentalGpu
 from app.rentals.service import holdings_at, rentals_holding
-from app.settings import get_settings
+from app.settings import Settings
 
 
 def get_node(session: Session, node_id: uuid.UUID) -> Node:
@@ -149,33 +150,47 @@ def move_to_pool(session: Session, gpu_uuid: str, pool: Pool, reason: str) -> Gp
     return change_pool(session, gpu, GpuUpdate(pool=pool, reason=reason))
 
 
-class _IngestGpus:
-    """``app.metering.ports.GpuRegistry`` over the fleet's ``gpus`` table."""
+@dataclass(frozen=True)
+class IngestGpus:
+    """``app.metering.ports.GpuRegistry`` over the fleet's ``gpus`` table, with the admission
+    policy it follows (the ``max_gpus_per_node`` and ``gpu_auto_admit`` settings, handed in by
+    the composition root that wires it)."""
+
+    max_per_node: int
+    auto_admit: bool
+
+    @classmethod
+    def of(cls, settings: Settings) -> IngestGpus:
+        return cls(settings.max_gpus_per_node, settings.gpu_auto_admit)
 
     def owners(self, session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID]:
         return repository.gpu_owners(session, gpu_uuids)
 
     def register(self, session: Session, node_id: uuid.UUID, models: dict[str, str]) -> None:
-        """New GPUs wait in quarantine unless the policy admits them (``gpu_auto_admit``); a
-        node may hold at most ``max_gpus_per_node`` (403 naming the cap)."""
-        settings = get_settings()
+        """New GPUs wait in quarantine unless the policy admits them (``auto_admit``); a node
+        may hold at most ``max_per_node`` (403 naming the cap)."""
         held = repository.gpu_count_of_node(session, node_id)
-        if held + len(models) > settings.max_gpus_per_node:
+        if held + len(models) > self.max_per_node:
             raise Forbidden(
                 f"node {node_id} has {held} GPUs and reports {len(models)} new ones: a node may "
-                f"have at most {settings.max_gpus_per_node} (GPUMETER_MAX_GPUS_PER_NODE)",
+                f"have at most {self.max_per_node} (GPUMETER_MAX_GPUS_PER_NODE)",
                 ("body", "records"),
             )
-        pool = Pool.RENTABLE if settings.gpu_auto_admit else Pool.QUARANTINE
+        pool = Pool.RENTABLE if self.auto_admit else Pool.QUARANTINE
         repository.register_gpus(session, node_id, models, pool)
 
     def record_latest(
         self, session: Session, latest: dict[str, tuple[str, str, int, int | None]]
     ) -> list[StateChange]:
-        return repository.touch_gpus(session, latest)
+        return record_latest(session, latest)
 
 
-GPU_REGISTRY: GpuRegistry = _IngestGpus()
+def record_latest(
+    session: Session, latest: dict[str, tuple[str, str, int, int | None]]
+) -> list[StateChange]:
+    """Record each GPU's latest state, time and device index; the state changes (the port's
+    ``record_latest``, for a caller with no admission policy to follow: the simulator)."""
+    return repository.touch_gpus(session, latest)
 
 
 class _RentalGpus:

@@ -37,7 +37,7 @@ from app.core.errors import (
 from app.core.limits import send_api_error, send_error
 from app.metering import service
 from app.metering.group_commit import GroupCommit
-from app.settings import get_settings
+from app.settings import Settings
 from metering_agent.protocol import INGEST_PATH, IngestBatch, IngestResult
 
 IDENTITY = frozenset({"", "identity"})
@@ -83,8 +83,9 @@ class IngestEndpoint:
     gzip'd (``Content-Encoding: gzip``); inflated, it is bounded like any body.
     """
 
-    def __init__(self, writers: GroupCommit) -> None:
+    def __init__(self, writers: GroupCommit, settings: Settings) -> None:
         self.writers = writers
+        self.settings = settings  # the composition root's (app.main)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] != "POST":
@@ -119,7 +120,7 @@ class IngestEndpoint:
         await send({"type": "http.response.body", "body": body})
 
     async def _ingest(self, node_id: uuid.UUID, headers: Headers, data: bytes) -> IngestResult:
-        settings = get_settings()
+        settings = self.settings
         encoding = headers.get("content-encoding", "").strip().lower()
         if encoding not in IDENTITY:
             data = decode_body(data, encoding, settings.max_body_bytes)

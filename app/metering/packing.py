@@ -28,9 +28,6 @@ SLOTS = HOUR // MINUTE
 SLOT = struct.Struct("<BBHBBHIIHB")
 ROW_BYTES = SLOT.size * SLOTS
 EMPTY_ROW = bytes(ROW_BYTES)
-_LIMITS = (0xFF, 0xFF, 0xFFFF, 0xFF, 0xFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFF, 0xFF)
-_SUMMED = (0, 1, 2, 4, 5)  # fields that add up; the others are maxima (energy: see combine)
-_ENERGY = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,27 +81,43 @@ def record_slot(r: UsageRecord) -> tuple[int, ...]:
 
 
 def combine(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-    out = []
-    for i, (x, y, limit) in enumerate(zip(a, b, _LIMITS, strict=True)):
-        if i in _SUMMED:
-            out.append(min(limit, x + y))
-        elif i == _ENERGY and x and y:  # both stored +1: add the values, keep one offset
-            out.append(min(limit, x + y - 1))
-        else:
-            out.append(max(x, y))
-    return tuple(out)
+    """Two slots of one minute as one: counts and sums add up (clamped), maxima are the
+    larger; energy (both stored +1) adds the values and keeps one offset. Spelled out field by
+    field: it runs for every record of every upload."""
+    energy = min(0xFFFFFFFF, a[7] + b[7] - 1) if a[7] and b[7] else max(a[7], b[7])
+    return (
+        min(0xFF, a[0] + b[0]),
+        min(0xFF, a[1] + b[1]),
+        min(0xFFFF, a[2] + b[2]),
+        max(a[3], b[3]),
+        min(0xFF, a[4] + b[4]),
+        min(0xFFFF, a[5] + b[5]),
+        max(a[6], b[6]),
+        energy,
+        max(a[8], b[8]),
+        max(a[9], b[9]),
+    )
 
 
-def add_records(row: bytes, records: list[UsageRecord]) -> bytes:
-    """The row with each record (all of this row's hour) combined into its minute's slot."""
+def add_records(row: bytes, records: Iterable[UsageRecord], first_slot: int = 0) -> bytes:
+    """The row with each record (all of this row's hour) combined into its minute's slot.
+    With ``first_slot``, ``row`` is the span of a row from that slot on (ingest reads and
+    rewrites only the slots an upload touches: ``span_bounds``); every record must fall in it."""
     data = bytearray(row)
+    base = first_slot * SLOT.size
     for r in records:
-        offset = (r.start % HOUR) // MINUTE * SLOT.size
+        offset = (r.start % HOUR) // MINUTE * SLOT.size - base
         slot = record_slot(r)
         current = SLOT.unpack_from(data, offset)
         # Most minutes get one record into an empty slot: no combining needed.
         SLOT.pack_into(data, offset, *(combine(current, slot) if any(current) else slot))
     return bytes(data)
+
+
+def span_bounds(records: Iterable[UsageRecord]) -> tuple[int, int]:
+    """The first slot and the number of slots from it that the records (of one hour) touch."""
+    indexes = [(r.start % HOUR) // MINUTE for r in records]
+    return min(indexes), max(indexes) - min(indexes) + 1
 
 
 def stored(row: bytes) -> bytes:

@@ -2,7 +2,7 @@
 
 Metering sits below the fleet (it stores telemetry facts; the fleet owns the ``gpus`` table),
 so it cannot import the fleet. Ingest registers a GPU on its node's first report and records
-each GPU's latest state through this port; ``app.fleet.service.GPU_REGISTRY`` implements it,
+each GPU's latest state through this port; ``app.fleet.service.IngestGpus`` implements it,
 and the composition root (``app.main.create_app``) hands it to the ingest endpoint.
 """
 

@@ -198,39 +198,86 @@ def insert_events(session: Session, events: Sequence[HealthEvent]) -> tuple[int,
 
 @dataclass(frozen=True, slots=True)
 class StoredMetrics:
-    """What a batch's minute metrics land on: its GPUs' open rows and its closed keys."""
+    """What a batch's minute metrics land on: its GPUs' open rows and its closed keys. An open
+    row of the hour the batch's newest records fall in comes as the span of slots they touch
+    (``spans``); one of another hour comes whole (``open``), to be closed or left as is."""
 
     open: dict[str, tuple[int, bytes, int | None]]  # gpu -> (hour, slots, mem_total_mib)
+    spans: dict[str, tuple[int, int, bytes]]  # gpu -> (hour, first slot, the span's slots)
     closed: dict[tuple[str, int], bytes]  # (gpu, hour) -> slots
 
 
 _METRIC_ROWS = text("""
-SELECT gpu_uuid, hour, slots, mem_total_mib, true FROM gpu_minute_metrics_open
-WHERE gpu_uuid = ANY(CAST(:g AS text[]))
+SELECT o.gpu_uuid, o.hour,
+  CASE WHEN o.hour = k.hour THEN substring(o.slots FROM k.first * :s + 1 FOR k.n * :s)
+       ELSE o.slots END,
+  o.mem_total_mib, true, CASE WHEN o.hour = k.hour THEN k.first END
+FROM gpu_minute_metrics_open o
+JOIN unnest(CAST(:g AS text[]), CAST(:gh AS bigint[]), CAST(:f AS int[]), CAST(:n AS int[]))
+  AS k(gpu, hour, first, n) ON o.gpu_uuid = k.gpu
 UNION ALL
-SELECT m.gpu_uuid, m.hour, m.slots, m.mem_total_mib, false FROM gpu_minute_metrics m
+SELECT m.gpu_uuid, m.hour, m.slots, m.mem_total_mib, false, NULL FROM gpu_minute_metrics m
 JOIN unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
   ON m.gpu_uuid = k.gpu AND m.hour = k.hour
 """)
 
 
-def metric_rows_statement(keys: Sequence[tuple[str, int]]) -> Statement:
-    """The open rows of the keys' GPUs and the closed rows of the keys, in one statement."""
+def metric_rows_statement(
+    keys: Sequence[tuple[str, int]], newest: dict[str, tuple[int, int, int]]
+) -> Statement:
+    """The closed rows of the keys, and the open rows of ``newest``'s GPUs (gpu -> the hour of
+    its newest records, their first slot and slot count): an open row of that hour as the
+    span of those slots only, one of another hour whole; in one statement."""
+    gpus = list(newest)
     return _METRIC_ROWS, {
-        "g": list({g for g, _ in keys}),
+        "s": packing.SLOT.size,
+        "g": gpus,
+        "gh": [newest[g][0] for g in gpus],
+        "f": [newest[g][1] for g in gpus],
+        "n": [newest[g][2] for g in gpus],
         "u": [g for g, _ in keys],
         "h": [h for _, h in keys],
     }
 
 
 def stored_metrics(rows: Iterable[Sequence[Any]]) -> StoredMetrics:
-    stored = StoredMetrics({}, {})
-    for gpu, hour, slots, mem_total, is_open in rows:
-        if is_open:
+    stored = StoredMetrics({}, {}, {})
+    for gpu, hour, slots, mem_total, is_open, first in rows:
+        if first is not None:
+            stored.spans[gpu] = (hour, first, bytes(slots))
+        elif is_open:
             stored.open[gpu] = (hour, bytes(slots), mem_total)
         else:
             stored.closed[(gpu, hour)] = packing.loaded(bytes(slots))
     return stored
+
+
+_OPEN_SPANS_UPDATE = text("""
+UPDATE gpu_minute_metrics_open o
+SET slots = overlay(o.slots PLACING p.span FROM p.first * :s + 1),
+    mem_total_mib = COALESCE(p.mem_total, o.mem_total_mib)
+FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:f AS int[]), CAST(:d AS bytea[]),
+            CAST(:t AS int[])) AS p(gpu, hour, first, span, mem_total)
+WHERE o.gpu_uuid = p.gpu AND o.hour = p.hour
+""")
+
+
+def open_spans_write_statement(
+    spans: dict[str, tuple[int, int, bytes, int | None]],
+) -> Statement | None:
+    """Overwrite a span of slots of GPUs' open rows in place (gpu -> hour, first slot, the
+    span's new slots, mem_total_mib or None to keep it): the rest of each row is not sent."""
+    if not spans:
+        return None
+    gpus = list(spans)
+    return _OPEN_SPANS_UPDATE, {
+        "s": packing.SLOT.size,
+        "u": gpus,
+        "h": [spans[g][0] for g in gpus],
+        "f": [spans[g][1] for g in gpus],
+        "d": [spans[g][2] for g in gpus],
+        "t": [spans[g][3] for g in gpus],
+    }
 
 
 _CLOSED_HOURS_UPSERT = text("""

@@ -104,7 +104,9 @@ def _store_batches(
         [
             repository.lock_nodes_statement([group[i].node_id for i in live]),
             repository.segments_near_statement(windows) if windows else None,
-            repository.metric_rows_statement(metric_keys) if metric_keys else None,
+            repository.metric_rows_statement(metric_keys, _newest_spans(records))
+            if metric_keys
+            else None,
         ],
     )
     stored = repository.spans_by_gpu(near)
@@ -295,17 +297,40 @@ def _conflict(batch: IngestBatch, judgement: Judgement) -> ApiError:
     )
 
 
+def _newest_spans(records: list[UsageRecord]) -> dict[str, tuple[int, int, int]]:
+    """Per GPU: the hour of its newest records, and the first slot and slot count they touch
+    in it (what ingest reads of an open row of that hour)."""
+    newest: dict[str, list[UsageRecord]] = {}
+    for r in records:
+        current = newest.get(r.gpu_uuid)
+        hour = packing.hour_of(r.start)
+        if current is None or hour > packing.hour_of(current[0].start):
+            newest[r.gpu_uuid] = [r]
+        elif hour == packing.hour_of(current[0].start):
+            current.append(r)
+    return {
+        gpu: (packing.hour_of(rs[0].start), *packing.span_bounds(rs)) for gpu, rs in newest.items()
+    }
+
+
 def _metric_writes(
     stored: repository.StoredMetrics, records: list[UsageRecord]
 ) -> list[Statement | None]:
     """Combine the records into their GPU-hour rows (read-modify-write; safe: the node lock is
     held). Each GPU's newest hour not yet closed is its open row; an open row of an older hour
-    moves to the closed table, as do records of older hours."""
+    moves to the closed table, as do records of older hours. The steady case, records landing
+    in the open row's own hour, reads and rewrites only the span of slots they touch."""
     if not records:
         return []
     by_row: dict[tuple[str, int], list[UsageRecord]] = defaultdict(list)
     for r in records:
         by_row[(r.gpu_uuid, packing.hour_of(r.start))].append(r)
+    spans: dict[str, tuple[int, int, bytes, int | None]] = {}
+    for gpu, (hour, first, span) in stored.spans.items():
+        rs = by_row.pop((gpu, hour), None)  # None: those records were all duplicates
+        if rs:
+            mem_new = next((r.mem_total_mib for r in rs if r.mem_total_mib is not None), None)
+            spans[gpu] = (hour, first, packing.add_records(span, rs, first), mem_new)
     # Per GPU: hour -> (slots, mem_total) as they will be written, starting from its open row.
     rows: dict[str, dict[int, tuple[bytes, int | None]]] = defaultdict(dict)
     for gpu, (hour, open_slots, open_mem_total) in stored.open.items():
@@ -320,7 +345,10 @@ def _metric_writes(
     opened: dict[tuple[str, int], tuple[bytes, int | None]] = {}
     closed: dict[tuple[str, int], tuple[bytes, int | None]] = {}
     for gpu, hours in rows.items():
-        newest = max((h for h in hours if (gpu, h) not in stored.closed), default=None)
+        # A GPU whose open row is of its newest hour (a span) keeps it open: the rest close.
+        newest = None
+        if gpu not in stored.spans:
+            newest = max((h for h in hours if (gpu, h) not in stored.closed), default=None)
         for hour, row in hours.items():
             if hour != newest:
                 closed[(gpu, hour)] = row
@@ -329,6 +357,7 @@ def _metric_writes(
     return [
         repository.metric_rows_write_statement(closed, closed=True),
         repository.metric_rows_write_statement(opened, closed=False),
+        repository.open_spans_write_statement(spans),
     ]
 
 

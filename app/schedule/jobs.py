@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import procrastinate
 from procrastinate import job_context
 
+from app.billing.usage import UsageSettings
 from app.schedule.service import store_rollups, tick
 from app.settings import get_settings
 
@@ -26,4 +27,5 @@ def invoice_schedule_tick(context: job_context.JobContext, timestamp: int) -> in
 @tasks.task(name="rollups", queueing_lock="rollup_schedule", pass_context=True)
 def rollup_schedule_tick(context: job_context.JobContext, timestamp: int) -> int:
     """Store the closed days' usage rollups; how many customers were stored."""
-    return store_rollups(context.additional_context["engine"], datetime.now(UTC))
+    engine, settings = context.additional_context["engine"], context.additional_context["settings"]
+    return store_rollups(engine, datetime.now(UTC), UsageSettings.of(settings))

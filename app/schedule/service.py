@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from app.billing.loader import billing_period
 from app.billing.run import run_invoices
 from app.billing.service import BillingSettings
-from app.billing.usage import store_closed
+from app.billing.usage import UsageSettings, store_closed
 from app.core.db import transaction
 from app.customers import service as customers_service
 from app.schedule import repository
@@ -92,7 +92,7 @@ def _run(session: Session, run: ScheduledRun, now: datetime, config: BillingSett
     log.info("scheduled invoice run", extra={"period": run.period, "timezone": run.timezone})
 
 
-def store_rollups(engine: Engine, now: datetime) -> int:
+def store_rollups(engine: Engine, now: datetime, config: UsageSettings) -> int:
     """Store every customer's closed days' and the open day's closed hours' rollups where
     missing or stale (late telemetry), one transaction per customer: a read then rates at most
     the last hour or so live.
@@ -103,9 +103,8 @@ def store_rollups(engine: Engine, now: datetime) -> int:
     for customer_id in customer_ids:
         try:
             with transaction(engine) as session:
-                store_closed(
-                    session, customers_service.existing_customer(session, customer_id), now
-                )
+                customer = customers_service.existing_customer(session, customer_id)
+                store_closed(session, customer, now, config)
             stored += 1
         except Exception:
             log.exception("usage rollups not stored", extra={"customer_id": str(customer_id)})

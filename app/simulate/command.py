@@ -57,9 +57,17 @@ def print_report(report: Report, progress: Progress) -> None:
 
 
 def replay_scenario(
-    url: str, name: str, *, scale: float, seed: int, keep: bool, progress: Progress
+    url: str,
+    name: str,
+    *,
+    scale: float,
+    seed: int,
+    keep: bool,
+    progress: Progress,
+    idle_below: int,
 ) -> int:
-    """Replay scenario ``name`` in a database of its own on ``url``'s server; print its table."""
+    """Replay scenario ``name`` in a database of its own on ``url``'s server; print its table
+    (``idle_below``: ``replay.replay``'s)."""
     from app.core.scratch_db import scratch_database
     from app.simulate.replay import replay
     from app.simulate.replay_report import print_replay
@@ -68,7 +76,7 @@ def replay_scenario(
     scenario = SCENARIOS[name]
     progress.say(f"- creating and migrating a database for scenario {name} ...")
     with scratch_database(url, f"gpumeter_scenario_{name}", keep=keep) as scratch:
-        result = replay(scratch, scenario, scale, seed, progress)
+        result = replay(scratch, scenario, scale, seed, progress, idle_below)
         if keep:
             progress.say(f"  kept the scenario's database: {scratch}")
     print_replay(result, scale, seed, print)

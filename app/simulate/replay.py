@@ -28,7 +28,6 @@ from app.billing.loader import load_inputs
 from app.billing.service import rate
 from app.billing.usage import idle_by_gpu
 from app.core.db import get_engine, transaction
-from app.settings import get_settings
 from app.simulate.attribution import Recovery
 from app.simulate.fleet import OneCustomerFleet, create_one_customer_fleet
 from app.simulate.progress import Counter, Progress
@@ -70,15 +69,19 @@ class Replay:
         return Decimal(self.scenario.price_per_hour)
 
 
-def replay(url: str, scenario: Scenario, scale: float, seed: int, progress: Progress) -> Replay:
+def replay(
+    url: str, scenario: Scenario, scale: float, seed: int, progress: Progress, idle_below: int
+) -> Replay:
+    """``idle_below``: a GPU minute under this utilisation (tenths of a percent) is idle, as
+    the usage views measure it (``UsageSettings.idle_below_tenths``)."""
     gpus = scenario.scaled(scale)
     span = (WINDOW_START, WINDOW_START + scenario.days * DAY)
     engine = get_engine(url)
     with transaction(engine) as session:
-        fleet, report = _store(session, scenario, gpus, span, seed, progress)
+        fleet, report = _store(session, scenario, gpus, span, seed, progress, idle_below)
         progress.say("- committing ...")
     with transaction(engine) as session:
-        return _rate(session, scenario, fleet, span, report, progress)
+        return _rate(session, scenario, fleet, span, report, progress, idle_below)
 
 
 def _store(
@@ -88,6 +91,7 @@ def _store(
     span: tuple[int, int],
     seed: int,
     progress: Progress,
+    idle_below: int,
 ) -> tuple[OneCustomerFleet, Report]:
     tag = f"{scenario.name}-s{seed}"
     with progress.step(f"creating {tag}: one customer renting {gpus:,} GPUs, hot spares"):
@@ -103,13 +107,9 @@ def _store(
         seed=seed,
         auto_window_s=scenario.auto_window_s,
         idle_share=float(scenario.idle_share),
-        idle_rows_below_tenths=_idle_threshold_tenths(),
+        idle_rows_below_tenths=idle_below,
     )
     return fleet, simulate(session, fleet.gpus, options, progress)
-
-
-def _idle_threshold_tenths() -> int:
-    return round(get_settings().idle_util_threshold_percent * 10)  # as billing.usage reads it
 
 
 def _rate(
@@ -119,6 +119,7 @@ def _rate(
     span: tuple[int, int],
     report: Report,
     progress: Progress,
+    idle_below: int,
 ) -> Replay:
     customer = fleet.customer_id
     with progress.step("loading rentals, assignments, migrations and segments"):
@@ -132,7 +133,7 @@ def _rate(
         [rated] = rate(inputs, customer)  # the plan's own 1 s increment: the invoice
     counter = progress.counter("idle minutes, GPUs", len(inputs.gpus))
     with progress.step("measuring idle minutes from the stored minute metrics"):
-        idle = _idle(session, inputs.gpus, span, counter)
+        idle = _idle(session, inputs.gpus, span, counter, idle_below)
         usage = effective_usage(rated, idle)
     incidents = sum(1 for p in rated.pieces if p.bucket in DOWNTIME)
     return Replay(
@@ -149,11 +150,15 @@ def _rate(
 
 
 def _idle(
-    session: Session, gpus: Sequence[str], span: tuple[int, int], counter: Counter
+    session: Session,
+    gpus: Sequence[str],
+    span: tuple[int, int],
+    counter: Counter,
+    idle_below: int,
 ) -> dict[str, list[tuple[int, int]]]:
     idle: dict[str, list[tuple[int, int]]] = {}
     for i in range(0, len(gpus), IDLE_READ_CHUNK):
         chunk = gpus[i : i + IDLE_READ_CHUNK]
-        idle.update(idle_by_gpu(session, chunk, span))
+        idle.update(idle_by_gpu(session, chunk, span, idle_below))
         counter.add(len(chunk))
     return idle

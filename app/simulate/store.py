@@ -14,7 +14,7 @@ from itertools import islice
 
 from sqlalchemy.orm import Session
 
-from app.fleet.service import GPU_REGISTRY
+from app.fleet.service import record_latest
 from app.metering import repository
 from app.metering.idle import util_floor_tenths
 from app.metering.segments import Span
@@ -55,7 +55,7 @@ def write_history(session: Session, runs: dict[str, list[Span]], events: list[He
 def touch(session: Session, gpus: list[SimGpu], runs: dict[str, list[Span]], end: int) -> None:
     latest = {g.uuid: (g.model, runs[g.uuid][-1].state, end, None) for g in gpus if runs[g.uuid]}
     for chunk in _chunks(list(latest)):
-        GPU_REGISTRY.record_latest(session, {gpu: latest[gpu] for gpu in chunk})
+        record_latest(session, {gpu: latest[gpu] for gpu in chunk})
 
 
 def hour_rows(

@@ -23,6 +23,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 
 from sqlalchemy.orm import Session
 
@@ -400,10 +401,11 @@ def on_failover_resumed(session: Session, event: DomainEvent) -> None:
             )
 
 
-def on_gpu_state_changed(session: Session, event: DomainEvent) -> None:
+def on_gpu_state_changed(session: Session, event: DomainEvent, spare_target: Decimal) -> None:
     """A GPU healthy again on a node gpumeter drained, with no GPU of it still failed: the
     node is resumed; if its spare pool is short (or the repaired GPU joined it), the whole
-    node becomes a hot spare, as the spare it replaced was."""
+    node becomes a hot spare, as the spare it replaced was (``spare_target``: the
+    ``spare_target_percent`` setting, for a pool with no policy)."""
     if event.data["to_state"] != "healthy":
         return
     site = fleet.gpu_site(session, event.data["gpu_uuid"])
@@ -424,7 +426,7 @@ def on_gpu_state_changed(session: Session, event: DomainEvent) -> None:
     )
     if not repository.add_action(session, repair):
         return
-    short = failover.spare_pool_below_target(session, node.datacenter, gpu.model)
+    short = failover.spare_pool_below_target(session, node.datacenter, gpu.model, spare_target)
     if short or any(g.pool == Pool.SPARE for g in gpus):
         now = datetime.now(UTC)
         for g in gpus:

@@ -7,7 +7,7 @@ import uuid
 from fastapi import APIRouter
 
 from app.auth.deps import Admin
-from app.core.deps import DbSession, RowId
+from app.core.deps import AppSettings, DbSession, RowId
 from app.core.pagination import Page, Paging, paginate
 from app.webhooks import repository, service
 from app.webhooks.models import DeliveryStatus
@@ -23,9 +23,11 @@ router = APIRouter(prefix="/v1/webhooks", tags=["webhooks"])
 
 
 @router.post("/endpoints", status_code=201)
-def create_endpoint(body: EndpointCreate, session: DbSession, _: Admin) -> EndpointWithSecret:
+def create_endpoint(
+    body: EndpointCreate, session: DbSession, _: Admin, settings: AppSettings
+) -> EndpointWithSecret:
     """Register an endpoint; the answer holds its signing secret, shown only this once."""
-    return service.create_endpoint(session, body)
+    return service.create_endpoint(session, body, settings.webhook_allow_private)
 
 
 @router.get("/endpoints")
@@ -40,10 +42,15 @@ def read_endpoint(endpoint_id: uuid.UUID, session: DbSession, _: Admin) -> Endpo
 
 @router.patch("/endpoints/{endpoint_id}")
 def update_endpoint(
-    endpoint_id: uuid.UUID, body: EndpointUpdate, session: DbSession, _: Admin
+    endpoint_id: uuid.UUID,
+    body: EndpointUpdate,
+    session: DbSession,
+    _: Admin,
+    settings: AppSettings,
 ) -> EndpointRead:
     """Change the URL, the event types or the description; enable or disable it."""
-    return EndpointRead.model_validate(service.update_endpoint(session, endpoint_id, body))
+    endpoint = service.update_endpoint(session, endpoint_id, body, settings.webhook_allow_private)
+    return EndpointRead.model_validate(endpoint)
 
 
 @router.post("/endpoints/{endpoint_id}/secret")

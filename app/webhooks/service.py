@@ -12,7 +12,6 @@ from app.core.errors import Conflict, Unprocessable, not_found
 from app.customers.service import customer_by_id
 from app.events import service as events_service
 from app.events.models import DomainEvent
-from app.settings import get_settings
 from app.webhooks import jobs, repository
 from app.webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from app.webhooks.schemas import (
@@ -37,19 +36,23 @@ def on_event(session: Session, event: DomainEvent) -> None:
         jobs.schedule(session, row.id, 0, None)
 
 
-def _checked_url(url: str) -> str:
+def _checked_url(url: str, allow_private: bool) -> str:
     try:
-        check_target(url, allow_private=get_settings().webhook_allow_private)
+        check_target(url, allow_private=allow_private)
     except RefusedTarget as refused:
         raise Unprocessable(str(refused), ("body", "url")) from None
     return url
 
 
-def create_endpoint(session: Session, data: EndpointCreate) -> EndpointWithSecret:
+def create_endpoint(
+    session: Session, data: EndpointCreate, allow_private: bool
+) -> EndpointWithSecret:
+    """Register an endpoint; ``allow_private`` (the ``webhook_allow_private`` setting) admits
+    private and loopback targets."""
     if data.customer_id is not None and customer_by_id(session, data.customer_id) is None:
         raise Unprocessable(f"customer {data.customer_id} does not exist", ("body", "customer_id"))
     endpoint = WebhookEndpoint(
-        url=_checked_url(str(data.url)),
+        url=_checked_url(str(data.url), allow_private),
         event_types=sorted(set(data.event_types)),
         customer_id=data.customer_id,
         enabled=data.enabled,
@@ -73,11 +76,11 @@ def get_endpoint(
 
 
 def update_endpoint(
-    session: Session, endpoint_id: uuid.UUID, data: EndpointUpdate
+    session: Session, endpoint_id: uuid.UUID, data: EndpointUpdate, allow_private: bool
 ) -> WebhookEndpoint:
     endpoint = get_endpoint(session, endpoint_id, lock=True)
     if data.url is not None:
-        endpoint.url = _checked_url(str(data.url))
+        endpoint.url = _checked_url(str(data.url), allow_private)
     if data.event_types is not None:
         endpoint.event_types = sorted(set(data.event_types))
     if data.description is not None:

@@ -309,8 +309,10 @@ def _failover(db: Engine, ids: dict[str, str]) -> None:
     failover routes to hide from B."""
     failed_at = datetime(2026, 11, 3, tzinfo=UTC)
     with transaction(db) as session:
-        ttl = get_settings().failover_reservation_ttl_s
-        failover = failover_service.open_failover(session, "GPU-A-2", failed_at, failed_at, [], ttl)
+        config = failover_service.FailoverSettings.of(get_settings())
+        failover = failover_service.open_failover(
+            session, "GPU-A-2", failed_at, failed_at, [], config
+        )
         assert failover is not None
         ids["failover_id"] = str(failover.id)
 

@@ -25,14 +25,15 @@ IGNORES_SIGTERM = (
 
 
 def test_a_child_that_ignores_sigterm_is_killed_after_the_timeout() -> None:
-    child = subprocess.Popen(
+    # The with block closes the child's stdout pipe (else a ResourceWarning at a later GC).
+    with subprocess.Popen(
         [sys.executable, "-c", IGNORES_SIGTERM], stdout=subprocess.PIPE, text=True
-    )
-    assert child.stdout is not None and child.stdout.readline() == "ready\n"
-    started = time.monotonic()
-    assert stop_child(child, "stubborn", timeout_s=0.5) == -signal.SIGKILL
-    assert time.monotonic() - started < 5
-    assert not is_running(child.pid)
+    ) as child:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        started = time.monotonic()
+        assert stop_child(child, "stubborn", timeout_s=0.5) == -signal.SIGKILL
+        assert time.monotonic() - started < 5
+        assert not is_running(child.pid)
 
 
 def test_a_child_that_stops_on_sigterm_reports_its_exit_code() -> None:

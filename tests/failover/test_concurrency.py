@@ -40,8 +40,8 @@ def test_concurrent_failovers_never_share_a_spare(fleet: Fleet, db: Engine) -> N
         try:
             with transaction(db) as session:
                 start.wait(timeout=30)
-                now, ttl = datetime.now(UTC), get_settings().failover_reservation_ttl_s
-                opened = service.open_failover(session, gpu, failed_at, now, [], ttl)
+                now, config = datetime.now(UTC), service.FailoverSettings.of(get_settings())
+                opened = service.open_failover(session, gpu, failed_at, now, [], config)
                 assert opened is not None
                 outcomes[opened.state.value] += 1
         except BaseException as error:  # reported below: a thread's failure fails the test

@@ -12,6 +12,7 @@ from app.auth.models import KeyKind
 from app.auth.service import issue_key
 from app.core.db import transaction
 from app.failover import transitions
+from app.settings import get_settings
 from tests.failover.conftest import Fleet, iso
 from tests.harness import bearer
 from tests.metering.conftest import rec
@@ -189,9 +190,10 @@ def test_an_unconfirmed_reservation_expires_and_releases_the_spare(
             until,
             {"failover_id": failover["id"]},
         )
-        early = transitions.expire(session, failover["id"], until - timedelta(seconds=1))
+        target = get_settings().spare_target_percent
+        early = transitions.expire(session, failover["id"], until - timedelta(seconds=1), target)
         assert early is None  # not due yet
-        expired = transitions.expire(session, failover["id"], until)
+        expired = transitions.expire(session, failover["id"], until, target)
         assert expired is not None and expired.state == "expired"
     assert fleet.get(f"/v1/failovers/{failover['id']}")["state"] == "expired"
     [event] = fleet.events("failover.expired")

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from app.core.db import transaction
 from app.core.errors import ApiError, ServiceUnavailable
-from app.fleet.service import GPU_REGISTRY
+from app.fleet.service import IngestGpus
 from app.metering import service
 from app.metering.group_commit import GroupCommit, unreachable
 from app.metering.ports import GpuRegistry, StateChange
@@ -39,6 +39,7 @@ from tests.metering.conftest import minute_ago
 NODES = 3
 STATES = (GpuState.HEALTHY, GpuState.DEGRADED, GpuState.FAILED)
 BASE = minute_ago(30)
+GPU_REGISTRY = IngestGpus.of(Settings())  # the fleet's, as app.main wires it
 
 
 def node_id(n: int) -> uuid.UUID:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -11,9 +12,8 @@ from sqlalchemy import Engine, select, text
 from app.core.db import transaction
 from app.core.epoch import from_epoch
 from app.fleet.models import Gpu
-from app.metering import endpoints
 from app.metering.models import StateSegment
-from app.settings import Settings
+from app.settings import get_settings
 from tests.harness import Console, bearer
 from tests.metering.conftest import Agent, event, minute_ago, rec
 
@@ -201,10 +201,16 @@ def test_ingest_answers_like_the_rest_of_the_api(
     assert {"200", "401", "403", "409", "413", "415", "422", "503"} <= set(operation["responses"])
 
 
-def test_batch_over_the_size_limit_is_rejected(
-    agent: Agent, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(endpoints, "get_settings", lambda: Settings(ingest_max_items=2))
+@pytest.fixture
+def two_items_a_batch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Before the app is built: ingest takes its settings from the composition root."""
+    monkeypatch.setenv("GPUMETER_INGEST_MAX_ITEMS", "2")
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()  # later tests read the environment without it again
+
+
+def test_batch_over_the_size_limit_is_rejected(two_items_a_batch: None, agent: Agent) -> None:
     t = minute_ago(3)
     body = agent.post([rec("GPU-1", t + i, t + i + 1) for i in range(3)], status=413)
     assert locs(body) == [["body"]]

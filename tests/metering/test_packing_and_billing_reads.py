@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -198,3 +199,96 @@ def test_closed_hours_carry_the_summary_and_busy_ones_are_not_read(db: Engine) -
         idle_at_1_percent = repository.idle_minutes(session, ["GPU-1"], 0, 7200, 10)
         assert idle_at_1_percent == {"GPU-1": [3600 + 60 * i for i in range(60)]}
         assert repository.idle_minutes(session, ["GPU-1"], 0, 7200, 5) == {"GPU-1": []}
+
+
+_readings = st.fixed_dictionaries(
+    {
+        "gpu_util_mean": st.none() | st.floats(0, 100),
+        "gpu_util_max": st.none() | st.integers(0, 100),
+        "mem_util_mean": st.none() | st.floats(0, 100),
+        "mem_used_max_mib": st.none() | st.integers(0, 2**33),
+        "energy_j": st.none() | st.floats(0, 1e6),
+        "power_max_w": st.none() | st.floats(0, 2000),
+        "temp_max_c": st.none() | st.integers(0, 300),
+    }
+)
+
+
+@given(
+    before=st.lists(st.tuples(st.integers(0, 3599), st.integers(1, 60), _readings), max_size=40),
+    upload=st.lists(st.tuples(st.integers(0, 3599), st.integers(1, 60), _readings), min_size=1),
+)
+def test_combining_into_the_touched_span_equals_repacking_the_whole_row(
+    before: list[tuple[int, int, dict[str, Any]]], upload: list[tuple[int, int, dict[str, Any]]]
+) -> None:
+    """What ingest does to an open row (read the span of slots an upload touches, combine,
+    write the span back in place) leaves the row that combining into the whole row would."""
+
+    def records(items: list[tuple[int, int, dict[str, Any]]]) -> list[UsageRecord]:
+        return [record(7200 + at, 7200 + at + n, **readings) for at, n, readings in items]
+
+    row = packing.add_records(packing.EMPTY_ROW, records(before))
+    added = records(upload)
+    first, count = packing.span_bounds(added)
+    lo, hi = first * packing.SLOT.size, (first + count) * packing.SLOT.size
+    span = packing.add_records(row[lo:hi], added, first)
+    assert row[:lo] + span + row[hi:] == packing.add_records(row, added)
+
+
+def test_uploads_every_few_seconds_store_what_one_upload_of_all_would(
+    agent: Agent, db: Engine
+) -> None:
+    """Agent-shaped uploads (records cut at each round and minute, several GPUs, rounds of
+    1-5 s, across an hour boundary, re-sends among them) leave the closed and the open hour
+    exactly as packing all their records at once does."""
+    rng = random.Random(32)
+    hour = packing.hour_of(minute_ago(0)) - 2 * packing.HOUR
+    gpus = [f"GPU-{g}" for g in range(3)]
+    sent: dict[str, list[UsageRecord]] = {gpu: [] for gpu in gpus}
+    t, end = hour + packing.HOUR - 150, hour + packing.HOUR + 130
+    while t < end:
+        cut = min(t + rng.randint(1, 5), t - t % 60 + 60, end)
+        batch = []
+        for gpu in gpus:
+            fields: dict[str, Any] = {
+                "gpu_util_mean": rng.uniform(0, 100),
+                "energy_j": rng.uniform(0, 1400),
+                "mem_total_mib": 81559,
+                "temp_max_c": rng.randint(30, 90),
+            }
+            batch.append(rec(gpu, t, cut, **fields))
+            sent[gpu].append(record_of(batch[-1]))
+        agent.post(batch)
+        if rng.random() < 0.1:
+            agent.post(batch)  # a re-send: duplicates, nothing combined twice
+        t = cut
+    with transaction(db) as session:
+        rows = session.execute(
+            text(
+                "SELECT gpu_uuid, hour, slots, mem_total_mib FROM gpu_minute_metrics"
+                " UNION ALL SELECT gpu_uuid, hour, slots, mem_total_mib"
+                " FROM gpu_minute_metrics_open"
+            )
+        ).all()
+    stored = {(g, h): (packing.loaded(bytes(s)), m) for g, h, s, m in rows}
+    expected = {}
+    for gpu, records in sent.items():
+        for h in (hour, hour + packing.HOUR):
+            of_hour = [r for r in records if packing.hour_of(r.start) == h]
+            expected[(gpu, h)] = (packing.add_records(packing.EMPTY_ROW, of_hour), 81559)
+    assert stored == expected
+
+
+def record_of(item: dict[str, Any]) -> UsageRecord:
+    return UsageRecord(
+        item["gpu_uuid"],
+        item["model"],
+        item["start"],
+        item["end"],
+        GpuState(item["state"]),
+        item["sample_count"],
+        **{k: v for k, v in item.items() if k not in _RECORD_KEYS},
+    )
+
+
+_RECORD_KEYS = frozenset({"gpu_uuid", "model", "start", "end", "state", "sample_count"})

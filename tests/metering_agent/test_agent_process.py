@@ -47,7 +47,7 @@ def test_sigkill_then_restart_loses_and_duplicates_nothing(tmp_path: Path, sink:
     # Killed once the service is back (the 503s used up) and has taken some records.
     assert wait_until(lambda: sink.requests > 3 and len(sink.all_records()) >= 8, 60)
     agent.kill()
-    agent.wait(timeout=10)
+    agent.communicate(timeout=10)  # reaps it and closes its pipes
     before_kill = spooled(spool) | {
         (r["gpu_uuid"], r["start"], r["end"]) for r in sink.all_records()
     }

@@ -14,6 +14,7 @@ from sqlalchemy import Engine, select
 
 from app.billing.endpoints import clock
 from app.billing.models import UsageRollupSpan
+from app.billing.usage import UsageSettings
 from app.core.db import transaction
 from app.schedule.service import closed_period, store_rollups, tick
 from app.settings import get_settings
@@ -80,7 +81,7 @@ def test_the_rollup_job_stores_every_closed_day_and_hour_so_a_read_rates_only_th
     world = october_with_failure(console, db)
     now = datetime(2026, 10, 20, 12, 0, tzinfo=UTC)
     assert stored_spans(db) == []
-    assert store_rollups(db, now) == 1
+    assert store_rollups(db, now, UsageSettings.of(get_settings())) == 1
     stored = stored_spans(db)
     days = [datetime(2026, 10, d, tzinfo=UTC) for d in range(1, 21)]
     # The hour 11:00-12:00 ended less than the grace (5 min) ago: not stored yet.
@@ -90,11 +91,11 @@ def test_the_rollup_job_stores_every_closed_day_and_hour_so_a_read_rates_only_th
     app.dependency_overrides[clock] = lambda: now
     path = f"/v1/customers/{world.customer['id']}/usage?period=2026-10"
     assert console.client.get(path, headers=console.headers).status_code == 200
-    assert store_rollups(db, now) == 1
+    assert store_rollups(db, now, UsageSettings.of(get_settings())) == 1
     assert stored_spans(db) == stored
     # The next day, the 20th replaces its open span; the 21st's starts, to 02:00.
     tomorrow = datetime(2026, 10, 21, 2, 10, tzinfo=UTC)
-    assert store_rollups(db, tomorrow) == 1
+    assert store_rollups(db, tomorrow, UsageSettings.of(get_settings())) == 1
     spans = [(lo, hi) for lo, hi, _ in stored_spans(db)]
     midnight = datetime(2026, 10, 21, tzinfo=UTC)
     assert spans == [

@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, text
 
+from app.billing.usage import UsageSettings
 from app.cli import build_parser
 from app.core.db import transaction
 from app.core.scratch_db import scratch_database
 from app.metering.repository import minute_rows
-from app.settings import sqlalchemy_url
+from app.settings import get_settings, sqlalchemy_url
 from app.simulate.progress import Progress
 from app.simulate.replay import Replay, replay
 from app.simulate.replay_report import figures, render
@@ -44,7 +45,8 @@ def replay_url(pg_server_url: str) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def stored(replay_url: str) -> Replay:
     """The scenario replayed once for the module's checks (a few seconds)."""
-    return replay(replay_url, SEED, SCALE, 5, Progress(quiet=True))
+    idle_below = UsageSettings.of(get_settings()).idle_below_tenths
+    return replay(replay_url, SEED, SCALE, 5, Progress(quiet=True), idle_below)
 
 
 @pytest.fixture(scope="module")

@@ -43,6 +43,7 @@ import secrets
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -326,10 +327,18 @@ def start_service(
         "GPUMETER_SECRET_KEY": secrets.token_urlsafe(32),
     }
     gpumeter = Path(sys.executable).with_name("gpumeter")
-    process = subprocess.Popen(
-        [str(gpumeter), "serve", "--port", str(port), "--workers", str(workers), *(extra or [])],
-        env=env,
-    )
+    # The service's JSON logs go to a file: under overload it warns for every shed request,
+    # which would bury the bench's own progress on the terminal.
+    log_path = Path(tempfile.gettempdir()) / f"gpumeter-bench-service-{port}.log"
+    print(f"service logs: {log_path}", file=sys.stderr)
+    with log_path.open("wb") as log:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            [str(gpumeter), "serve", "--port", str(port), "--workers", str(workers)]
+            + (extra or []),
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until_ready(base, process, timeout_s=90)  # a loaded 2-core box is slow

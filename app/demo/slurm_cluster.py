@@ -7,6 +7,11 @@ registers with no GPUs and goes INVAL). Workers form the default ``gpu`` partiti
 munge (``auth/none``), no accounting database: ``squeue --json --states=all`` keeps ended jobs
 for ``MinJobAge``. Every daemon runs in the foreground (``-D``) as our child and is stopped by
 its PID; ``stop`` cancels the jobs first, so no job step outlives the cluster.
+
+The slurmd spool directories, where each job step opens a Unix socket, live in a short
+directory of their own under /tmp, not under ``directory``: a socket's path may have at most
+108 bytes, and a test's directory under a CI run's TMPDIR is longer ("Unix socket path ... is
+too long (117 > 108)": the job's step never starts).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +50,7 @@ class LocalSlurm:
     gpus: int = 2
     controller: subprocess.Popen[bytes] | None = None
     daemons: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    spool: Path | None = None  # the slurmd spools' short directory, while the cluster runs
 
     @property
     def nodes(self) -> list[str]:
@@ -91,6 +98,9 @@ class LocalSlurm:
                 stop_child(daemon, f"slurmd-{name}")
             self.daemons.clear()
             self.stop_controller()
+            if self.spool is not None:
+                shutil.rmtree(self.spool, ignore_errors=True)
+                self.spool = None
 
     # --- what tests look at -----------------------------------------------------------------
 
@@ -157,8 +167,10 @@ class LocalSlurm:
 
     def _write_config(self) -> None:
         d = self.directory
-        for sub in ("state", "spool", "dev"):
+        for sub in ("state", "dev"):
             (d / sub).mkdir(parents=True, exist_ok=True)
+        short = "/tmp" if Path("/tmp").is_dir() else None  # TMPDIR may be long (see above)
+        self.spool = Path(tempfile.mkdtemp(prefix="slurmd-", dir=short))
         for i in range(self.gpus):
             (d / "dev" / f"gpu{i}").touch()
         nodes = "\n".join(
@@ -175,7 +187,7 @@ CredType=cred/none
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={d}/state
-SlurmdSpoolDir={d}/spool/%n
+SlurmdSpoolDir={self.spool}/%n
 SlurmctldPidFile={d}/slurmctld.pid
 SlurmdPidFile={d}/slurmd-%n.pid
 SlurmctldLogFile={d}/slurmctld.log

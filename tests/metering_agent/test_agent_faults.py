@@ -34,7 +34,7 @@ def _no_agent_left_running() -> Iterator[None]:
         agent = _started.pop()
         if agent.poll() is None:  # the test failed half-way
             stop_child(agent, "agent", sig=signal.SIGKILL)
-            agent.communicate(timeout=10)
+        agent.communicate(timeout=10)  # closes its pipes, also of one that ended by itself
 
 
 def start_agent(sink: Sink, spool: Path, *args: str) -> Agent:

@@ -108,6 +108,8 @@ def test_demo_runs_shows_the_dashboard_and_leaves_nothing_behind(
         if demo.process.poll() is None:
             demo.process.kill()
     demo.reader.join(10)
+    assert not demo.reader.is_alive() and demo.process.stdout is not None
+    demo.process.stdout.close()  # read to its end: closed here, not by the garbage collector
     output = demo.output
     story = LIVE_STORY.search(output)
     assert story, output

@@ -161,11 +161,20 @@ def start_agent(sink: Sink, spool: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def metrics_page(port: int, timeout_s: float = 2) -> bytes | None:
+    """The agent's /metrics page; None while it does not answer. The response is closed
+    here (left open, its socket is a ResourceWarning at a later garbage collection)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout_s) as r:
+            return bytes(r.read())
+    except OSError:
+        return None
+
+
 def scrape(port: int) -> dict[str, float]:
     """The agent's /metrics as {series: value}; empty while it does not answer."""
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
-    except OSError:
+    text = metrics_page(port)
+    if text is None:
         return {}
     return {
         name: float(value)

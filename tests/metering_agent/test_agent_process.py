@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,13 @@ import pytest
 from app.core.local_service import free_port
 from app.core.processes import wait_until
 from metering_agent.spool import parse_entries
-from tests.metering_agent.agent_helpers import Sink, assert_no_overlap, log_events, start_agent
+from tests.metering_agent.agent_helpers import (
+    Sink,
+    assert_no_overlap,
+    log_events,
+    metrics_page,
+    start_agent,
+)
 
 pytestmark = pytest.mark.e2e  # real agent processes
 
@@ -76,10 +81,7 @@ def test_sigterm_flushes_open_records_and_exits_0(tmp_path: Path, sink: Sink) ->
 
     def sampled() -> bool:
         nonlocal metrics
-        try:
-            metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-        except OSError:
-            return False  # not listening yet
+        metrics = metrics_page(port, timeout_s=5) or b""  # empty: not listening yet
         return b"gpumeter_gpu_utilization_percent{gpu=" in metrics
 
     assert wait_until(sampled, 30), metrics

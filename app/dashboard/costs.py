@@ -158,17 +158,6 @@ class _Totals:
     labels: dict[str, str] = field(default_factory=dict)
 
 
-def costs(
-    session: Session,
-    customer: Customer,
-    days: DayRange,
-    group_by: GroupBy,
-    now: datetime,
-    config: UsageSettings,
-) -> CostsRead:
-    return costs_and_rated(session, customer, days, group_by, now, config)[0]
-
-
 def costs_and_rated(
     session: Session,
     customer: Customer,

@@ -160,6 +160,7 @@ def read_costs(
     session: DbSession,
     caller: ConsoleUser,
     now: Now,
+    settings: AppSettings,
     period: PeriodParam = None,
     start: StartParam = None,
     end: EndParam = None,
@@ -170,7 +171,8 @@ def read_costs(
     days, with billed, credited and idle GPU-seconds per day."""
     customer = get_customer(session, customer_id, caller)
     days = _cost_days(customer, period, start, end, now)
-    return costs.costs(session, customer, days, group_by, now, UsageSettings.of(get_settings()))
+    config = UsageSettings.of(settings)
+    return costs.costs_and_rated(session, customer, days, group_by, now, config)[0]
 
 
 def _cost_days(

@@ -18,7 +18,9 @@ or fresh connections, from raw asyncio sockets in this process (its CPU is measu
 printed). Phases: ``rate`` (``--rate-nodes`` nodes: their offered batches/s), ``fresh`` (the same
 on a new connection per batch), ``fleet`` (``--fleet-nodes`` nodes uploading every
 ``--fleet-interval`` s), ``burst`` (every fleet node in the same second, ``--burst-rounds``
-times), then ``trips``: database round trips per
+times), ``floor`` (the rate phase's nodes against ``bench/http_floor.py``, a no-op app on
+uvicorn as the service runs it: the HTTP part of a batch's cost, and with the rate phase the
+``ceilings`` its per-batch costs allow on this machine), then ``trips``: database round trips per
 batch, counted by a TCP proxy between a one-process service and Postgres (every turn of the
 conversation from server back to client is one round trip). The steady phases (``rate``,
 ``fresh``, ``fleet``) are measured after ``--settle-s`` seconds of running, whose figures are
@@ -45,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,7 +121,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--change-rate", type=float, default=0.001, help="GPU-minutes with a change")
     p.add_argument("--keep-db", action="store_true", help="do not drop the database")
     p.add_argument("--mode", choices=("agent", "bulk"), default="agent")
-    p.add_argument("--phases", default="rate,fresh,fleet,burst,trips", help="agent mode")
+    p.add_argument("--phases", default="rate,fresh,fleet,burst,floor,trips", help="agent mode")
     p.add_argument("--phase-s", type=float, default=20.0, help="seconds per agent phase")
     p.add_argument("--interval", type=float, default=2.0, help="agent upload interval, s")
     p.add_argument(
@@ -319,26 +322,38 @@ def register_nodes(url: str, count: int) -> list[str]:
 def start_service(
     url: str, workers: int, extra: list[str] | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
+    gpumeter = Path(sys.executable).with_name("gpumeter")
+    return spawn_server(
+        lambda port: (
+            [str(gpumeter), "serve", "--port", str(port), "--workers", str(workers)] + (extra or [])
+        ),
+        {"GPUMETER_DATABASE_URL": url},
+    )
+
+
+def start_http_floor(workers: int) -> tuple[subprocess.Popen[bytes], str]:
+    """The no-op app of ``bench/http_floor.py`` on uvicorn as the service runs it."""
+    floor = Path(__file__).with_name("http_floor.py")
+    return spawn_server(lambda port: [sys.executable, str(floor), str(port), str(workers)], {})
+
+
+def spawn_server(
+    command: Callable[[int], list[str]], env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``command(port)`` on a free port and wait until its /readyz answers 200."""
     port = free_port()
     env = {
         **os.environ,
-        "GPUMETER_DATABASE_URL": url,
+        **env,
         "GPUMETER_LOG_LEVEL": "warning",
         "GPUMETER_SECRET_KEY": secrets.token_urlsafe(32),
     }
-    gpumeter = Path(sys.executable).with_name("gpumeter")
     # The service's JSON logs go to a file: under overload it warns for every shed request,
     # which would bury the bench's own progress on the terminal.
     log_path = Path(tempfile.gettempdir()) / f"gpumeter-bench-service-{port}.log"
     print(f"service logs: {log_path}", file=sys.stderr)
     with log_path.open("wb") as log:  # the child keeps its own descriptor
-        process = subprocess.Popen(
-            [str(gpumeter), "serve", "--port", str(port), "--workers", str(workers)]
-            + (extra or []),
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        process = subprocess.Popen(command(port), env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until_ready(base, process, timeout_s=90)  # a loaded 2-core box is slow
@@ -608,7 +623,7 @@ class CpuClock:
     backends and the whole machine, read from /proc (clock ticks)."""
 
     service_pid: int
-    database: str
+    database: str | None  # None: no Postgres side (the HTTP floor)
     _tick: float = field(default_factory=lambda: float(os.sysconf("SC_CLK_TCK")))
     # Last CPU seen of every process ever sampled: pooled connections that close (overflow)
     # take their backend with them, and its CPU must not vanish from the sum.
@@ -650,6 +665,8 @@ class CpuClock:
         return pids
 
     def _backends(self) -> list[int]:
+        if self.database is None:
+            return []
         pids = []
         for proc in Path("/proc").glob("[0-9]*"):
             with contextlib.suppress(OSError):
@@ -934,9 +951,61 @@ async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> 
             )
     finally:
         await asyncio.to_thread(stop_child, process, "service")
+    if "floor" in phases:
+        out["floor"] = await http_floor_phase(nodes[: args.rate_nodes], args, rng)
     if "trips" in phases:
         out["trips"] = await count_round_trips(url, nodes, 200)
         print(f"trips: {json.dumps(out['trips'])}", file=sys.stderr)
+    return out
+
+
+async def http_floor_phase(
+    nodes: list[AgentNode], args: argparse.Namespace, rng: random.Random
+) -> dict[str, Any]:
+    """The rate phase's schedule against the HTTP floor (``bench/http_floor.py``): what a
+    batch costs the service before ingest does anything."""
+    process, base = await asyncio.to_thread(start_http_floor, args.workers)
+    try:
+        host, port = base.removeprefix("http://").split(":")
+        print(f"floor (no-op app, {len(nodes)} nodes every {args.interval} s):", file=sys.stderr)
+        return await measure_phase(
+            CpuClock(process.pid, None),
+            nodes,
+            Target(host, int(port)),
+            args.interval,
+            duration=args.phase_s,
+            keep_alive=True,
+            phases=[rng.uniform(0, args.interval) for _ in nodes],
+            settle_s=args.settle_s,
+        )
+    finally:
+        await asyncio.to_thread(stop_child, process, "HTTP floor")
+
+
+def per_batch(phase: dict[str, Any]) -> dict[str, float]:
+    """CPU milliseconds a served batch cost each side in a phase."""
+    served = phase["batches_per_s"] or math.nan
+    return {k: round(1000 * v / served, 3) for k, v in phase["cpu_cores"].items()}
+
+
+def ceilings(figures: dict[str, Any], copy: float) -> dict[str, Any]:
+    """What the rate phase's per-batch costs allow on this machine's cores at best, in batches
+    and as a share of COPY: ingest as it is (service and Postgres, the load generator
+    elsewhere), and the HTTP floor alone (no validation, no storage)."""
+    cores = os.cpu_count() or 1
+    rate, floor = per_batch(figures["rate"]), per_batch(figures["floor"])
+    records = figures["rate"]["records_per_s"] / (figures["rate"]["batches_per_s"] or math.nan)
+    out: dict[str, Any] = {"cores": cores, "records_per_batch": round(records, 2)}
+    for name, ms in (
+        ("ingest", rate["service"] + rate["postgres"]),
+        ("http_floor", floor["service"]),
+    ):
+        batches = 1000 * cores / ms
+        out[name] = {
+            "cpu_ms_per_batch": round(ms, 3),
+            "batches_per_s_at_most": round(batches),
+            "share_of_copy_at_most": round(batches * records / copy, 3),
+        }
     return out
 
 
@@ -1009,6 +1078,8 @@ def agent_run(args: argparse.Namespace) -> dict[str, Any]:
             figures["copy_rows_per_s"] = round(copy)
             if "rate" in figures:
                 figures["rate_share_of_copy"] = round(figures["rate"]["records_per_s"] / copy, 3)
+            if "rate" in figures and "floor" in figures:
+                figures["ceilings"] = ceilings(figures, copy)
     figures["load_average"] = os.getloadavg()
     return figures
 

@@ -77,9 +77,6 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
     return {
         "log_config": None,
         "access_log": False,
-        # uvloop (a dependency; "auto" would fall back to asyncio without it): libuv's event
-        # loop costs the ingest path less per request than asyncio's.
-        "loop": "uvloop",
         # Slow, oversized and idle connections are closed (headers: BoundedHttpToolsProtocol;
         # bodies: app.core.limits); shedding is the app's (JSON 503), this is only a hard cap.
         "http": BoundedHttpToolsProtocol,

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
 import itertools
 import json
 import math
@@ -67,6 +68,7 @@ from app.core.scratch_db import (
     table_bytes,
 )
 from app.settings import sqlalchemy_url
+from metering_agent.transport import GZIP_LEVEL
 
 HOUR = 3600
 TABLES = (
@@ -124,6 +126,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--phases", default="rate,fresh,fleet,burst,floor,trips", help="agent mode")
     p.add_argument("--phase-s", type=float, default=20.0, help="seconds per agent phase")
     p.add_argument("--interval", type=float, default=2.0, help="agent upload interval, s")
+    p.add_argument(
+        "--no-gzip",
+        action="store_true",
+        help="agent mode: send bodies uncompressed (the agent gzips them unless --no-gzip)",
+    )
     p.add_argument(
         "--rate-nodes", type=int, default=1260, help="nodes of the rate phases (630/s at 2 s)"
     )
@@ -512,14 +519,20 @@ class PhaseStats:
 
 
 class Target:
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
+    """The service's ingest address; ``gzip``: bodies compressed as the agent sends them
+    (``metering_agent.transport``: gzip level 6, ``Content-Encoding: gzip``)."""
+
+    def __init__(self, host: str, port: int, *, gzip: bool) -> None:
+        self.host, self.port, self.gzip = host, port, gzip
 
     def request(self, token: str, body: bytes, *, keep_alive: bool) -> bytes:
+        if self.gzip:
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
         head = (
             f"POST /v1/ingest HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
             f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n"
+            + ("Content-Encoding: gzip\r\n" if self.gzip else "")
+            + f"Content-Length: {len(body)}\r\n"
             + ("" if keep_alive else "Connection: close\r\n")
             + "\r\n"
         )
@@ -831,7 +844,9 @@ class RoundTripProxy:
             await self.server.wait_closed()
 
 
-async def count_round_trips(url: str, nodes: list[AgentNode], batches: int) -> dict[str, Any]:
+async def count_round_trips(
+    url: str, nodes: list[AgentNode], batches: int, *, gzip_bodies: bool
+) -> dict[str, Any]:
     """Round trips per batch: a one-process service (no in-process job worker, so nothing
     else talks to the database) behind the counting proxy, batches sent one at a time after a
     warm-up (pool connections opened, keys cached where the service caches them)."""
@@ -843,7 +858,7 @@ async def count_round_trips(url: str, nodes: list[AgentNode], batches: int) -> d
     )
     try:
         host, port = base.removeprefix("http://").split(":")
-        target = Target(host, int(port))
+        target = Target(host, int(port), gzip=gzip_bodies)
         rng = random.Random(0)
         stats = PhaseStats()
         for node in nodes[:20]:  # warm-up
@@ -896,7 +911,7 @@ async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> 
     process, base = await asyncio.to_thread(start_service, url, args.workers)
     try:
         host, port = base.removeprefix("http://").split(":")
-        target = Target(host, int(port))
+        target = Target(host, int(port), gzip=not args.no_gzip)
         clock = CpuClock(process.pid, make_url(sqlalchemy_url(url)).database or "")
         # Warm-up: every node's first report registers its GPUs.
         warm = PhaseStats()
@@ -954,7 +969,7 @@ async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> 
     if "floor" in phases:
         out["floor"] = await http_floor_phase(nodes[: args.rate_nodes], args, rng)
     if "trips" in phases:
-        out["trips"] = await count_round_trips(url, nodes, 200)
+        out["trips"] = await count_round_trips(url, nodes, 200, gzip_bodies=not args.no_gzip)
         print(f"trips: {json.dumps(out['trips'])}", file=sys.stderr)
     return out
 
@@ -971,7 +986,7 @@ async def http_floor_phase(
         return await measure_phase(
             CpuClock(process.pid, None),
             nodes,
-            Target(host, int(port)),
+            Target(host, int(port), gzip=not args.no_gzip),
             args.interval,
             duration=args.phase_s,
             keep_alive=True,
@@ -1118,6 +1133,7 @@ def agent_main(args: argparse.Namespace) -> int:
             {
                 "mode": "agent",
                 "workers": args.workers,
+                "gzip": not args.no_gzip,
                 "interval_s": args.interval,
                 "fleet_interval_s": args.fleet_interval,
                 "settle_s": args.settle_s,

@@ -334,7 +334,7 @@ class Senders:
 
     def __init__(self, count: int, tokens: list[str], base: str) -> None:
         host, port = base.removeprefix("http://").split(":")
-        target = Target(host, int(port))
+        target = Target(host, int(port), gzip=False)  # bulk-shaped bodies, not the agent's
         start = int(time.time()) // 3600 * 3600 - 24 * 3600
         rng = random.Random(0)
         nodes = [Node(i, t, start, random.Random(rng.random())) for i, t in enumerate(tokens)]

@@ -82,7 +82,7 @@ async def run(url: str, tokens: list[str], args: argparse.Namespace) -> list[dic
         process, base = await asyncio.to_thread(start_service, url, workers, ["--no-worker"])
         try:
             host, port = base.removeprefix("http://").split(":")
-            target = Target(host, int(port))
+            target = Target(host, int(port), gzip=True)  # as the agent sends them
             clock = CpuClock(process.pid, make_url(sqlalchemy_url(url)).database or "")
             await closed_loop(nodes, target, args.concurrency, 3.0)  # warm-up
             await asyncio.to_thread(vacuum, url, analyze=True)  # steady state's statistics

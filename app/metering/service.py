@@ -398,8 +398,12 @@ def _publish_state_changes(
     health_events: list[HealthEvent],
 ) -> None:
     """``gpu.state_changed`` for each GPU that moved to another state, with the batch's health
-    events of that GPU as evidence. A GPU first seen healthy has not changed."""
-    for gpu, before, now, seen in changed:
+    events of that GPU as evidence. A GPU first seen healthy has not changed.
+
+    In time order, then by GPU: the changes come in the order Postgres found the rows (which
+    moves as rows are rewritten), and the failover hands out spares in event order, so two
+    GPUs failing in the same second get the same spares every time."""
+    for gpu, before, now, seen in sorted(changed, key=lambda change: (change[3], change[0])):
         if before is None and now == GpuState.HEALTHY:
             continue
         change = "recovered" if now == GpuState.HEALTHY else now

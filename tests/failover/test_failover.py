@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from uuid import UUID
 
+import pytest
 from sqlalchemy import Engine, text
 
 from app.auth.models import KeyKind
@@ -86,13 +87,20 @@ def test_requested_event_carries_the_contract_and_the_first_failed_second(
     assert event["customer_id"] == fleet.customer_id
 
 
-def test_several_gpus_of_one_rental_failing_at_once_get_one_failover_each(fleet: Fleet) -> None:
+@pytest.mark.parametrize("order", [("GPU-1", "GPU-2"), ("GPU-2", "GPU-1")])
+def test_several_gpus_of_one_rental_failing_at_once_get_one_failover_each(
+    fleet: Fleet, order: tuple[str, str]
+) -> None:
+    """Failures of the same second take the spares in GPU order, whatever the batch's order
+    and the order Postgres finds the GPUs' rows in (the one written last moves): the same
+    spares every time."""
     _spare_site(fleet)
     rental = fleet.rental("GPU-1", "GPU-2")
     agent = fleet.agents["node-1"]
     t0 = fleet.t0
-    batch = [rec(g, t0, t0 + 30) for g in ("GPU-1", "GPU-2")]
-    agent.post(batch + [rec(g, t0 + 30, t0 + 60, "failed") for g in ("GPU-1", "GPU-2")])
+    for gpu in order:  # each GPU's row rewritten in turn
+        agent.post([rec(gpu, t0, t0 + 30)])
+    agent.post([rec(g, t0 + 30, t0 + 60, "failed") for g in order])
     agent.post([rec("GPU-1", t0 + 60, t0 + 90, "failed")])  # the failure goes on: no new one
     failovers = fleet.failovers(rental_id=rental)
     spares = sorted((f["failed_gpu_uuid"], f["spare_gpu_uuid"]) for f in failovers)

@@ -127,6 +127,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--phase-s", type=float, default=20.0, help="seconds per agent phase")
     p.add_argument("--interval", type=float, default=2.0, help="agent upload interval, s")
     p.add_argument(
+        "--cross-hour",
+        action="store_true",
+        help="agent mode: the nodes' clock set back (their data is late, which ingest accepts) so"
+        " that an hour begins in the middle of the rate phase's measured window: every GPU's"
+        " hour closes in one upload round, as at each :00",
+    )
+    p.add_argument(
         "--no-gzip",
         action="store_true",
         help="agent mode: send bodies uncompressed (the agent gzips them unless --no-gzip)",
@@ -522,8 +529,13 @@ class Target:
     """The service's ingest address; ``gzip``: bodies compressed as the agent sends them
     (``metering_agent.transport``: gzip level 6, ``Content-Encoding: gzip``)."""
 
-    def __init__(self, host: str, port: int, *, gzip: bool) -> None:
+    def __init__(self, host: str, port: int, *, gzip: bool, clock_offset_s: int = 0) -> None:
         self.host, self.port, self.gzip = host, port, gzip
+        self.clock_offset_s = clock_offset_s  # the nodes' clock: wall time plus this
+
+    def now(self) -> int:
+        """The nodes' current second."""
+        return int(time.time()) + self.clock_offset_s
 
     def request(self, token: str, body: bytes, *, keep_alive: bool) -> bytes:
         if self.gzip:
@@ -569,7 +581,7 @@ async def upload(
 ) -> None:
     """One upload round of one node: a kept-alive connection the server closed meanwhile
     (idle timeout) is reopened once, as an HTTP client does."""
-    body, gpu_seconds, records = node.batch(int(time.time()), rng)
+    body, gpu_seconds, records = node.batch(target.now(), rng)
     payload = target.request(node.token, body, keep_alive=keep_alive)
     sent = time.perf_counter()
     stats.sent += 1
@@ -904,6 +916,7 @@ async def catch_up(
 
 
 async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    began = time.time()
     phases = args.phases.split(",")
     nodes = [AgentNode(i, tok) for i, tok in enumerate(tokens)]
     rng = random.Random(1)
@@ -911,7 +924,9 @@ async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> 
     process, base = await asyncio.to_thread(start_service, url, args.workers)
     try:
         host, port = base.removeprefix("http://").split(":")
-        target = Target(host, int(port), gzip=not args.no_gzip)
+        target = Target(
+            host, int(port), gzip=not args.no_gzip, clock_offset_s=hour_offset(args, began)
+        )
         clock = CpuClock(process.pid, make_url(sqlalchemy_url(url)).database or "")
         # Warm-up: every node's first report registers its GPUs.
         warm = PhaseStats()
@@ -952,6 +967,8 @@ async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> 
                 settle_s=args.settle_s,
             )
             out[name]["catch_up"] = caught_up
+            if name == "rate" and args.cross_hour:
+                out[name]["hour_began_s_into_window"] = hour_into_window(target, args)
         if "burst" in phases:
             print("burst (every node in the same second):", file=sys.stderr)
             start = math.ceil(time.time()) + 1 - time.time()
@@ -972,6 +989,27 @@ async def agent_drive(url: str, tokens: list[str], args: argparse.Namespace) -> 
         out["trips"] = await count_round_trips(url, nodes, 200, gzip_bodies=not args.no_gzip)
         print(f"trips: {json.dumps(out['trips'])}", file=sys.stderr)
     return out
+
+
+# --cross-hour: seconds from the bench's start to the end of the rate phase's catch-up round, as
+# this box takes them (the service's start, the warm-up of 2,000 nodes, VACUUM, the catch-up).
+_TO_RATE_PHASE_S = 30.0
+
+
+def hour_offset(args: argparse.Namespace, began: float) -> int:
+    """The nodes' clock offset for ``--cross-hour`` (0 without it): back by whatever puts the
+    start of an hour in the middle of the rate phase's measured window."""
+    if not args.cross_hour:
+        return 0
+    middle = began + _TO_RATE_PHASE_S + args.settle_s + args.phase_s / 2
+    return -int(middle % HOUR)
+
+
+def hour_into_window(target: Target, args: argparse.Namespace) -> float:
+    """Seconds from the start of the measured window just run to the next start of an hour on
+    the nodes' clock: inside the window when at most ``phase_s``."""
+    window_start = time.time() - args.phase_s + target.clock_offset_s
+    return round(-window_start % HOUR, 1)
 
 
 async def http_floor_phase(

@@ -300,17 +300,15 @@ def _conflict(batch: IngestBatch, judgement: Judgement) -> ApiError:
 def _newest_spans(records: list[UsageRecord]) -> dict[str, tuple[int, int, int]]:
     """Per GPU: the hour of its newest records, and the first slot and slot count they touch
     in it (what ingest reads of an open row of that hour)."""
-    newest: dict[str, list[UsageRecord]] = {}
+    newest: dict[str, tuple[int, list[UsageRecord]]] = {}
     for r in records:
-        current = newest.get(r.gpu_uuid)
         hour = packing.hour_of(r.start)
-        if current is None or hour > packing.hour_of(current[0].start):
-            newest[r.gpu_uuid] = [r]
-        elif hour == packing.hour_of(current[0].start):
-            current.append(r)
-    return {
-        gpu: (packing.hour_of(rs[0].start), *packing.span_bounds(rs)) for gpu, rs in newest.items()
-    }
+        held = newest.get(r.gpu_uuid)
+        if held is None or hour > held[0]:
+            newest[r.gpu_uuid] = (hour, [r])
+        elif hour == held[0]:
+            held[1].append(r)
+    return {gpu: (hour, *packing.span_bounds(rs)) for gpu, (hour, rs) in newest.items()}
 
 
 def _metric_writes(

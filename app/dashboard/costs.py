@@ -277,7 +277,7 @@ def _splitter(
 ) -> Callable[[int, Decimal], list[tuple[str, Decimal]]]:
     """How one rental's share of a day goes to its group(s), naming each group on the way."""
     rental = r.rental
-    if group_by is GroupBy.RENTAL:  # costs() names the rentals, all in one query
+    if group_by is GroupBy.RENTAL:  # costs_and_rated names the rentals, all in one query
         return lambda _, share: [(rental.rental_id, share)]
     if group_by is GroupBy.GPU_MODEL:
         labels[rental.gpu_model] = rental.gpu_model

@@ -74,6 +74,10 @@ class PayloadTooLarge(ApiError):
     error_type = "payload_too_large"
 
 
+# What a request cut short by the service stopping is told (a 503: retry elsewhere or later).
+SHUTTING_DOWN = "the service is shutting down; retry later"
+
+
 class ServiceUnavailable(ApiError):
     status_code = 503
     error_type = "unavailable"

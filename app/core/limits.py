@@ -25,7 +25,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.core.errors import ApiError, Loc, ServiceUnavailable, error_headers
+from app.core.errors import SHUTTING_DOWN, ApiError, Loc, ServiceUnavailable, error_headers
 from app.settings import Settings, get_settings
 
 # Liveness must answer while the worker sheds load: it touches no database.
@@ -110,6 +110,9 @@ class RequestLimits:
             # The connection stays: under overload an agent's retry should not cost a new one.
             await send_unavailable(send, "the service is overloaded; retry later", close=False)
             return
+        except asyncio.CancelledError:  # shutdown cancelled it while it queued (see below)
+            await send_unavailable(send, SHUTTING_DOWN)
+            raise
         try:
             await self._call_bounded(scope, receive, send)
         finally:
@@ -152,7 +155,7 @@ class RequestLimits:
             # The server stopped waiting for this request (its graceful shutdown timed out):
             # a deliberate 503 the client retries elsewhere, not the 500 it would send.
             if not started and not refused:
-                await send_unavailable(send, "the service is shutting down; retry later")
+                await send_unavailable(send, SHUTTING_DOWN)
             raise
 
     def _too_large(self) -> str:

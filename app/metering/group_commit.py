@@ -32,7 +32,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.core.db import transaction
-from app.core.errors import ServiceUnavailable
+from app.core.errors import SHUTTING_DOWN, ServiceUnavailable
 from app.metering import service
 from app.metering.ports import GpuRegistry
 from app.metering.service import NodeBatch
@@ -139,7 +139,7 @@ class GroupCommit:
 
     def _start(self) -> None:
         if self._closed.is_set():
-            raise ServiceUnavailable("the service is shutting down; retry later")
+            raise ServiceUnavailable(SHUTTING_DOWN)
         if self._threads:
             return
         with self._lock:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 from starlette.types import Message
 
+from app.core.errors import SHUTTING_DOWN
 from app.core.limits import MAX_HEADER_BYTES, Limits, RequestLimits
 from app.core.local_service import free_port, wait_until_ready
 from app.core.processes import stop_child
@@ -196,33 +198,42 @@ def test_a_dashboard_session_gets_503_too_when_postgres_is_down() -> None:
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
 
 
-def test_a_request_the_server_cancels_is_answered_503_not_500() -> None:
-    """uvicorn cancels what still runs when its graceful shutdown times out; the client then
-    gets a deliberate 503 to retry, and the cancellation still reaches the server."""
+def test_requests_the_server_cancels_are_answered_503_not_500() -> None:
+    """uvicorn cancels what still runs when its graceful shutdown times out: a request running
+    and one still waiting for an in-flight slot. Each client then gets a deliberate 503 to
+    retry, and the cancellation still reaches the server."""
     entered = asyncio.Event()
 
     async def endless(scope: Any, receive: Any, send: Any) -> None:
         entered.set()
         await asyncio.Event().wait()
 
-    sent: list[Message] = []
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
     async def receive() -> Message:
         return {"type": "http.request", "body": b"", "more_body": False}
 
+    sent: dict[str, list[Message]] = {"running": [], "queued": []}
+
     async def scenario() -> None:
-        limits = RequestLimits(endless, Limits(1024, 1, 1.0, 1.0))
+        limits = RequestLimits(endless, Limits(1024, 1, 60.0, 1.0))
         scope = {"type": "http", "path": "/v1/ingest", "headers": []}
-        task = asyncio.create_task(limits(scope, receive, send))
+
+        def request(name: str) -> asyncio.Task[None]:
+            async def send(message: Message) -> None:
+                sent[name].append(message)
+
+            return asyncio.create_task(limits(scope, receive, send))
+
+        running = request("running")
         await entered.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        queued = request("queued")
+        while not limits.slots._waiters:  # the second request queues for the one slot
+            await asyncio.sleep(0)
+        for task in (queued, running):
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
 
     asyncio.run(scenario())
-    assert sent[0]["status"] == 503
-    assert dict(sent[0]["headers"])[b"retry-after"] == b"1"
-    assert b"shutting down" in sent[1]["body"]
+    for start, body in sent.values():
+        assert start["status"] == 503 and dict(start["headers"])[b"retry-after"] == b"1"
+        assert json.loads(body["body"])["detail"][0]["msg"] == SHUTTING_DOWN

@@ -23,7 +23,7 @@ from app.events.service import ALL_TYPES, subscribe
 from app.failover import jobs as failover_jobs
 from app.failover.service import FailoverSettings, on_gpu_state_changed, refuse_reserved_spare
 from app.fleet.service import RENTAL_GPUS
-from app.metering import retention
+from app.metering import retention, summaries
 from app.payments import jobs as payments_jobs
 from app.payments.service import StripeSettings, on_invoice_event
 from app.plans.service import RENTAL_PLANS
@@ -43,6 +43,7 @@ BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
     "nats": stream.tasks,
     "failover": failover_jobs.tasks,
     "metering": retention.tasks,  # telemetry partitions (issue 17)
+    "metering_summaries": summaries.tasks,  # closed hours deflated after the hour's turn
 }
 
 

@@ -20,6 +20,9 @@ _ALL_MINUTES = int.from_bytes(bytes([1] * SLOTS))  # one 0x01 byte per minute of
 _UNOBSERVED = bytes([1] + [0] * 255)  # translate table: count 0 -> 1 (such a minute is not idle)
 _NONZERO = bytes([0] + [1] * 255)
 MAX_SAMPLES_PER_MINUTE = 60  # the agent samples at 1 Hz
+# The floor of a closed hour not yet summarised (closed at an hour's turn, in SQL): below every
+# threshold, so idle reads fetch the hour and scan it, as they would with its floor.
+UNSUMMARISED = -1
 
 
 def _util_fields(row: bytes) -> tuple[bytes, bytes, bytes]:

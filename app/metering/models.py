@@ -27,6 +27,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.core.base import Base
+from app.metering.idle import UNSUMMARISED
 
 # How long the GPU identity an agent reports may be; the fleet's gpus table uses the same.
 GPU_UUID_LENGTH = 96
@@ -75,7 +76,15 @@ class MinuteMetrics(Base):
     """
 
     __tablename__ = "gpu_minute_metrics"
-    __table_args__ = ({"postgresql_partition_by": "RANGE (hour)"},)
+    __table_args__ = (
+        # The hours closed at an hour's turn, raw and not yet summarised (app.metering.summaries).
+        Index(
+            "ix_gpu_minute_metrics_unsummarised",
+            "hour",
+            postgresql_where=text(f"util_min_tenths = {UNSUMMARISED}"),
+        ),
+        {"postgresql_partition_by": "RANGE (hour)"},
+    )
 
     gpu_uuid: Mapped[str] = mapped_column(
         String(GPU_UUID_LENGTH), ForeignKey("gpus.uuid"), primary_key=True
@@ -83,7 +92,8 @@ class MinuteMetrics(Base):
     hour: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)  # epoch s, UTC
     mem_total_mib: Mapped[int | None] = mapped_column(Integer)
     slots: Mapped[bytes] = mapped_column(LargeBinary)
-    # idle.util_floor_tenths(slots): lets idle-time reads skip busy hours without fetching them.
+    # idle.util_floor_tenths(slots): lets idle-time reads skip busy hours without fetching them
+    # (or UNSUMMARISED, until the summaries job computes it).
     util_min_tenths: Mapped[int | None] = mapped_column(SmallInteger)
 
 

@@ -197,44 +197,88 @@ def insert_events(session: Session, events: Sequence[HealthEvent]) -> tuple[int,
 
 
 @dataclass(frozen=True, slots=True)
+class NewestHour:
+    """What ingest reads of one GPU's open row for a batch: the hour of the GPU's newest
+    records and the span of slots they touch (first slot, count); the span of the previous
+    hour's records, if any; and whether the batch holds records of those two hours only."""
+
+    hour: int
+    first: int
+    n: int
+    previous: tuple[int, int] | None
+    two_hours_at_most: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSpan:
+    """A GPU's open row as ingest reads it for the hour of its newest records: the span of
+    slots those records touch. ``rolls``: the row holds an older hour, which this batch closes
+    (in SQL, ``open_hours_roll_statement``) as the new hour opens; the span is then empty, and
+    ``previous`` the span (first slot, slots) of the closing row that the batch's records of
+    the hour before touch, if any."""
+
+    hour: int
+    first: int
+    slots: bytes
+    rolls: bool
+    previous: tuple[int, bytes] | None
+
+
+@dataclass(frozen=True, slots=True)
 class StoredMetrics:
     """What a batch's minute metrics land on: its GPUs' open rows and its closed keys. An open
-    row of the hour the batch's newest records fall in comes as the span of slots they touch
-    (``spans``); one of another hour comes whole (``open``), to be closed or left as is."""
+    row of the hour the batch's newest records fall in, or one that hour closes and replaces,
+    comes as a span (``spans``); any other comes whole (``open``), to be closed or left as is."""
 
     open: dict[str, tuple[int, bytes, int | None]]  # gpu -> (hour, slots, mem_total_mib)
-    spans: dict[str, tuple[int, int, bytes]]  # gpu -> (hour, first slot, the span's slots)
+    spans: dict[str, OpenSpan]
     closed: dict[tuple[str, int], bytes]  # (gpu, hour) -> slots
 
 
+# Per GPU: its open row as a span when the row is of the newest records' hour, or when it is of
+# an older one that closes as that hour opens (``rolls``: the batch holds records of no hour
+# but those two, and those of the hour before only if the row is of that hour); else whole.
 _METRIC_ROWS = text("""
-SELECT o.gpu_uuid, o.hour,
+SELECT o.gpu_uuid, CASE WHEN o.hour = k.hour OR r.rolls THEN k.hour ELSE o.hour END,
   CASE WHEN o.hour = k.hour THEN substring(o.slots FROM k.first * :s + 1 FOR k.n * :s)
+       WHEN r.rolls THEN decode(repeat('00', k.n * :s), 'hex')
        ELSE o.slots END,
-  o.mem_total_mib, true, CASE WHEN o.hour = k.hour THEN k.first END
+  o.mem_total_mib, true, CASE WHEN o.hour = k.hour OR r.rolls THEN k.first END, r.rolls,
+  CASE WHEN r.rolls AND o.hour = k.hour - :hour THEN k.pfirst END,
+  CASE WHEN r.rolls AND o.hour = k.hour - :hour
+       THEN substring(o.slots FROM k.pfirst * :s + 1 FOR k.pn * :s) END
 FROM gpu_minute_metrics_open o
-JOIN unnest(CAST(:g AS text[]), CAST(:gh AS bigint[]), CAST(:f AS int[]), CAST(:n AS int[]))
-  AS k(gpu, hour, first, n) ON o.gpu_uuid = k.gpu
+JOIN unnest(CAST(:g AS text[]), CAST(:gh AS bigint[]), CAST(:f AS int[]), CAST(:n AS int[]),
+            CAST(:pf AS int[]), CAST(:pn AS int[]), CAST(:two AS boolean[]))
+  AS k(gpu, hour, first, n, pfirst, pn, two) ON o.gpu_uuid = k.gpu
+CROSS JOIN LATERAL (
+  SELECT o.hour < k.hour AND k.two AND (k.pn IS NULL OR o.hour = k.hour - :hour) AS rolls
+) AS r
 UNION ALL
-SELECT m.gpu_uuid, m.hour, m.slots, m.mem_total_mib, false, NULL FROM gpu_minute_metrics m
+SELECT m.gpu_uuid, m.hour, m.slots, m.mem_total_mib, false, NULL, false, NULL, NULL
+FROM gpu_minute_metrics m
 JOIN unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
   ON m.gpu_uuid = k.gpu AND m.hour = k.hour
 """)
 
 
 def metric_rows_statement(
-    keys: Sequence[tuple[str, int]], newest: dict[str, tuple[int, int, int]]
+    keys: Sequence[tuple[str, int]], newest: dict[str, NewestHour]
 ) -> Statement:
-    """The closed rows of the keys, and the open rows of ``newest``'s GPUs (gpu -> the hour of
-    its newest records, their first slot and slot count): an open row of that hour as the
-    span of those slots only, one of another hour whole; in one statement."""
+    """The closed rows of the keys, and the open rows of ``newest``'s GPUs, as spans where
+    they can be (``_METRIC_ROWS``); in one statement."""
     gpus = list(newest)
+    previous = [newest[g].previous for g in gpus]
     return _METRIC_ROWS, {
         "s": packing.SLOT.size,
+        "hour": packing.HOUR,
         "g": gpus,
-        "gh": [newest[g][0] for g in gpus],
-        "f": [newest[g][1] for g in gpus],
-        "n": [newest[g][2] for g in gpus],
+        "gh": [newest[g].hour for g in gpus],
+        "f": [newest[g].first for g in gpus],
+        "n": [newest[g].n for g in gpus],
+        "pf": [None if p is None else p[0] for p in previous],
+        "pn": [None if p is None else p[1] for p in previous],
+        "two": [newest[g].two_hours_at_most for g in gpus],
         "u": [g for g, _ in keys],
         "h": [h for _, h in keys],
     }
@@ -242,9 +286,10 @@ def metric_rows_statement(
 
 def stored_metrics(rows: Iterable[Sequence[Any]]) -> StoredMetrics:
     stored = StoredMetrics({}, {}, {})
-    for gpu, hour, slots, mem_total, is_open, first in rows:
+    for gpu, hour, slots, mem_total, is_open, first, rolls, pfirst, pslots in rows:
         if first is not None:
-            stored.spans[gpu] = (hour, first, bytes(slots))
+            previous = None if pfirst is None else (pfirst, bytes(pslots))
+            stored.spans[gpu] = OpenSpan(hour, first, bytes(slots), rolls, previous)
         elif is_open:
             stored.open[gpu] = (hour, bytes(slots), mem_total)
         else:
@@ -277,6 +322,67 @@ def open_spans_write_statement(
         "f": [spans[g][1] for g in gpus],
         "d": [spans[g][2] for g in gpus],
         "t": [spans[g][3] for g in gpus],
+    }
+
+
+# The GPUs' open rows of an older hour close, as they are (their idle floor left to
+# ``summarise_closed_hours``) or with the closing hour's new records overlaid; the newest
+# hour opens in their place, its span overlaid on an empty row.
+_OPEN_HOURS_ROLL = text("""
+WITH p AS (
+  SELECT * FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:f AS int[]),
+                       CAST(:d AS bytea[]), CAST(:t AS int[]), CAST(:pf AS int[]),
+                       CAST(:pd AS bytea[]), CAST(:pt AS int[]))
+    AS p(gpu, hour, first, span, mem_total, pfirst, pspan, pmem)
+), closing AS (
+  INSERT INTO gpu_minute_metrics (gpu_uuid, hour, mem_total_mib, slots, util_min_tenths)
+  SELECT o.gpu_uuid, o.hour, COALESCE(p.pmem, o.mem_total_mib),
+         COALESCE(overlay(o.slots PLACING p.pspan FROM p.pfirst * :s + 1), o.slots), :pending
+  FROM gpu_minute_metrics_open o JOIN p ON o.gpu_uuid = p.gpu AND o.hour < p.hour
+  ON CONFLICT (gpu_uuid, hour) DO UPDATE SET slots = excluded.slots,
+      mem_total_mib = COALESCE(excluded.mem_total_mib, gpu_minute_metrics.mem_total_mib),
+      util_min_tenths = excluded.util_min_tenths
+)
+UPDATE gpu_minute_metrics_open o
+SET hour = p.hour, slots = overlay(:empty PLACING p.span FROM p.first * :s + 1),
+    mem_total_mib = p.mem_total
+FROM p WHERE o.gpu_uuid = p.gpu AND o.hour < p.hour
+""")
+
+
+@dataclass(frozen=True, slots=True)
+class Roll:
+    """A GPU's open row closing as its newest hour opens: that hour's span (first slot,
+    slots) and memory total; the closing row's span of new records and memory total, if any."""
+
+    hour: int
+    first: int
+    slots: bytes
+    mem_total: int | None
+    previous: tuple[int, bytes] | None
+    previous_mem_total: int | None
+
+
+def open_hours_roll_statement(rolls: dict[str, Roll]) -> Statement | None:
+    """Close GPUs' open rows of an older hour and open their newest (gpu -> ``Roll``): the
+    closing rows are copied in SQL, not read and rewritten (at an hour's turn every GPU's row
+    closes in the same upload round)."""
+    if not rolls:
+        return None
+    gpus = list(rolls)
+    previous = [rolls[g].previous for g in gpus]
+    return _OPEN_HOURS_ROLL, {
+        "s": packing.SLOT.size,
+        "pending": idle.UNSUMMARISED,
+        "empty": packing.EMPTY_ROW,
+        "u": gpus,
+        "h": [rolls[g].hour for g in gpus],
+        "f": [rolls[g].first for g in gpus],
+        "d": [rolls[g].slots for g in gpus],
+        "t": [rolls[g].mem_total for g in gpus],
+        "pf": [None if p is None else p[0] for p in previous],
+        "pd": [None if p is None else p[1] for p in previous],
+        "pt": [rolls[g].previous_mem_total for g in gpus],
     }
 
 
@@ -314,6 +420,41 @@ def metric_rows_write_statement(
     if closed:
         params["m"] = [idle.util_floor_tenths(rows[k][0]) for k in keys]
     return (_CLOSED_HOURS_UPSERT if closed else _OPEN_HOURS_UPSERT), params
+
+
+_UNSUMMARISED = text("""
+SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics WHERE util_min_tenths = :pending
+ORDER BY hour LIMIT :n FOR UPDATE SKIP LOCKED
+""")
+_SUMMARIES = text("""
+UPDATE gpu_minute_metrics m SET slots = p.slots, util_min_tenths = p.floor
+FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[]), CAST(:d AS bytea[]),
+            CAST(:m AS smallint[])) AS p(gpu, hour, slots, floor)
+WHERE m.gpu_uuid = p.gpu AND m.hour = p.hour
+""")
+
+
+def unsummarised_hours(session: Session, limit: int) -> list[tuple[str, int, bytes]]:
+    """Up to ``limit`` closed hours not yet summarised, oldest first, locked (others being
+    written now are skipped: their writer summarises them)."""
+    [rows] = pipelined(session, [(_UNSUMMARISED, {"pending": idle.UNSUMMARISED, "n": limit})])
+    return [(gpu, hour, bytes(slots)) for gpu, hour, slots in rows]
+
+
+def summarise_hours(session: Session, raw: list[tuple[str, int, bytes]]) -> None:
+    """Store closed hours deflated, with their idle floor."""
+    _run(
+        session,
+        (
+            _SUMMARIES,
+            {
+                "u": [gpu for gpu, _, _ in raw],
+                "h": [hour for _, hour, _ in raw],
+                "d": [packing.stored(slots) for _, _, slots in raw],
+                "m": [idle.util_floor_tenths(slots) for _, _, slots in raw],
+            },
+        ),
+    )
 
 
 def write_metric_rows(

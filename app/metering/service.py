@@ -104,7 +104,7 @@ def _store_batches(
         [
             repository.lock_nodes_statement([group[i].node_id for i in live]),
             repository.segments_near_statement(windows) if windows else None,
-            repository.metric_rows_statement(metric_keys, _newest_spans(records))
+            repository.metric_rows_statement(metric_keys, _newest_hours(records))
             if metric_keys
             else None,
         ],
@@ -297,18 +297,28 @@ def _conflict(batch: IngestBatch, judgement: Judgement) -> ApiError:
     )
 
 
-def _newest_spans(records: list[UsageRecord]) -> dict[str, tuple[int, int, int]]:
-    """Per GPU: the hour of its newest records, and the first slot and slot count they touch
-    in it (what ingest reads of an open row of that hour)."""
-    newest: dict[str, tuple[int, list[UsageRecord]]] = {}
+def _newest_hours(records: list[UsageRecord]) -> dict[str, repository.NewestHour]:
+    """Per GPU: the hour of its newest records and the span of slots they touch, that of the
+    hour before's records, and whether it has records of no other hour (what ingest reads of
+    its open row: ``repository.metric_rows_statement``)."""
+    by_hour: dict[str, dict[int, list[UsageRecord]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
-        hour = packing.hour_of(r.start)
-        held = newest.get(r.gpu_uuid)
-        if held is None or hour > held[0]:
-            newest[r.gpu_uuid] = (hour, [r])
-        elif hour == held[0]:
-            held[1].append(r)
-    return {gpu: (hour, *packing.span_bounds(rs)) for gpu, (hour, rs) in newest.items()}
+        by_hour[r.gpu_uuid][packing.hour_of(r.start)].append(r)
+    newest = {}
+    for gpu, hours in by_hour.items():
+        hour = max(hours)
+        before = hours.get(hour - packing.HOUR)
+        newest[gpu] = repository.NewestHour(
+            hour,
+            *packing.span_bounds(hours[hour]),
+            previous=None if before is None else packing.span_bounds(before),
+            two_hours_at_most=len(hours) <= 1 + (before is not None),
+        )
+    return newest
+
+
+def _mem_total(records: Iterable[UsageRecord]) -> int | None:
+    return next((r.mem_total_mib for r in records if r.mem_total_mib is not None), None)
 
 
 def _metric_writes(
@@ -317,25 +327,21 @@ def _metric_writes(
     """Combine the records into their GPU-hour rows (read-modify-write; safe: the node lock is
     held). Each GPU's newest hour not yet closed is its open row; an open row of an older hour
     moves to the closed table, as do records of older hours. The steady case, records landing
-    in the open row's own hour, reads and rewrites only the span of slots they touch."""
+    in the open row's own hour, reads and rewrites only the span of slots they touch; so does
+    an hour's turn, the open row closed in SQL (``repository.open_hours_roll_statement``)."""
     if not records:
         return []
     by_row: dict[tuple[str, int], list[UsageRecord]] = defaultdict(list)
     for r in records:
         by_row[(r.gpu_uuid, packing.hour_of(r.start))].append(r)
-    spans: dict[str, tuple[int, int, bytes, int | None]] = {}
-    for gpu, (hour, first, span) in stored.spans.items():
-        rs = by_row.pop((gpu, hour), None)  # None: those records were all duplicates
-        if rs:
-            mem_new = next((r.mem_total_mib for r in rs if r.mem_total_mib is not None), None)
-            spans[gpu] = (hour, first, packing.add_records(span, rs, first), mem_new)
+    spans, rolls = _span_writes(stored.spans, by_row)
     # Per GPU: hour -> (slots, mem_total) as they will be written, starting from its open row.
     rows: dict[str, dict[int, tuple[bytes, int | None]]] = defaultdict(dict)
     for gpu, (hour, open_slots, open_mem_total) in stored.open.items():
         rows[gpu][hour] = (open_slots, open_mem_total)  # left as is unless a record lands
     for (gpu, hour), rs in by_row.items():
         slots, mem_total = rows[gpu].get(hour) or (stored.closed.get((gpu, hour)), None)
-        mem_new = next((r.mem_total_mib for r in rs if r.mem_total_mib is not None), None)
+        mem_new = _mem_total(rs)
         rows[gpu][hour] = (
             packing.add_records(slots or packing.EMPTY_ROW, rs),
             mem_total if mem_new is None else mem_new,
@@ -356,7 +362,33 @@ def _metric_writes(
         repository.metric_rows_write_statement(closed, closed=True),
         repository.metric_rows_write_statement(opened, closed=False),
         repository.open_spans_write_statement(spans),
+        repository.open_hours_roll_statement(rolls),
     ]
+
+
+def _span_writes(
+    stored: dict[str, repository.OpenSpan], by_row: dict[tuple[str, int], list[UsageRecord]]
+) -> tuple[dict[str, tuple[int, int, bytes, int | None]], dict[str, repository.Roll]]:
+    """The spans of open rows the records land in, and the rows that close as their GPU's
+    newest hour opens (rolls); the records they take are removed from ``by_row``."""
+    spans: dict[str, tuple[int, int, bytes, int | None]] = {}
+    rolls: dict[str, repository.Roll] = {}
+    for gpu, span in stored.items():
+        rs = by_row.pop((gpu, span.hour), [])  # none: those records were all duplicates
+        previous, before = span.previous, []
+        if previous is not None:  # a rolling row, of the hour before: its records go in
+            before = by_row.pop((gpu, span.hour - packing.HOUR), [])
+            previous = (previous[0], packing.add_records(previous[1], before, previous[0]))
+        if not rs and not before:
+            continue
+        slots = packing.add_records(span.slots, rs, span.first)
+        if span.rolls:
+            rolls[gpu] = repository.Roll(
+                span.hour, span.first, slots, _mem_total(rs), previous, _mem_total(before)
+            )
+        else:
+            spans[gpu] = (span.hour, span.first, slots, _mem_total(rs))
+    return spans, rolls
 
 
 def _store(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 from app.core.db import transaction
-from app.metering import idle, packing, repository
+from app.metering import idle, packing, repository, summaries
 from metering_agent.protocol import GpuState, UsageRecord
 from tests.metering.conftest import Agent, minute_ago, rec
 
@@ -238,45 +239,69 @@ def test_combining_into_the_touched_span_equals_repacking_the_whole_row(
 def test_uploads_every_few_seconds_store_what_one_upload_of_all_would(
     agent: Agent, db: Engine
 ) -> None:
-    """Agent-shaped uploads (records cut at each round and minute, several GPUs, rounds of
-    1-5 s, across an hour boundary, re-sends among them) leave the closed and the open hour
-    exactly as packing all their records at once does."""
-    rng = random.Random(32)
+    """Agent-shaped uploads (each round's records cut at every minute, several GPUs, rounds of
+    1-5 s, across an hour boundary, some rounds holding records of both hours, re-sends among
+    them) leave the closed and the open hour exactly as packing all their records at once
+    does; the closed hour, copied at the turn raw and unsummarised, then summarised."""
+    rng = random.Random(31)
     hour = packing.hour_of(minute_ago(0)) - 2 * packing.HOUR
     gpus = [f"GPU-{g}" for g in range(3)]
     sent: dict[str, list[UsageRecord]] = {gpu: [] for gpu in gpus}
     t, end = hour + packing.HOUR - 150, hour + packing.HOUR + 130
+    crossing = 0
     while t < end:
-        cut = min(t + rng.randint(1, 5), t - t % 60 + 60, end)
+        cut = min(t + rng.randint(1, 5), end)
+        cuts = [t, *range(t - t % 60 + 60, cut, 60), cut]
+        crossing += t < hour + packing.HOUR < cut
         batch = []
         for gpu in gpus:
-            fields: dict[str, Any] = {
-                "gpu_util_mean": rng.uniform(0, 100),
-                "energy_j": rng.uniform(0, 1400),
-                "mem_total_mib": 81559,
-                "temp_max_c": rng.randint(30, 90),
-            }
-            batch.append(rec(gpu, t, cut, **fields))
-            sent[gpu].append(record_of(batch[-1]))
+            for a, b in itertools.pairwise(cuts):
+                fields: dict[str, Any] = {
+                    "gpu_util_mean": rng.uniform(0, 100),
+                    "energy_j": rng.uniform(0, 1400),
+                    "mem_total_mib": 81559,
+                    "temp_max_c": rng.randint(30, 90),
+                }
+                batch.append(rec(gpu, a, b, **fields))
+                sent[gpu].append(record_of(batch[-1]))
         agent.post(batch)
         if rng.random() < 0.1:
             agent.post(batch)  # a re-send: duplicates, nothing combined twice
         t = cut
-    with transaction(db) as session:
-        rows = session.execute(
-            text(
-                "SELECT gpu_uuid, hour, slots, mem_total_mib FROM gpu_minute_metrics"
-                " UNION ALL SELECT gpu_uuid, hour, slots, mem_total_mib"
-                " FROM gpu_minute_metrics_open"
-            )
-        ).all()
-    stored = {(g, h): (packing.loaded(bytes(s)), m) for g, h, s, m in rows}
+    assert crossing == 1  # the seed's rounds: one holds records of both hours
     expected = {}
     for gpu, records in sent.items():
         for h in (hour, hour + packing.HOUR):
             of_hour = [r for r in records if packing.hour_of(r.start) == h]
             expected[(gpu, h)] = (packing.add_records(packing.EMPTY_ROW, of_hour), 81559)
-    assert stored == expected
+    floors = {key: idle.util_floor_tenths(row) for key, (row, _) in expected.items()}
+    rows = _metric_rows(db)
+    assert {key: (row, mem) for key, (row, mem, _) in rows.items()} == expected
+    closed = [(gpu, hour) for gpu in gpus]
+    assert {key: rows[key][0] for key in closed} == {key: expected[key][0] for key in closed}
+    assert {rows[key][2] for key in closed} == {idle.UNSUMMARISED}
+    idle_below_half = {gpu: idle.idle_minutes(hour, expected[(gpu, hour)][0], 500) for gpu in gpus}
+    assert all(idle_below_half.values())
+    with transaction(db) as session:  # unsummarised hours are scanned, not skipped
+        assert repository.idle_minutes(session, gpus, hour, hour + 3600, 500) == idle_below_half
+        assert summaries.summarise(session) == len(gpus)
+        assert summaries.summarise(session) == 0
+    rows = _metric_rows(db)
+    assert {key: (row, mem) for key, (row, mem, _) in rows.items()} == expected
+    assert {key: rows[key][2] for key in closed} == {key: floors[key] for key in closed}
+
+
+def _metric_rows(db: Engine) -> dict[tuple[str, int], tuple[bytes, int, int | None]]:
+    """(GPU, hour) -> the row's slots (inflated), memory total and idle floor (None: open)."""
+    with transaction(db) as session:
+        rows = session.execute(
+            text(
+                "SELECT gpu_uuid, hour, slots, mem_total_mib, util_min_tenths"
+                " FROM gpu_minute_metrics UNION ALL SELECT gpu_uuid, hour, slots, mem_total_mib,"
+                " NULL FROM gpu_minute_metrics_open"
+            )
+        ).all()
+    return {(g, h): (packing.loaded(bytes(s)), m, f) for g, h, s, m, f in rows}
 
 
 def record_of(item: dict[str, Any]) -> UsageRecord:

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from app.core import migrate
 from app.core.epoch import epoch
 from app.core.scratch_db import libpq_dsn, scratch_database
-from app.metering import packing, repository
+from app.metering import idle, packing, repository
 from metering_agent.protocol import GpuState, UsageRecord
 from tests.metering.conftest import Agent, event, minute_ago, rec
 
@@ -148,6 +148,7 @@ def test_every_statement_on_a_partitioned_table_is_index_backed(db: Engine) -> N
     gpus, lo, hi = ["GPU-x", "GPU-y"], OCTOBER, OCTOBER + 7200
     statements: list[tuple[TextClause, dict[str, object]]] = [
         (repository._SEGMENTS_NEAR, {"gpus": gpus, "los": [lo, lo], "his": [hi, hi]}),
+        (repository._UNSUMMARISED, {"pending": idle.UNSUMMARISED, "n": 100}),
         (
             text(
                 "SELECT 1 FROM gpu_minute_metrics m JOIN unnest(CAST(:u AS text[]), "

@@ -520,6 +520,8 @@ class PhaseStats:
     records: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     late: int = 0  # uploads sent more than one interval behind their schedule
+    # Each upload: the nodes' clock second it was sent at, and its latency (None: no 200).
+    timeline: list[tuple[int, float | None]] = field(default_factory=list)
 
     def error(self, what: str) -> None:
         self.errors[what] = self.errors.get(what, 0) + 1
@@ -581,7 +583,8 @@ async def upload(
 ) -> None:
     """One upload round of one node: a kept-alive connection the server closed meanwhile
     (idle timeout) is reopened once, as an HTTP client does."""
-    body, gpu_seconds, records = node.batch(target.now(), rng)
+    sent_at = target.now()
+    body, gpu_seconds, records = node.batch(sent_at, rng)
     payload = target.request(node.token, body, keep_alive=keep_alive)
     sent = time.perf_counter()
     stats.sent += 1
@@ -594,14 +597,17 @@ async def upload(
             if reused and attempt == 1:
                 continue  # the server had closed the idle connection: a fresh one
             stats.error(type(exc).__name__)
+            stats.timeline.append((sent_at, None))
             return
         if closed:
             await _close(node)
         break
     if status != 200:
         stats.error(str(status))
+        stats.timeline.append((sent_at, None))
         return
     stats.latencies.append(time.perf_counter() - sent)
+    stats.timeline.append((sent_at, stats.latencies[-1]))
     stats.gpu_seconds += gpu_seconds
     stats.records += records
 
@@ -788,6 +794,8 @@ async def measure_phase(
     report = phase_report(
         stats, elapsed, CpuClock.used(before, clock.sample()), len(nodes), interval
     )
+    if turn := turn_report(stats):
+        report["hour_turn"] = turn
     if settle_s:
         report["settling"] = {
             "seconds": settle_s,
@@ -1010,6 +1018,36 @@ def hour_into_window(target: Target, args: argparse.Namespace) -> float:
     the nodes' clock: inside the window when at most ``phase_s``."""
     window_start = time.time() - args.phase_s + target.clock_offset_s
     return round(-window_start % HOUR, 1)
+
+
+TURN_S = 10  # how long after an hour's start uploads count as the turn's
+
+
+def turn_report(stats: PhaseStats) -> dict[str, Any] | None:
+    """Uploads sent in the first ``TURN_S`` seconds of an hour (nodes' clock) against the
+    rest of the window: where an hour's turn costs. None: no hour began in the window."""
+    turns = [at for at, _ in stats.timeline if at % HOUR == 0]
+    if not turns:
+        return None
+    turn = turns[0]
+    inside = [(at, lat) for at, lat in stats.timeline if turn <= at < turn + TURN_S]
+    rest = sorted(lat for at, lat in stats.timeline if not turn <= at < turn + TURN_S if lat)
+    answered = sorted(lat for _, lat in inside if lat is not None)
+    return {
+        "uploads_in_first_s": len(inside),
+        "first_s": TURN_S,
+        "p99_ms_in_first_s": percentile_ms(answered, 0.99),
+        "max_ms_in_first_s": percentile_ms(answered, 1.0),
+        "not_answered_in_first_s": len(inside) - len(answered),
+        "p99_ms_rest": percentile_ms(rest, 0.99),
+        # From 10 s before the turn, by 5 s (of the window's uploads): where a backlog drains.
+        "p99_ms_by_5_s_from_10_s_before": [
+            percentile_ms(
+                sorted(lat for at, lat in stats.timeline if lo <= at < lo + 5 if lat), 0.99
+            )
+            for lo in range(turn - 10, max(at for at, _ in stats.timeline) + 1, 5)
+        ],
+    }
 
 
 async def http_floor_phase(

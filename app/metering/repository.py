@@ -238,6 +238,11 @@ class StoredMetrics:
 # Per GPU: its open row as a span when the row is of the newest records' hour, or when it is of
 # an older one that closes as that hour opens (``rolls``: the batch holds records of no hour
 # but those two, and those of the hour before only if the row is of that hour); else whole.
+# Then the closed rows of the keys older than their GPU's open row (no closed hour is newer):
+# looked up key by key (OFFSET 0 keeps the planner from flattening the lookup into a join),
+# so none at all in the steady case or at an hour's turn. As a join, the plan read the closed
+# table for every batch: at an hour's turn every GPU's row lands in it, while its statistics
+# may still say it is empty (a new month, a fresh database), and the plan hashed it all.
 _METRIC_ROWS = text("""
 SELECT o.gpu_uuid, CASE WHEN o.hour = k.hour OR r.rolls THEN k.hour ELSE o.hour END,
   CASE WHEN o.hour = k.hour THEN substring(o.slots FROM k.first * :s + 1 FOR k.n * :s)
@@ -256,9 +261,12 @@ CROSS JOIN LATERAL (
 ) AS r
 UNION ALL
 SELECT m.gpu_uuid, m.hour, m.slots, m.mem_total_mib, false, NULL, false, NULL, NULL
-FROM gpu_minute_metrics m
-JOIN unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
-  ON m.gpu_uuid = k.gpu AND m.hour = k.hour
+FROM unnest(CAST(:u AS text[]), CAST(:h AS bigint[])) AS k(gpu, hour)
+LEFT JOIN gpu_minute_metrics_open o ON o.gpu_uuid = k.gpu
+CROSS JOIN LATERAL (
+  SELECT * FROM gpu_minute_metrics m WHERE m.gpu_uuid = k.gpu AND m.hour = k.hour OFFSET 0
+) AS m
+WHERE o.hour IS NULL OR k.hour < o.hour
 """)
 
 

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import itertools
 import random
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from hypothesis import given
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 from app.core.db import transaction
 from app.metering import idle, packing, repository, summaries
 from metering_agent.protocol import GpuState, UsageRecord
+from tests.harness import Console
 from tests.metering.conftest import Agent, minute_ago, rec
 
 
@@ -289,6 +292,65 @@ def test_uploads_every_few_seconds_store_what_one_upload_of_all_would(
     rows = _metric_rows(db)
     assert {key: (row, mem) for key, (row, mem, _) in rows.items()} == expected
     assert {key: rows[key][2] for key in closed} == {key: floors[key] for key in closed}
+
+
+_HALF_MINUTES = 3 * packing.SLOTS * 2  # three hours of 30-s pieces
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    pieces=st.lists(
+        st.tuples(st.sampled_from([0, 1]), st.integers(0, _HALF_MINUTES - 1)),
+        min_size=1,
+        max_size=40,
+        unique=True,
+    ),
+    cuts=st.lists(st.integers(1, 6), min_size=40, max_size=40),
+    data=st.data(),
+)
+def test_batches_in_any_order_across_hours_store_what_packing_them_at_once_would(
+    client: TestClient,
+    console: Console,
+    db: Engine,
+    pieces: list[tuple[int, int]],
+    cuts: list[int],
+    data: st.DataObject,
+) -> None:
+    """Records of three hours arriving in any order and grouping (late ones, replays of an
+    older hour, rounds straddling a turn) leave each GPU's rows, closed and open, as packing
+    them all at once does, whichever path (span, roll, whole row) each batch took."""
+    node = uuid.uuid4().hex[:12]  # a new node and GPUs each example: no state shared
+    registered = console.node(node)
+    agent = Agent(client, registered["node"]["id"], registered["token"]["key"])
+    gpus = [f"GPU-{node}-{g}" for g in range(2)]
+    # In time order, as agents send (rounds straddle the turns), or in any order (replays).
+    in_order, shuffled = data.draw(st.booleans()), data.draw(st.permutations(pieces))
+    first_hour = packing.hour_of(minute_ago(0)) - 4 * packing.HOUR
+    records = [
+        rec(gpus[g], first_hour + 30 * i, first_hour + 30 * i + 30, gpu_util_mean=float(i % 97))
+        for g, i in (sorted(pieces, key=lambda p: (p[1], p[0])) if in_order else shuffled)
+    ]
+    at = 0
+    for n in cuts:
+        if at < len(records):
+            agent.post(records[at : at + n])
+            at += n
+    expected: dict[tuple[str, int], list[UsageRecord]] = {}
+    for item in records:
+        key = (item["gpu_uuid"], packing.hour_of(item["start"]))
+        expected.setdefault(key, []).append(record_of(item))
+    rows = _metric_rows(db)
+    stored = {key: row for key, (row, _, _) in rows.items() if key[0] in gpus}
+    assert stored == {
+        key: packing.add_records(packing.EMPTY_ROW, rs) for key, rs in expected.items()
+    }
+    # Each GPU keeps one open row, its newest hour; no closed hour is newer.
+    for gpu in gpus:
+        hours = sorted(h for g, h in stored if g == gpu)
+        open_hours = [h for (g, h), (_, _, floor) in rows.items() if g == gpu and floor is None]
+        assert open_hours == hours[-1:] or not hours
 
 
 def _metric_rows(db: Engine) -> dict[tuple[str, int], tuple[bytes, int, int | None]]:

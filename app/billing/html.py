@@ -11,12 +11,15 @@ amount due. Times are in the invoice's time zone; every value is escaped; no ext
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from html import escape
 from zoneinfo import ZoneInfo
+
+from sqlalchemy.orm import Session
 
 from app.billing import wording
 from app.billing.amount_due import Chain
@@ -24,6 +27,7 @@ from app.billing.core.evidence import evidence_text
 from app.billing.schemas import InvoiceLineRead, InvoiceRead
 from app.core.money import display
 from app.customers.models import Customer
+from app.rentals.service import display_names
 from app.settings import Settings
 
 _When = Callable[[datetime], str]
@@ -82,7 +86,10 @@ class Seller:
         return (self.name, *address, *tax_id)
 
 
-def invoice_document(invoice: InvoiceRead, customer: Customer, seller: Seller) -> InvoiceDocument:
+def invoice_document(
+    invoice: InvoiceRead, customer: Customer, seller: Seller, rentals: Mapping[uuid.UUID, str]
+) -> InvoiceDocument:
+    """The document; ``rentals``: what its lines call each rental (``rental_names``)."""
     zone = ZoneInfo(invoice.timezone)
 
     def when(at: datetime) -> str:
@@ -103,7 +110,9 @@ def invoice_document(invoice: InvoiceRead, customer: Customer, seller: Seller) -
         bill_to=(customer.name, *([customer.email] if customer.email else [])),
         facts=_facts(invoice, customer, when),
         credits=wording.credits_summary(invoice.lines).text,
-        rows=tuple(_row(x, currency, when) for x in invoice.lines if x.kind not in _TOTAL_KINDS),
+        rows=tuple(
+            _row(x, currency, when, rentals) for x in invoice.lines if x.kind not in _TOTAL_KINDS
+        ),
         totals=totals,
         note=_NOTE,
     )
@@ -130,8 +139,16 @@ def _facts(invoice: InvoiceRead, customer: Customer, when: _When) -> tuple[str, 
     return tuple(facts)
 
 
-def _row(line: InvoiceLineRead, currency: str, when: _When) -> DocumentRow:
-    facts = wording.line_facts(line, when, rental=lambda rental_id: str(rental_id)[:8])
+def rental_names(session: Session, invoice: InvoiceRead) -> dict[uuid.UUID, str]:
+    """What the invoice's lines call its rentals: their display names in its time zone."""
+    ids = {line.rental_id for line in invoice.lines if line.rental_id is not None}
+    return display_names(session, invoice.customer_id, ids, invoice.timezone)
+
+
+def _row(
+    line: InvoiceLineRead, currency: str, when: _When, rentals: Mapping[uuid.UUID, str]
+) -> DocumentRow:
+    facts = wording.line_facts(line, when, rental=lambda r: rentals.get(r, str(r)))
     detail = ["; ".join(facts)] if facts else []
     if text := evidence_text(line.evidence):
         detail.append(f"evidence: {text}")
@@ -199,9 +216,8 @@ def render_document(doc: InvoiceDocument) -> str:
 </article>"""
 
 
-def render_invoice(invoice: InvoiceRead, customer: Customer, seller: Seller) -> str:
+def render_invoice(doc: InvoiceDocument) -> str:
     """The standalone, printable page."""
-    doc = invoice_document(invoice, customer, seller)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">

@@ -37,18 +37,6 @@ class Formatter:
     def date(self, moment: dt.datetime | int) -> str:
         return self.local(moment).strftime("%Y-%m-%d")
 
-    def rental(
-        self, gpu_count: int, gpu_model: str, start: int, end: int | None, name: str | None
-    ) -> str:
-        """What a person calls a rental: the name its customer gave it, else what it rents and
-        when, ``1 \u00d7 H100, 2026-10-10 02:00 to 2026-10-12 02:00 CEST`` (or ``from ...``)."""
-        if name is not None:
-            return name
-        what = f"{gpu_count} \u00d7 {gpu_model}"
-        if end is None:
-            return f"{what}, from {self.datetime(start)}"
-        return f"{what}, {self.local(start):%Y-%m-%d %H:%M} to {self.datetime(end)}"
-
 
 def hours(seconds: int | float) -> str:
     """GPU-hours with two decimals (display only; billing never uses this)."""

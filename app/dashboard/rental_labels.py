@@ -1,4 +1,4 @@
-"""What the pages call a rental: the name its customer gave it, else what it rents and when."""
+"""What the pages call a rental: ``app.rentals.service.display_name`` in the viewer's zone."""
 
 from __future__ import annotations
 
@@ -8,25 +8,21 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from app.core.epoch import epoch
 from app.dashboard.formatting import Formatter
 from app.rentals import repository as rentals_repository
 from app.rentals.models import Rental
+from app.rentals.service import display_name, display_names
 
 
 def label(rental: Rental, fmt: Formatter) -> str:
-    end = None if rental.end_at is None else epoch(rental.end_at)
-    return fmt.rental(rental.gpu_count, rental.gpu_model, epoch(rental.start_at), end, rental.name)
+    return display_name(rental, fmt.timezone)
 
 
 def labels(
     session: Session, customer_id: uuid.UUID, rental_ids: Collection[uuid.UUID], fmt: Formatter
 ) -> dict[uuid.UUID, str]:
     """Each of the customer's ``rental_ids`` with its label (one query)."""
-    if not rental_ids:
-        return {}
-    rentals = rentals_repository.rentals_of(session, customer_id, rental_ids)
-    return {rental.id: label(rental, fmt) for rental in rentals}
+    return display_names(session, customer_id, rental_ids, fmt.timezone)
 
 
 def labels_overlapping(

@@ -27,7 +27,13 @@ from app.billing import schemas as billing_schemas
 from app.billing import service as billing
 from app.billing import usage as billing_usage
 from app.billing.core.rating import RatedRental
-from app.billing.html import InvoiceDocument, Seller, invoice_document, render_document
+from app.billing.html import (
+    InvoiceDocument,
+    Seller,
+    invoice_document,
+    render_document,
+    rental_names,
+)
 from app.billing.loader import BillingPeriod, current_period, started_period
 from app.billing.usage import UsageSettings
 from app.budgets import service as budgets
@@ -215,7 +221,8 @@ def invoice(
         raise not_found("invoice", invoice_id)
     read = billing_schemas.InvoiceRead.of(found)
     due = amount_due.of_invoice(session, found, v.customer, now)
-    return InvoiceView(read, invoice_document(read, v.customer, seller), due)
+    names = rental_names(session, read)
+    return InvoiceView(read, invoice_document(read, v.customer, seller, names), due)
 
 
 def period_amount_due(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -26,6 +27,30 @@ def get_rental(session: Session, rental_id: uuid.UUID, principal: Principal) -> 
     if rental is None:
         raise not_found("rental", rental_id)
     return rental
+
+
+def display_name(rental: Rental, timezone: str) -> str:
+    """What a person calls a rental: the name its customer gave it, else what it rents and
+    when, ``1 \u00d7 H100, 2026-10-10 02:00 to 2026-10-12 02:00 CEST`` (or ``from ...``), in
+    ``timezone``. The pages, the invoice document and its PDF all say this."""
+    if rental.name is not None:
+        return rental.name
+    zone = ZoneInfo(timezone)
+    start = rental.start_at.astimezone(zone)
+    what = f"{rental.gpu_count} \u00d7 {rental.gpu_model}"
+    if rental.end_at is None:
+        return f"{what}, from {start:%Y-%m-%d %H:%M %Z}"
+    return f"{what}, {start:%Y-%m-%d %H:%M} to {rental.end_at.astimezone(zone):%Y-%m-%d %H:%M %Z}"
+
+
+def display_names(
+    session: Session, customer_id: uuid.UUID, rental_ids: Collection[uuid.UUID], timezone: str
+) -> dict[uuid.UUID, str]:
+    """Each of the customer's ``rental_ids`` with its ``display_name`` (one query)."""
+    if not rental_ids:
+        return {}
+    rentals = repository.rentals_of(session, customer_id, rental_ids)
+    return {rental.id: display_name(rental, timezone) for rental in rentals}
 
 
 def rental_by_id(session: Session, rental_id: uuid.UUID) -> Rental:

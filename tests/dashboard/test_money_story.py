@@ -81,6 +81,11 @@ def test_one_invoice_document_in_the_api_html_the_dashboard_and_the_pdf(
     ):
         assert fact in text, fact
     assert text.index("Subtotal") < text.index("Tax 19 %") < text.index("Amount due")
+    # Its lines call the rental what the pages call it (unnamed: what it rents and when, in
+    # the invoice's zone), never by a fragment of its id.
+    rental = "rental 1 \u00d7 H100, 2026-10-10 02:00 to 2026-10-12 02:00 CEST"
+    assert squeeze(rental) in squeeze(text)
+    assert seeded.acme.rental["id"][:8] not in text
 
 
 def test_the_path_to_the_amount_due_adds_up_to_the_invoice(

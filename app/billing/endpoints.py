@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse
 
 from app.auth.deps import Admin, ConsoleUser
 from app.billing import amount_due, repository, service, usage
-from app.billing.html import Seller, invoice_document, render_invoice, rental_names
+from app.billing.html import Seller, invoice_document, render_invoice
 from app.billing.loader import PERIOD_PATTERN, current_period, started_period
 from app.billing.models import InvoiceStatus
 from app.billing.run import as_of_time, run_invoices
@@ -111,8 +111,8 @@ def invoice_html(
     """The invoice as a standalone, printable HTML page."""
     invoice = service.get_invoice(session, invoice_id, caller)
     customer = existing_customer(session, invoice.customer_id)
-    read = InvoiceRead.of(invoice)
-    document = invoice_document(read, customer, Seller.of(settings), rental_names(session, read))
+    names = service.rental_names(session, invoice)
+    document = invoice_document(InvoiceRead.of(invoice), customer, Seller.of(settings), names)
     return HTMLResponse(render_invoice(document))
 
 

@@ -19,15 +19,12 @@ from decimal import Decimal
 from html import escape
 from zoneinfo import ZoneInfo
 
-from sqlalchemy.orm import Session
-
 from app.billing import wording
 from app.billing.amount_due import Chain
 from app.billing.core.evidence import evidence_text
 from app.billing.schemas import InvoiceLineRead, InvoiceRead
 from app.core.money import display
 from app.customers.models import Customer
-from app.rentals.service import display_names
 from app.settings import Settings
 
 _When = Callable[[datetime], str]
@@ -89,7 +86,8 @@ class Seller:
 def invoice_document(
     invoice: InvoiceRead, customer: Customer, seller: Seller, rentals: Mapping[uuid.UUID, str]
 ) -> InvoiceDocument:
-    """The document; ``rentals``: what its lines call each rental (``rental_names``)."""
+    """The document; ``rentals``: what its lines call each rental
+    (``app.billing.service.rental_names``)."""
     zone = ZoneInfo(invoice.timezone)
 
     def when(at: datetime) -> str:
@@ -137,12 +135,6 @@ def _facts(invoice: InvoiceRead, customer: Customer, when: _When) -> tuple[str, 
         facts.append(f"Voided {when(invoice.voided_at)}: {invoice.void_reason}")
     facts.append(f"Currency {invoice.currency}")
     return tuple(facts)
-
-
-def rental_names(session: Session, invoice: InvoiceRead) -> dict[uuid.UUID, str]:
-    """What the invoice's lines call its rentals: their display names in its time zone."""
-    ids = {line.rental_id for line in invoice.lines if line.rental_id is not None}
-    return display_names(session, invoice.customer_id, ids, invoice.timezone)
 
 
 def _row(

@@ -88,6 +88,7 @@ from app.fleet import service as fleet_service
 from app.metering.repository import late_segments_since
 from app.plans import service as plans_service
 from app.rentals import service as rentals_service
+from app.rentals.service import display_names
 from app.settings import Settings
 
 LATE_MARGIN = timedelta(hours=1)
@@ -113,6 +114,12 @@ def get_invoice(
     if invoice is None:
         raise not_found("invoice", invoice_id)
     return invoice
+
+
+def rental_names(session: Session, invoice: Invoice) -> dict[uuid.UUID, str]:
+    """What the invoice's lines call its rentals: their display names in its time zone."""
+    ids = {line.rental_id for line in invoice.lines if line.rental_id is not None}
+    return display_names(session, invoice.customer_id, ids, invoice.timezone)
 
 
 def rate(

@@ -27,13 +27,7 @@ from app.billing import schemas as billing_schemas
 from app.billing import service as billing
 from app.billing import usage as billing_usage
 from app.billing.core.rating import RatedRental
-from app.billing.html import (
-    InvoiceDocument,
-    Seller,
-    invoice_document,
-    render_document,
-    rental_names,
-)
+from app.billing.html import InvoiceDocument, Seller, invoice_document, render_document
 from app.billing.loader import BillingPeriod, current_period, started_period
 from app.billing.usage import UsageSettings
 from app.budgets import service as budgets
@@ -221,7 +215,7 @@ def invoice(
         raise not_found("invoice", invoice_id)
     read = billing_schemas.InvoiceRead.of(found)
     due = amount_due.of_invoice(session, found, v.customer, now)
-    names = rental_names(session, read)
+    names = billing.rental_names(session, found)
     return InvoiceView(read, invoice_document(read, v.customer, seller, names), due)
 
 

@@ -284,12 +284,17 @@ def metric_rows_statement(
         "gh": [newest[g].hour for g in gpus],
         "f": [newest[g].first for g in gpus],
         "n": [newest[g].n for g in gpus],
-        "pf": [None if p is None else p[0] for p in previous],
-        "pn": [None if p is None else p[1] for p in previous],
+        "pf": _part(previous, 0),
+        "pn": _part(previous, 1),
         "two": [newest[g].two_hours_at_most for g in gpus],
         "u": [g for g, _ in keys],
         "h": [h for _, h in keys],
     }
+
+
+def _part(pairs: Sequence[tuple[Any, Any] | None], i: int) -> list[Any]:
+    """Item ``i`` of each optional pair, None where there is none (an array parameter)."""
+    return [None if pair is None else pair[i] for pair in pairs]
 
 
 def stored_metrics(rows: Iterable[Sequence[Any]]) -> StoredMetrics:
@@ -388,8 +393,8 @@ def open_hours_roll_statement(rolls: dict[str, Roll]) -> Statement | None:
         "f": [rolls[g].first for g in gpus],
         "d": [rolls[g].slots for g in gpus],
         "t": [rolls[g].mem_total for g in gpus],
-        "pf": [None if p is None else p[0] for p in previous],
-        "pd": [None if p is None else p[1] for p in previous],
+        "pf": _part(previous, 0),
+        "pd": _part(previous, 1),
         "pt": [rolls[g].previous_mem_total for g in gpus],
     }
 

@@ -1026,25 +1026,27 @@ TURN_S = 10  # how long after an hour's start uploads count as the turn's
 def turn_report(stats: PhaseStats) -> dict[str, Any] | None:
     """Uploads sent in the first ``TURN_S`` seconds of an hour (nodes' clock) against the
     rest of the window: where an hour's turn costs. None: no hour began in the window."""
-    turns = [at for at, _ in stats.timeline if at % HOUR == 0]
-    if not turns:
+    turn = next((at for at, _ in stats.timeline if at % HOUR == 0), None)
+    if turn is None:
         return None
-    turn = turns[0]
-    inside = [(at, lat) for at, lat in stats.timeline if turn <= at < turn + TURN_S]
-    rest = sorted(lat for at, lat in stats.timeline if not turn <= at < turn + TURN_S if lat)
-    answered = sorted(lat for _, lat in inside if lat is not None)
+    answered = [(at, lat) for at, lat in stats.timeline if lat is not None]
+
+    def p99_sent(lo: int, hi: int, *, inside: bool = True) -> float | None:
+        lats = sorted(lat for at, lat in answered if (lo <= at < hi) == inside)
+        return percentile_ms(lats, 0.99)
+
+    sent_in_turn = sum(turn <= at < turn + TURN_S for at, _ in stats.timeline)
+    answered_in_turn = sorted(lat for at, lat in answered if turn <= at < turn + TURN_S)
     return {
-        "uploads_in_first_s": len(inside),
+        "uploads_in_first_s": sent_in_turn,
         "first_s": TURN_S,
-        "p99_ms_in_first_s": percentile_ms(answered, 0.99),
-        "max_ms_in_first_s": percentile_ms(answered, 1.0),
-        "not_answered_in_first_s": len(inside) - len(answered),
-        "p99_ms_rest": percentile_ms(rest, 0.99),
+        "p99_ms_in_first_s": percentile_ms(answered_in_turn, 0.99),
+        "max_ms_in_first_s": percentile_ms(answered_in_turn, 1.0),
+        "not_answered_in_first_s": sent_in_turn - len(answered_in_turn),
+        "p99_ms_rest": p99_sent(turn, turn + TURN_S, inside=False),
         # From 10 s before the turn, by 5 s (of the window's uploads): where a backlog drains.
         "p99_ms_by_5_s_from_10_s_before": [
-            percentile_ms(
-                sorted(lat for at, lat in stats.timeline if lo <= at < lo + 5 if lat), 0.99
-            )
+            p99_sent(lo, lo + 5)
             for lo in range(turn - 10, max(at for at, _ in stats.timeline) + 1, 5)
         ],
     }

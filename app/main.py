@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
+from app.auth.deps import key_principal
 from app.auth.endpoints import router as keys_router
 from app.auth.middleware import AuthenticateFirst
 from app.auth.throttle import FailedAuthThrottle, ThrottleFailedAuth
@@ -133,8 +134,12 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     build_stack = app.build_middleware_stack  # Starlette builds it at the first request
     # Failed authentication is throttled outermost: ingest's node tokens too.
     app.state.auth_throttle = throttle = FailedAuthThrottle.of(settings)
+
+    async def valid_key(key: str) -> bool:
+        return await key_principal(app.state.engine, key) is not None
+
     app.build_middleware_stack = lambda: ThrottleFailedAuth(  # type: ignore[method-assign]
-        IngestFirst(build_stack(), endpoint), throttle
+        IngestFirst(build_stack(), endpoint), throttle, valid_key
     )
     for router in ROUTERS:
         app.include_router(router)

@@ -54,6 +54,12 @@ class Settings(BaseSettings):
     shutdown_timeout_s: int = Field(
         default=5, ge=1, description="On SIGTERM, how long running requests may finish."
     )
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1,::1",
+        description="Proxies whose X-Forwarded-For and X-Forwarded-Proto are trusted (comma-"
+        "separated addresses or networks, * for any): behind a load balancer, its address, so "
+        "each client is throttled and logged by its own address, not the proxy's.",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     auth_revocation_check_s: float = Field(
         default=5.0,
@@ -232,8 +238,9 @@ class Settings(BaseSettings):
     auth_failures_per_window: int = Field(
         default=20,
         ge=1,
-        description="Failed authentications one client address, or one key prefix, may make "
-        "per window; past it, requests presenting a key get 429 Retry-After until it ends.",
+        description="Failed authentications one client address, or one key, may make per "
+        "window; past it that key, and any invalid key from that address, get 429 Retry-After "
+        "until it ends (a valid key is always served).",
     )
     auth_failure_window_s: float = Field(
         default=60.0, gt=0, description="The window of auth_failures_per_window, in seconds."
@@ -241,7 +248,7 @@ class Settings(BaseSettings):
     auth_throttle_tracked: int = Field(
         default=100_000,
         ge=1,
-        description="Most client addresses (and, apart, key prefixes) whose failures a process "
+        description="Most client addresses (and, apart, keys) whose failures a process "
         "remembers; past it the least recently seen are forgotten (bounded memory).",
     )
     gpu_auto_admit: bool = Field(

@@ -39,11 +39,16 @@ async def _principal(request: Request, credentials: BearerCredentials) -> Princi
     cookie_principal = _cookie_principal(request)
     if cookie_principal is not None:
         return cookie_principal
-    key, engine = _bearer_key(credentials), request.app.state.engine
+    return _known(await key_principal(request.app.state.engine, _bearer_key(credentials)))
+
+
+async def key_principal(engine: Engine, key: str) -> Principal | None:
+    """The key's principal, None for an unknown or revoked key: from memory when this process
+    holds it, else looked up in a thread, in a short transaction of its own."""
     principal = authenticate_cached(engine, key)
     if principal is None:
         principal = await run_in_threadpool(_authenticate, engine, key)
-    return _known(principal)
+    return principal
 
 
 def _cookie_principal(request: Request) -> Principal | None:

@@ -1,19 +1,29 @@
-"""Failed authentication, throttled per client address and per key prefix.
+"""Failed authentication, throttled per client address and per key; a valid key is never refused.
 
 Every request that presents a key and is answered 401 counts one failure for its client
-address and for the key's prefix (its first ``PREFIX_LENGTH`` characters, the part a guesser
-holds fixed to aim at one key); the dashboard's sign-in form counts its failures too. Past
-``auth_failures_per_window`` failures in a window of ``auth_failure_window_s`` seconds, every
-request from that address or with that prefix that presents a key is answered 429 with
-``Retry-After`` (the rest of the window) before any key is looked up, valid keys included: a
-guesser learns nothing more, and the lookups stop.
+address and for that exact key (by its digest); the dashboard's sign-in form counts its
+failures too. Past ``auth_failures_per_window`` failures in a window of
+``auth_failure_window_s`` seconds:
+
+- that exact key is answered 429 with ``Retry-After`` (the rest of the window) before any
+  lookup, from any address: a script retrying a revoked key costs no query;
+- any other key from that address is looked up (in memory, else one indexed query) and served
+  if it is valid, answered 429 if not.
+
+So no tenant's valid key is refused because of other keys' failures, not even from an address
+many clients share. Keys are 256-bit random: no rate makes guessing one feasible, so the
+throttle guards the service's load and tells a misbehaving client to back off; it does not
+protect the keys' secrecy. (It once also counted failures per key *prefix*, the first 12
+characters, which every customer key shares: twenty bad keys a minute from anywhere refused
+every tenant.)
 
 Memory is bounded: each of the two tables keeps at most ``auth_throttle_tracked`` entries
 (``cachetools.TTLCache``: an entry expires with its window, the least recently used goes
-first when it is full), so a flood of random addresses or prefixes evicts old entries rather
-than growing without end. Per process: with several workers a guesser gets at most workers x
-the limit. Behind a proxy the client address is the proxy's unless uvicorn is told to trust its
-forwarded headers (``--forwarded-allow-ips``).
+first when it is full), so a flood of random addresses or keys evicts old entries rather
+than growing without end. Per process: with several workers a client gets at most workers x
+the limit. Behind a proxy the client address is the proxy's unless uvicorn trusts its
+forwarded headers: ``GPUMETER_FORWARDED_ALLOW_IPS`` names the proxies (``gpumeter serve``
+passes it to uvicorn's ``forwarded_allow_ips``), and their ``X-Forwarded-For`` is the address.
 """
 
 from __future__ import annotations
@@ -21,17 +31,20 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from cachetools import TTLCache
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.auth.service import PREFIX_LENGTH
+from app.auth.service import hash_secret
 from app.core.errors import TooManyRequests
 from app.core.limits import send_api_error
 from app.settings import Settings
+
+# Whether a key is a valid one (any kind): how the throttle lets valid keys through.
+KeyCheck = Callable[[str], Awaitable[bool]]
 
 
 @dataclass
@@ -52,7 +65,7 @@ class FailedAuthThrottle:
     def __post_init__(self) -> None:
         self._windows = {
             kind: TTLCache(self.tracked, self.window_s, timer=self.clock)
-            for kind in ("address", "prefix")
+            for kind in ("address", "key")
         }
 
     @classmethod
@@ -63,23 +76,18 @@ class FailedAuthThrottle:
             settings.auth_throttle_tracked,
         )
 
-    def retry_after(self, address: str, key: str) -> int | None:
-        """Seconds until an attempt from ``address`` with ``key`` may be made; None: now."""
-        now = self.clock()
-        with self._lock:
-            waits = [
-                window.ends_at - now
-                for kind, value in self._keys(address, key)
-                if (window := self._windows[kind].get(value)) is not None
-                and window.failures >= self.limit
-                and window.ends_at > now
-            ]
-        return math.ceil(max(waits)) if waits else None
+    def key_refused(self, key: str) -> int | None:
+        """Seconds this exact key stays refused, having failed too often; None: not refused."""
+        return self._wait("key", hash_secret(key))
+
+    def address_throttled(self, address: str) -> int | None:
+        """Seconds until a failure from ``address`` is answered 401 again; None: now."""
+        return self._wait("address", address)
 
     def failed(self, address: str, key: str) -> None:
         now = self.clock()
         with self._lock:
-            for kind, value in self._keys(address, key):
+            for kind, value in (("address", address), ("key", hash_secret(key))):
                 table = self._windows[kind]
                 window = table.get(value)
                 if window is None or window.ends_at <= now:
@@ -87,9 +95,13 @@ class FailedAuthThrottle:
                 window.failures += 1
                 table[value] = window
 
-    @staticmethod
-    def _keys(address: str, key: str) -> list[tuple[str, str]]:
-        return [("address", address), ("prefix", key[:PREFIX_LENGTH])]
+    def _wait(self, kind: str, value: str) -> int | None:
+        now = self.clock()
+        with self._lock:
+            window = self._windows[kind].get(value)
+            if window is None or window.failures < self.limit or window.ends_at <= now:
+                return None
+            return math.ceil(window.ends_at - now)
 
 
 def client_address(scope: Scope) -> str:
@@ -98,12 +110,13 @@ def client_address(scope: Scope) -> str:
 
 
 class ThrottleFailedAuth:
-    """The throttle around the whole service (ingest's node tokens included): a request that
-    presents a bearer key from a throttled address or prefix gets 429; a 401 counts."""
+    """The throttle around the whole service (ingest's node tokens included): a key that failed
+    too often, or an invalid key from an address that did, gets 429; a 401 counts."""
 
-    def __init__(self, app: ASGIApp, throttle: FailedAuthThrottle) -> None:
+    def __init__(self, app: ASGIApp, throttle: FailedAuthThrottle, valid: KeyCheck) -> None:
         self.app = app
         self.throttle = throttle
+        self.valid = valid
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -114,7 +127,12 @@ class ThrottleFailedAuth:
             await self.app(scope, receive, send)
             return
         address = client_address(scope)
-        wait = self.throttle.retry_after(address, key)
+        wait = self.throttle.key_refused(key)
+        if wait is None and (wait := self.throttle.address_throttled(address)) is not None:
+            if await self.valid(key):
+                wait = None
+            else:
+                self.throttle.failed(address, key)
         if wait is not None:
             await send_api_error(send, TooManyRequests.after(wait), close=False)
             return

@@ -83,6 +83,9 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "timeout_keep_alive": settings.keep_alive_s,
         "limit_concurrency": CONNECTIONS_PER_WORKER,
         "timeout_graceful_shutdown": settings.shutdown_timeout_s,
+        # A trusted proxy's X-Forwarded-For is the client's address (the auth throttle's key).
+        "proxy_headers": True,
+        "forwarded_allow_ips": settings.forwarded_allow_ips,
     }
 
 

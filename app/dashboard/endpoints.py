@@ -345,11 +345,15 @@ def sign_in(
     target = _safe_next(form.get("next"))
     key, address = form.get("api_key", "").strip()[:200], client_address(request.scope)
     throttle: FailedAuthThrottle = request.app.state.auth_throttle
-    if (wait := throttle.retry_after(address, key)) is not None:
+    if (wait := throttle.key_refused(key)) is not None:
         raise TooManyRequests.after(wait)
     principal = authenticate(session, key)
     if principal is None or principal.kind == KeyKind.NODE:
+        # A valid key is served from a throttled address; a failure there is answered 429.
+        wait = throttle.address_throttled(address)
         throttle.failed(address, key)
+        if wait is not None:
+            raise TooManyRequests.after(wait)
         query = urlencode({"error": "invalid", "next": target})
         return RedirectResponse(f"/dashboard/sign-in?{query}", status_code=303)
     response = RedirectResponse(target, status_code=303)

@@ -234,7 +234,7 @@ class Settings(BaseSettings):
         decimal_places=3,
         description="A prepaid balance falling below this publishes balance.low.",
     )
-    # --- security review (issue 35) ---
+    # --- abuse limits: failed authentication, fleet admission, per-customer caps, secrets ---
     auth_failures_per_window: int = Field(
         default=20,
         ge=1,
@@ -272,7 +272,6 @@ class Settings(BaseSettings):
         "database (webhook signing secrets): the first encrypts, all decrypt. Empty: one key "
         "derived from secret_key. Rotation: README, Configuration.",
     )
-    # --- end security review ---
     secret_key: str | None = Field(
         default=None,
         min_length=16,

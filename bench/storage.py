@@ -18,8 +18,9 @@ the tables that grow with time (segments, closed minute metrics, health events:
 ``pg_total_relation_size``: heap, indexes, TOAST, free and dead space, summed over
 partitions) from the end of the warm-up hour to the end of the run, per GPU-hour ingested in
 between. The open-hour table is a fixed working set per GPU, printed apart. GPUs sit on nodes
-of 16 (cadence) or 128 (volume): storage per GPU-hour does not depend on how GPUs group into
-nodes, and bigger nodes keep per-call overhead out of the run.
+of 16, the service's default per-node cap (``max_gpus_per_node``): a bigger node is refused.
+Closed hours are summarised as production does it, by the per-minute summaries job
+(``app.metering.summaries``), here once every simulated minute.
 
 Prints progress on stderr and one final JSON line. Creates and drops its own databases on the
 server of GPUMETER_DATABASE_URL (default postgresql://postgres@127.0.0.1/postgres).
@@ -44,6 +45,7 @@ from app.core.db import transaction
 from app.core.scratch_db import libpq_dsn, scratch_database, server_from_environment, table_bytes
 from app.fleet.service import IngestGpus
 from app.metering.service import ingest
+from app.metering.summaries import summarise
 from app.settings import Settings, sqlalchemy_url
 from metering_agent.protocol import MINUTE, GpuState, IngestBatch, UsageRecord
 
@@ -54,6 +56,7 @@ TARGET_BYTES_PER_GPU_HOUR = 1000
 # Autovacuum wakes every minute and takes a table once 50 + 20 % of its rows are dead: the
 # open-hour table (one row per GPU, rewritten every 2 s) crosses that within seconds.
 VACUUM_EVERY_S = 300
+NODE_GPUS = Settings.model_fields["max_gpus_per_node"].default  # the service's per-node cap
 MODEL, MEM_TOTAL_MIB, IDLE_W, MAX_W = "NVIDIA H100 80GB HBM3", 81559, 70.0, 700.0
 
 
@@ -187,6 +190,9 @@ def simulate(phase: Phase, seed: int) -> None:
                     with transaction(engine) as session:
                         ingest(session, node, batch, settings, IngestGpus.of(settings))
                     phase.records += len(batch.records)
+                if a % MINUTE == 0:  # the per-minute summaries job
+                    with transaction(engine) as session:
+                        summarise(session)
                 if a % VACUUM_EVERY_S == 0:
                     bytes_now = vacuumed_bytes(conninfo, url)
                     if a % HOUR == 0 and a > start:
@@ -208,8 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=3)
     args = parser.parse_args(argv)
     phases = [
-        Phase("agent cadence", args.agent_gpus, 16, args.hours, upload_s=2),
-        Phase("volume", args.gpus, 128, args.hours, upload_s=MINUTE),
+        Phase("agent cadence", args.agent_gpus, NODE_GPUS, args.hours, upload_s=2),
+        Phase("volume", args.gpus, NODE_GPUS, args.hours, upload_s=MINUTE),
     ]
     for phase in phases:
         simulate(phase, args.seed)

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
@@ -24,7 +25,7 @@ from app.billing.endpoints import router as invoices_router
 from app.budgets.endpoints import router as budgets_router
 from app.core.browser import SecurityHeaders
 from app.core.db import get_engine
-from app.core.errors import document_errors, install_error_handlers
+from app.core.errors import document_errors, install_error_handlers, internal_error
 from app.core.health import router as health_router
 from app.core.limits import Limits, RequestLimits
 from app.core.metrics import router as metrics_router
@@ -138,8 +139,11 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     async def valid_key(key: str) -> bool:
         return await key_principal(app.state.engine, key) is not None
 
-    app.build_middleware_stack = lambda: ThrottleFailedAuth(  # type: ignore[method-assign]
-        IngestFirst(build_stack(), endpoint), throttle, valid_key
+    # Any error nothing else handled is the API's JSON 500, ingest's and the throttle's too
+    # (Starlette's own handler covers only the stack it builds).
+    app.build_middleware_stack = lambda: ServerErrorMiddleware(  # type: ignore[method-assign]
+        ThrottleFailedAuth(IngestFirst(build_stack(), endpoint), throttle, valid_key),
+        handler=internal_error,
     )
     for router in ROUTERS:
         app.include_router(router)

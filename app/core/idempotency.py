@@ -60,7 +60,7 @@ from app.core.db import begun_session, transaction
 from app.core.deps import OPENED_TRANSACTION, OpenedTransaction
 from app.core.errors import ApiError, Conflict, Unprocessable, database_unavailable
 from app.core.limits import send_api_error
-from app.settings import Settings, get_settings
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +157,10 @@ class Answer:
 class IdempotentPosts:
     """The middleware (see the module doc); ``owner`` names the caller's tenant."""
 
-    def __init__(self, app: ASGIApp, owner: Owner, ttl_s: int | None = None) -> None:
+    def __init__(self, app: ASGIApp, owner: Owner, ttl_s: int) -> None:
         self.app = app
         self.owner = owner
-        self.ttl = timedelta(seconds=ttl_s or get_settings().idempotency_key_ttl_s)
+        self.ttl = timedelta(seconds=ttl_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = Headers(scope=scope).get(HEADER) if scope["type"] == "http" else None

@@ -6,17 +6,20 @@ import gc
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import replace
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
 from app.auth.deps import key_principal
 from app.auth.endpoints import router as keys_router
 from app.auth.middleware import AuthenticateFirst
+from app.auth.principal import Principal
 from app.auth.throttle import FailedAuthThrottle, ThrottleFailedAuth
 from app.balances.endpoints import router as balances_router
 from app.billing.endpoints import customer_router as billing_customer_router
@@ -24,8 +27,10 @@ from app.billing.endpoints import router as invoices_router
 from app.budgets.endpoints import router as budgets_router
 from app.core.browser import SecurityHeaders
 from app.core.db import get_engine
-from app.core.errors import document_errors, install_error_handlers
+from app.core.errors import document_errors, install_error_handlers, internal_error
 from app.core.health import router as health_router
+from app.core.idempotency import IdempotentPosts
+from app.core.idempotency import document as document_idempotency
 from app.core.limits import Limits, RequestLimits
 from app.core.metrics import router as metrics_router
 from app.core.queue import worker_in_background
@@ -122,7 +127,9 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     install_subscribers()
     install_error_handlers(app)
     dashboard.install(app)
-    # Outermost first on the way in: size and concurrency limits, then the key, then the app.
+    # Outermost first on the way in: size and concurrency limits, then the key, then a POST's
+    # Idempotency-Key (its transaction lent to the endpoint), then the app.
+    app.add_middleware(IdempotentPosts, owner=_tenant, ttl_s=settings.idempotency_key_ttl_s)
     app.add_middleware(AuthenticateFirst)
     app.add_middleware(RequestLimits)
     app.add_middleware(SecurityHeaders)  # on every answer, the limits' 503s and 413s too
@@ -138,13 +145,29 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     async def valid_key(key: str) -> bool:
         return await key_principal(app.state.engine, key) is not None
 
-    app.build_middleware_stack = lambda: ThrottleFailedAuth(  # type: ignore[method-assign]
-        IngestFirst(build_stack(), endpoint), throttle, valid_key
+    # Any error nothing else handled is the API's JSON 500, ingest's and the throttle's too
+    # (Starlette's own handler covers only the stack it builds).
+    app.build_middleware_stack = lambda: ServerErrorMiddleware(  # type: ignore[method-assign]
+        ThrottleFailedAuth(IngestFirst(build_stack(), endpoint), throttle, valid_key),
+        handler=internal_error,
     )
     for router in ROUTERS:
         app.include_router(router)
-    document_errors(app, served_elsewhere=ingest.document)
+    document_errors(app, served_elsewhere=_document_apart)
     return app
+
+
+def _tenant(scope: Scope) -> str | None:
+    """The tenant of a request's API key (``AuthenticateFirst`` found it), for its
+    Idempotency-Key; None without one."""
+    principal: Principal | None = scope.get("state", {}).get("principal")
+    return None if principal is None else principal.tenant
+
+
+def _document_apart(schema: dict[str, Any]) -> None:
+    """What FastAPI's OpenAPI does not say: ingest's operation, the Idempotency-Key header."""
+    ingest.document(schema)
+    document_idempotency(schema)
 
 
 def app_from_environment() -> FastAPI:

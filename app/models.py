@@ -5,6 +5,7 @@ from app.balances.models import BalanceEntry
 from app.billing.models import Invoice, InvoiceLineRow, InvoiceNumberCounter, VoucherEntryRow
 from app.budgets.models import Budget, BudgetCrossing
 from app.core.base import Base
+from app.core.idempotency import IdempotencyKey
 from app.customers.models import Customer
 from app.events.models import DomainEvent
 from app.failover.models import Failover, SparePolicy
@@ -29,6 +30,7 @@ __all__ = [
     "Gpu",
     "GpuAssignment",
     "HealthEventRow",
+    "IdempotencyKey",
     "Invoice",
     "InvoiceLineRow",
     "InvoiceNumberCounter",

@@ -60,6 +60,13 @@ class Settings(BaseSettings):
         "separated addresses or networks, * for any): behind a load balancer, its address, so "
         "each client is throttled and logged by its own address, not the proxy's.",
     )
+    idempotency_key_ttl_s: int = Field(
+        default=24 * 3600,
+        ge=60,
+        le=30 * 24 * 3600,
+        description="How long a POST's Idempotency-Key and its answer are kept: a retry within "
+        "it gets the first answer; a periodic job purges expired keys.",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error.")
     auth_revocation_check_s: float = Field(
         default=5.0,

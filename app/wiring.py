@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from app.balances.service import grant_trial_credit
 from app.billing.usage import UsageSettings
 from app.budgets.service import refuse_rental_over_hard_limit
+from app.core import idempotency
 from app.core import queue as job_queue
 from app.customers.models import Customer
 from app.customers.service import add_created_hook
@@ -44,6 +45,7 @@ BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
     "failover": failover_jobs.tasks,
     "metering": retention.tasks,  # telemetry partitions (issue 17)
     "metering_summaries": summaries.tasks,  # closed hours deflated after the hour's turn
+    "idempotency": idempotency.tasks,  # expired Idempotency-Keys purged
 }
 
 

@@ -25,3 +25,11 @@ class Principal:
     def customer_scope(self) -> uuid.UUID | None:
         """The only customer whose data this caller may read; None for an admin (all)."""
         return None if self.is_admin else self.customer_id
+
+    @property
+    def tenant(self) -> str:
+        """Whose namespace the caller's idempotency keys live in: its customer's, its node's,
+        or (every admin key) the operator's."""
+        if self.is_admin:
+            return "admin"
+        return f"customer:{self.customer_id}" if self.customer_id else f"node:{self.node_id}"

@@ -90,6 +90,14 @@ def _session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+def begun_session(engine: Engine) -> Session:
+    """A session with its transaction begun, for a caller that commits (or closes, rolling
+    back) at an edge ``transaction`` cannot span (an ASGI middleware: app.core.idempotency)."""
+    session = _session_factory(engine)()
+    session.begin()
+    return session
+
+
 @contextmanager
 def transaction(engine: Engine | None = None) -> Iterator[Session]:
     """A session whose work commits when the block ends cleanly and rolls back otherwise."""

@@ -267,6 +267,10 @@ def install_error_handlers(app: FastAPI) -> None:
         items = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
         return JSONResponse({"detail": items}, status_code=422)
 
+    # Anything else: the API's error shape, not Starlette's plain text (which it sends and then
+    # re-raises the error, so the server logs it with its traceback).
+    app.add_exception_handler(Exception, internal_error)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         items = [{"loc": [], "msg": str(exc.detail), "type": "http_error"}]
@@ -274,6 +278,16 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 405:
             headers["Allow"] = ", ".join(allowed_methods(request))
         return JSONResponse({"detail": items}, status_code=exc.status_code, headers=headers)
+
+
+INTERNAL_ERROR = "an unexpected error; it has been logged for the operators: retry, or report it"
+
+
+async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+    """The 500 of an error nothing else handled, in the one error shape."""
+    log.error("unexpected error", extra={"path": request.url.path, "error": repr(exc)})
+    items = [{"loc": [], "msg": INTERNAL_ERROR, "type": "internal_error"}]
+    return JSONResponse({"detail": items}, status_code=500)
 
 
 def allowed_methods(request: Request) -> list[str]:

@@ -21,7 +21,10 @@ async def _raw_body(request: Request) -> bytes:
     return await request.body()
 
 
-@router.post("/webhook", responses={400: {"description": "bad or stale Stripe signature"}})
+@router.post(
+    "/webhook",
+    responses={400: {"description": "bad or stale Stripe signature, or not a Stripe event"}},
+)
 def stripe_webhook(
     session: DbSession,
     settings: AppSettings,

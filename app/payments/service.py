@@ -18,6 +18,7 @@ from typing import Any
 
 import stripe
 from prometheus_client import Counter
+from pydantic import ValidationError
 from sqlalchemy import func
 from sqlalchemy.orm import Session
 
@@ -39,7 +40,7 @@ from app.payments.models import (
     SyncState,
     SyncTarget,
 )
-from app.payments.schemas import InvoiceStripeRead, PaymentFailureRead, SyncRead
+from app.payments.schemas import InvoiceStripeRead, PaymentFailureRead, StripeEventIn, SyncRead
 from app.payments.stripe_api import META_INVOICE, from_stripe_amount, to_stripe_amount
 from app.settings import Settings
 
@@ -145,6 +146,55 @@ class BadSignature(ApiError):
     error_type = "invalid_signature"
 
 
+class BadEvent(ApiError):
+    """Signed, but not shaped as a Stripe event: a 400 saying where (Stripe never sends one)."""
+
+    error_type = "invalid_event"
+
+
+def _verified_event(
+    payload: bytes, signature: str | None, secret: str
+) -> tuple[StripeEventIn, dict[str, Any]]:
+    """The event, once its signature (the HMAC and a timestamp within Stripe's 300 s) and
+    its shape (the fields the handlers read) hold; and its body as stored."""
+    try:
+        text = payload.decode("utf-8")
+        stripe.WebhookSignature.verify_header(
+            text, signature, secret, stripe.Webhook.DEFAULT_TOLERANCE
+        )
+    except stripe.SignatureVerificationError as error:
+        raise BadSignature(
+            f"invalid Stripe signature: {error}", ("header", "stripe-signature")
+        ) from None
+    except UnicodeDecodeError:
+        raise BadEvent("the body is not a Stripe event: not UTF-8", ("body",)) from None
+    try:
+        body = json.loads(text, parse_constant=_no_constant)
+        if "\\u0000" in text:  # JSON may escape it; Postgres's jsonb cannot hold it
+            raise ValueError("a string holds \\u0000")
+        return StripeEventIn.model_validate(body), body
+    except ValidationError as error:
+        problems = [
+            {"loc": ["body", *e["loc"]], "msg": f"not a Stripe event: {e['msg']}"}
+            for e in error.errors()
+        ]
+        raise BadEvent.many(problems) from None
+    except ValueError as error:
+        raise BadEvent(f"the body is not a Stripe event: {error}", ("body",)) from None
+
+
+def _object_id(obj: dict[str, Any]) -> str:
+    """The id of the event's object, which a payment or invoice always has."""
+    ident: str | None = obj.get("id")
+    if ident is None:
+        raise BadEvent("not a Stripe event: its object has no id", ("body", "data", "object", "id"))
+    return ident
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def receive_webhook(
     session: Session, payload: bytes, signature: str | None, stripe_keys: StripeSettings
 ) -> tuple[str, bool]:
@@ -152,20 +202,11 @@ def receive_webhook(
     secret = stripe_keys.webhook_secret
     if not secret:  # a 4xx: Stripe keeps redelivering until the secret is configured
         raise BadSignature("no Stripe webhook secret is configured", ("header", "stripe-signature"))
-    try:
-        # The SDK checks the HMAC and the timestamp (stale beyond its default 300 s).
-        event = stripe.Webhook.construct_event(payload, signature, secret)
-    except stripe.SignatureVerificationError as error:
-        raise BadSignature(
-            f"invalid Stripe signature: {error}", ("header", "stripe-signature")
-        ) from None
-    except ValueError:
-        raise BadSignature("the body is not a Stripe event", ("body",)) from None
-    body: dict[str, Any] = json.loads(payload)
+    event, body = _verified_event(payload, signature, secret)
     if not repository.insert_event(session, event.id, event.type, body):
         return event.id, True
     row = session.get_one(StripeWebhookEvent, event.id)
-    obj = body.get("data", {}).get("object", {})
+    obj: dict[str, Any] = body["data"]["object"]
     row.stripe_object_id = obj.get("id")
     if event.type == TOP_UP_EVENT:
         row.outcome = _top_up(session, obj)
@@ -207,7 +248,7 @@ def _top_up(session: Session, obj: dict[str, Any]) -> str:
     if currency != customer.currency:
         return "wrong_currency"  # kept on the row for an operator: refund or convert by hand
     amount = from_stripe_amount(int(obj.get("amount_received", 0)), currency)
-    balances_service.top_up_from_payment(session, customer, obj["id"], amount, currency)
+    balances_service.top_up_from_payment(session, customer, _object_id(obj), amount, currency)
     return "applied"
 
 
@@ -275,7 +316,7 @@ def _payment_failed(
             event_id=event.id,
             invoice_id=invoice.id,
             customer_id=invoice.customer_id,
-            stripe_invoice_id=obj["id"],
+            stripe_invoice_id=_object_id(obj),
             amount_due=from_stripe_amount(int(obj.get("amount_due", 0)), invoice.currency),
             currency=invoice.currency,
             attempt_count=int(obj.get("attempt_count") or 0),

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
+import stripe
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
@@ -14,7 +17,14 @@ from app.billing.models import InvoiceStatus
 from app.core.db import transaction
 from app.payments.models import PaymentFailure, StripeWebhookEvent
 from tests.harness import Console
-from tests.payments.conftest import TOTAL_MINOR, Mirror, configure, event, signed
+from tests.payments.conftest import (
+    TOTAL_MINOR,
+    WEBHOOK_SECRET,
+    Mirror,
+    configure,
+    event,
+    signed,
+)
 from tests.payments.fake_stripe import FakeStripe
 
 WEBHOOK = "/v1/stripe/webhook"
@@ -182,3 +192,63 @@ def test_event_for_an_unknown_invoice_is_stored_and_acknowledged(
     assert deliver(client, evt).status_code == 200
     with transaction(mirror.engine) as session:
         assert session.get_one(StripeWebhookEvent, evt["id"]).outcome == "unknown_invoice"
+
+
+def _top_up(customer_id: str, **fields: Any) -> dict[str, Any]:
+    obj = {
+        "id": "pi_3Qx",
+        "object": "payment_intent",
+        "amount_received": 2500,
+        "currency": "usd",
+        "metadata": {"gpumeter_top_up_customer": customer_id},
+    }
+    return event("payment_intent.succeeded", {**obj, **fields})
+
+
+def _signed_text(payload: str) -> dict[str, str]:
+    header = stripe.WebhookSignature.generate_signature_header(payload, WEBHOOK_SECRET)
+    return {"Stripe-Signature": header, "Content-Type": "application/json"}
+
+
+# Signed with the right secret, so past the signature check, but not shaped as Stripe's events
+# are: each was a plain-text 500 (an AttributeError, TypeError, KeyError or ValueError in a
+# handler) or reached the database (a too-long id, \u0000, NaN).
+WRONG_SHAPES: dict[str, Callable[[str], str]] = {
+    "a list": lambda _: "[1, 2]",
+    "a string object": lambda _: json.dumps({**event("invoice.paid", {}), "data": {"object": "x"}}),
+    "no data": lambda _: json.dumps(
+        {k: v for k, v in event("invoice.paid", {}).items() if k != "data"}
+    ),
+    "an amount as text": lambda c: json.dumps(_top_up(c, amount_received="25.00")),
+    "a null amount": lambda c: json.dumps(_top_up(c, amount_received=None)),
+    "an amount as a list": lambda c: json.dumps(_top_up(c, amount_received=[1])),
+    "no object id": lambda c: json.dumps(
+        {
+            **_top_up(c),
+            "data": {
+                "object": {k: v for k, v in _top_up(c)["data"]["object"].items() if k != "id"}
+            },
+        }
+    ),
+    "metadata not text": lambda c: json.dumps(_top_up(c, metadata={"gpumeter_top_up_customer": 7})),
+    "a far future": lambda _: json.dumps({**event("customer.created", {}), "created": 10**20}),
+    "a long id": lambda _: json.dumps(event("customer.created", {}, event_id="evt_" + "x" * 300)),
+    "a NUL character": lambda _: json.dumps(event("customer.created", {"name": "a\u0000b"})),
+    "NaN": lambda _: json.dumps(event("customer.created", {"balance": float("nan")})),
+}
+
+
+@pytest.mark.parametrize("shape", list(WRONG_SHAPES))
+def test_a_signed_event_of_the_wrong_shape_is_a_400_saying_where(
+    mirror: Mirror, console: Console, shape: str
+) -> None:
+    acme = console.customer("Acme")
+    payload = WRONG_SHAPES[shape](acme["id"])
+    response = console.client.post(WEBHOOK, content=payload, headers=_signed_text(payload))
+    assert response.status_code == 400, response.text
+    problems = response.json()["detail"]
+    assert {p["type"] for p in problems} == {"invalid_event"}
+    assert all(p["loc"][0] == "body" and "Stripe event" in p["msg"] for p in problems)
+    assert count(mirror, StripeWebhookEvent) == 0
+    balance = console.client.get(f"/v1/customers/{acme['id']}/balance", headers=console.headers)
+    assert balance.json()["balance"] == "0.00"

@@ -132,7 +132,7 @@ class Adapter:
             return self._give_up(action, f"job {job_id} is no longer running in Slurm")
         if job.restarts == before and job.state in RUNNING_STATES:
             self.slurm.requeue(job_id)
-            job = self._settled(job_id, before)
+            job = self._settled(job, before)
         if job.restarts > before and job.state in PENDING_STATES:
             if action["id"] not in self._placed:
                 self.slurm.place(job_id, self.config.spare_partition, action["nodes_after"])
@@ -146,15 +146,16 @@ class Adapter:
                 action, f"job {job_id} not running on the spare after {_age_s(action):.0f} s"
             )
 
-    def _settled(self, job_id: int, before: int) -> SlurmJob:
-        """The job once its requeue has settled (pending, within a second or so), or as it is
-        after ``SETTLE_S``: the next round goes on from there."""
+    def _settled(self, job: SlurmJob, before: int) -> SlurmJob:
+        """The job once its requeue has settled (pending, within a second or so), or as it was
+        last seen after ``SETTLE_S``: the next round goes on from there."""
         deadline = time.monotonic() + SETTLE_S
-        while True:
-            [job] = self.slurm.jobs(job_id)
-            if not requeue_settling(job.observation, before) or time.monotonic() > deadline:
-                return job
+        while time.monotonic() <= deadline:
+            job = self.slurm.job(job.job_id) or job
+            if not requeue_settling(job.observation, before):
+                break
             time.sleep(SETTLE_POLL_S)
+        return job
 
     def _resumed(self, action: dict[str, Any], start: int) -> None:
         path = f"/v1/failovers/{action['failover_id']}/resumed"

@@ -41,6 +41,7 @@ class SlurmJob:
 
     observation: JobObservation
     partition: str
+    qos: str = ""
 
     @property
     def job_id(self) -> int:
@@ -83,14 +84,19 @@ class Slurm:
 
     # --- jobs -------------------------------------------------------------------------------
 
-    def jobs(self, job_id: int | None = None) -> list[SlurmJob]:
+    def jobs(self) -> list[SlurmJob]:
         """Every job slurmctld holds (running, pending and, for MinJobAge, ended)."""
-        which = ["--jobs", str(job_id)] if job_id is not None else []
-        document = json.loads(self.run("squeue", "--json", "--states=all", *which))
+        document = json.loads(self.run("squeue", "--json", "--states=all"))
         if errors := document.get("errors"):
             # slurmctld down: exit status 0, no jobs and an error; never "no jobs".
             raise SlurmUnavailable(f"squeue: {json.dumps(errors)[:500]}")
         return [parse_job(job) for job in document.get("jobs", [])]
+
+    def job(self, job_id: int) -> SlurmJob | None:
+        """The job's record, None once slurmctld has forgotten it. The records are filtered
+        here: 22.05's ``squeue --json`` ignores ``--jobs`` (and every other filter) and lists
+        every job it holds, ended ones within MinJobAge included."""
+        return next((job for job in self.jobs() if job.job_id == job_id), None)
 
     def requeue(self, job_id: int) -> None:
         self.run("scontrol", "requeue", str(job_id))
@@ -147,15 +153,16 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob:
         start_time=_number(job.get("start_time")) or None,
         end_time=_number(job.get("end_time")) or None,
         allocation=allocation(job),
+        requeue=bool(job.get("requeue", True)),
+        batch=bool(job.get("batch_flag", True)),
     )
-    return SlurmJob(observation, str(job.get("partition") or ""))
+    return SlurmJob(observation, str(job.get("partition") or ""), str(job.get("qos") or ""))
 
 
 def allocation(job: Mapping[str, Any]) -> list[NodeGpus]:
     """Node by node, the GPU indices the job holds: ``gres_detail`` lists one entry per
-    allocated node, in the order of ``job_resources.allocated_nodes``."""
-    resources = job.get("job_resources") or {}
-    nodes = [str(n["nodename"]) for n in resources.get("allocated_nodes") or [] if "nodename" in n]
+    allocated node, in the order of the job's allocated nodes."""
+    nodes = allocated_nodes(job.get("job_resources") or {})
     details = job.get("gres_detail") or []
     held = []
     for node, detail in zip(nodes, details, strict=False):
@@ -169,6 +176,15 @@ def allocation(job: Mapping[str, Any]) -> list[NodeGpus]:
         if indices:
             held.append(NodeGpus(node=node, gpu_indices=indices))
     return held
+
+
+def allocated_nodes(resources: Mapping[str, Any]) -> list[str]:
+    """The job's nodes in allocation order: ``allocated_nodes[].nodename`` up to 23.02,
+    ``nodes.allocation[].name`` from 23.11 (where ``nodes`` stopped being the node list)."""
+    nodes = resources.get("nodes")
+    if isinstance(nodes, Mapping):
+        return [str(n["name"]) for n in nodes.get("allocation") or [] if "name" in n]
+    return [str(n["nodename"]) for n in resources.get("allocated_nodes") or [] if "nodename" in n]
 
 
 def _span(part: str) -> range:

@@ -49,6 +49,16 @@ class JobObservation(Schema):
     start_time: EpochSecond | None = None
     end_time: EpochSecond | None = Field(default=None, description="set once the job ended")
     allocation: list[NodeGpus] = Field(default_factory=list, max_length=MAX_NODES_PER_JOB)
+    requeue: bool = Field(default=True, description="Slurm may requeue it (not --no-requeue)")
+    batch: bool = Field(default=True, description="a batch job; salloc/srun ones are not")
+
+    def requeue_refusal(self) -> str | None:
+        """Why Slurm cannot requeue the job onto a spare, None when it can."""
+        if not self.batch:
+            return f"job {self.job_id} is interactive (salloc/srun): Slurm cannot requeue it"
+        if not self.requeue:
+            return f"job {self.job_id} was submitted with --no-requeue: Slurm cannot requeue it"
+        return None
 
 
 def requeue_settling(job: JobObservation, known_restarts: int) -> bool:

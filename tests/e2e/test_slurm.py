@@ -121,7 +121,8 @@ def wait_for_node(slurm: LocalSlurm, node: str, state: str) -> None:
 
 
 def job_record(slurm: LocalSlurm, job_id: int) -> SlurmJob:
-    [job] = Slurm(slurm.conf).jobs(job_id)
+    job = Slurm(slurm.conf).job(job_id)
+    assert job is not None, f"Slurm has no record of job {job_id}"
     return job
 
 

@@ -158,25 +158,16 @@ class Adapter:
         return job
 
     def _resumed(self, action: dict[str, Any], start: int) -> None:
-        path = f"/v1/failovers/{action['failover_id']}/resumed"
-        try:
-            self.api.post(path, {"resumed_at": from_epoch(start).isoformat()})
-        except ApiError as refused:
-            if " 409 " not in str(refused):  # 409: expired or abandoned meanwhile
-                raise
-            return self._done(action, f"not resumed: {refused}")
-        self._done(action, f"job {action['job_id']} runs on {action['spare_node']} since {start}")
+        body = {"resumed_at": from_epoch(start).isoformat()}
+        done = self.api.post(f"/v1/slurm/actions/{action['id']}/resumed", body)
+        log.info("slurm_action_done", extra={"action": action["id"], "outcome": done["outcome"]})
 
     def _give_up(self, action: dict[str, Any], reason: str) -> None:
-        if action["kind"] == "failover":
-            try:
-                self.api.post(
-                    f"/v1/failovers/{action['failover_id']}/abandoned", {"reason": reason}
-                )
-            except ApiError as refused:
-                if " 409 " not in str(refused):  # resumed, expired or recovered meanwhile
-                    raise
-        self._done(action, f"abandoned: {reason}")
+        if action["kind"] != "failover":
+            return self._done(action, f"abandoned: {reason}")
+        body = {"reason": reason[:500]}
+        done = self.api.post(f"/v1/slurm/actions/{action['id']}/abandoned", body)
+        log.info("slurm_action_done", extra={"action": action["id"], "outcome": done["outcome"]})
 
     def _repair(self, action: dict[str, Any]) -> None:
         self._sync_partitions()  # a node that became a spare leaves the workers before it resumes

@@ -1,4 +1,4 @@
-"""``gpumeter-slurm``: the Slurm adapter, run beside slurmctld with an admin key.
+"""``gpumeter-slurm``: the Slurm adapter, run beside slurmctld with a scheduler key.
 
 It talks to gpumeter over its API only (no database), so it runs on the controller host with
 nothing but the Slurm client commands and this package."""
@@ -30,9 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server", required=True, help="gpumeter's base URL, e.g. http://meter:8000")
     key = p.add_mutually_exclusive_group(required=True)
     key.add_argument(
-        "--token", help="an admin API key (prefer --token-file: argv is visible to other users)"
+        "--token",
+        help="a scheduler key, from POST /v1/keys/scheduler (prefer --token-file: argv is "
+        "visible to other users)",
     )
-    key.add_argument("--token-file", type=Path, help="file holding an admin API key")
+    key.add_argument("--token-file", type=Path, help="file holding the scheduler key")
     p.add_argument("--cluster", required=True, help="this cluster's name in gpumeter")
     p.add_argument(
         "--worker-partition",

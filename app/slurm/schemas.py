@@ -9,7 +9,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from app.core.schemas import Schema
 from app.slurm.models import NAME_LENGTH, ActionKind
@@ -114,6 +114,10 @@ class ActionRead(Schema):
     created_at: datetime
     done_at: datetime | None
     outcome: str | None
+
+
+class ActionResumed(Schema):
+    resumed_at: AwareDatetime = Field(description="Slurm's start time of the job's new run")
 
 
 class ActionDone(Schema):

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.core.epoch import from_epoch
-from app.core.errors import ApiError, Unprocessable, not_found
+from app.core.errors import ApiError, Conflict, Unprocessable, not_found
 from app.core.metrics import SLURM_JOB_PROBLEMS
 from app.customers import service as customers
 from app.events.models import DomainEvent
@@ -445,6 +445,54 @@ def complete_action(session: Session, action_id: int, outcome: str) -> SlurmActi
     if action.done_at is None:
         action.done_at, action.outcome = datetime.now(UTC), outcome
         session.flush()
+    return action
+
+
+def failover_resumed(
+    session: Session, action_id: int, resumed_at: datetime, config: failover.FailoverSettings
+) -> SlurmAction:
+    """The action's job runs on the spare since ``resumed_at``: its failover is resumed and the
+    action done, in one transaction. A failover that expired or was abandoned meanwhile (409)
+    leaves the action done with that outcome."""
+    action = _failover_action(session, action_id)
+    if action.done_at is not None:
+        return action
+    assert action.failover_id is not None  # a failover action has one (table constraint)
+    try:
+        with session.begin_nested():
+            failover.resume(session, action.failover_id, resumed_at, config)
+    except Conflict as refused:
+        return complete_action(session, action_id, f"not resumed: {refused}")
+    where = f"job {action.job_id} runs on {action.spare_node} since {resumed_at.isoformat()}"
+    return complete_action(session, action_id, where)
+
+
+def failover_abandoned(
+    session: Session, action_id: int, reason: str, spare_target: Decimal
+) -> SlurmAction:
+    """The adapter cannot move the action's job (``reason``): its failover is abandoned (the
+    spare released) and the action done, in one transaction."""
+    action = _failover_action(session, action_id)
+    if action.done_at is not None:
+        return action
+    assert action.failover_id is not None
+    try:
+        with session.begin_nested():
+            failover.abandon(session, action.failover_id, reason, spare_target)
+    except Conflict as refused:
+        reason = f"{reason} ({refused})"
+    return complete_action(session, action_id, f"abandoned: {reason}"[:REASON_LENGTH])
+
+
+def _failover_action(session: Session, action_id: int) -> SlurmAction:
+    action = repository.locked_action(session, action_id)
+    if action is None:
+        raise not_found("Slurm action", action_id, ("path", "action_id"))
+    if action.kind != ActionKind.FAILOVER:
+        raise Conflict(
+            f"Slurm action {action_id} is a {action.kind.value}, not a failover: POST its /done",
+            ("path", "action_id"),
+        )
     return action
 
 

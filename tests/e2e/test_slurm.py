@@ -63,6 +63,7 @@ class Provider:
     api: Api
     customer: str
     tokens: dict[str, str]
+    scheduler_key: str  # the adapter's: snapshots and failover outcomes only
 
 
 @pytest.fixture
@@ -84,7 +85,8 @@ def provider(fleet: Fleet) -> Iterator[Provider]:
     customer = api.post("/v1/customers", {"name": "Acme AI", "currency": "USD"})
     mapping = {"customer_id": customer["id"], "plan_id": plan["id"]}
     api.call("PUT", f"/v1/slurm/accounts/{ACCOUNT}", mapping)
-    yield Provider(api, customer["id"], tokens)
+    scheduler_key = api.post("/v1/keys/scheduler", {"name": "gpumeter-slurm"})["key"]
+    yield Provider(api, customer["id"], tokens, scheduler_key)
     api.close()
 
 
@@ -103,8 +105,9 @@ def start_agents(fleet: Fleet, provider: Provider) -> None:
 def adapter(fleet: Fleet, slurm: LocalSlurm, provider: Provider) -> Iterator[subprocess.Popen]:
     with (fleet.tmp / "adapter.log").open("wb") as log:
         process = subprocess.Popen(
-            [str(BIN / "gpumeter-slurm"), "--server", fleet.service.url, "--token", fleet.admin,
-             "--cluster", CLUSTER, "--slurm-conf", str(slurm.conf), "--poll-interval", "0.5",
+            [str(BIN / "gpumeter-slurm"), "--server", fleet.service.url,
+             "--token", provider.scheduler_key, "--cluster", CLUSTER,
+             "--slurm-conf", str(slurm.conf), "--poll-interval", "0.5",
              "--worker-partition", WORKER_PARTITION, "--spare-partition", SPARE_PARTITION],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip

@@ -121,5 +121,5 @@ def failover_abandoned(
 @router.get("/layout")
 def layout(session: DbSession, _: SchedulerAdapter) -> Layout:
     """Which nodes are hot spares and which serve jobs, by gpumeter's pools (the adapter
-    keeps the spares out of the worker partition)."""
+    holds the spares in a Slurm reservation)."""
     return service.layout(session)

@@ -32,7 +32,7 @@ def test_a_2205_record_reads_as_its_observation() -> None:
         "submit_time": 1_796_526_642, "start_time": 1_796_526_645, "end_time": 1_828_062_645,
         "allocation": [{"node": "n2", "gpu_indices": [0, 1]},
                        {"node": "n3", "gpu_indices": [0, 1]}],
-        "requeue": True, "batch": True,
+        "runs": None, "requeue": True, "batch": True,
     }  # fmt: skip
     assert (job.partition, job.nodes) == ("spares", ["n2", "n3"])
 
@@ -84,12 +84,16 @@ class RecordedSlurm(Slurm):
 
     def __init__(self, version: str) -> None:
         super().__init__()
-        self.squeue = (FIXTURES / f"squeue-{version}.json").read_text()
+        self.answers = {
+            command: path.read_text()
+            for command in ("squeue", "sacct")
+            if (path := FIXTURES / f"{command}-{version}.json").exists()
+        }
         self.commands: list[tuple[str, ...]] = []
 
     def run(self, *command: str) -> str:
         self.commands.append(command)
-        return self.squeue if command[0] == "squeue" else ""
+        return self.answers.get(command[0], "")
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -119,3 +123,21 @@ def test_requeuing_a_job_beside_an_ended_one_does_not_crash_the_failover() -> No
         ("scontrol", "update"),
         ("scontrol", "requeue"),
     ]
+
+
+@pytest.mark.parametrize("version", ["22.05", "23.11"])
+def test_accounting_gives_each_asked_jobs_runs(version: str) -> None:
+    """Recorded from slurmdbd 22.05 (23.11: ``state.current`` a list): job 1 preempted by a
+    higher-priority QOS after 3 s on n1 + n2; job 3 (not asked for) is left out."""
+    slurm = RecordedSlurm(version)
+    accounted = slurm.accounting([1, 2])
+    assert sorted(accounted) == [1, 2]
+    preempted = accounted[1]
+    assert (preempted.account, preempted.state) == ("acme-ml", "PREEMPTED")
+    assert [r.model_dump() for r in preempted.runs or []] == [
+        {"start": 1_796_656_258, "end": 1_796_656_261, "nodes": ["n1", "n2"],
+         "state": "PREEMPTED"},
+    ]  # fmt: skip
+    assert (preempted.start_time, preempted.end_time) == (1_796_656_258, 1_796_656_261)
+    assert accounted[2].runs and accounted[2].runs[0].nodes == ["n1"]
+    assert slurm.accounting([]) == {} and len(slurm.commands) == 1

@@ -62,7 +62,7 @@ def install() -> None:
     add_assign_check(refuse_reserved_spare)
     # A Slurm job's failover is carried out by the Slurm adapter; after the failover's own
     # subscriber, so a repaired GPU's pool is settled before its node's is.
-    subscribe("failover.requested", slurm.on_failover_requested)
+    subscribe("failover.requested", _carry_out_slurm_failovers)
     subscribe("failover.resumed", slurm.on_failover_resumed)
     subscribe("gpu.state_changed", _resume_repaired_slurm_nodes)
     add_created_hook(_grant_trial_credit)
@@ -83,6 +83,10 @@ def _open_failovers(session: Session, event: DomainEvent) -> None:
 
 def _mirror_to_stripe(session: Session, event: DomainEvent) -> None:
     on_invoice_event(session, event, StripeSettings.of(get_settings()))
+
+
+def _carry_out_slurm_failovers(session: Session, event: DomainEvent) -> None:
+    slurm.on_failover_requested(session, event, get_settings().spare_target_percent)
 
 
 def _resume_repaired_slurm_nodes(session: Session, event: DomainEvent) -> None:

@@ -49,7 +49,7 @@ from app.core.epoch import epoch, from_epoch
 from app.core.local_service import free_port, wait_until_ready
 from app.core.processes import stop_child, wait_until
 from app.core.scratch_db import scratch_database, server_from_environment
-from app.demo.slurm_cluster import SPARE_PARTITION, WORKER_PARTITION, LocalSlurm, installed
+from app.demo.slurm_cluster import LocalSlurm, installed
 from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
 
 BIN = Path(sys.executable).parent
@@ -84,8 +84,7 @@ class Bench:
         customer, tokens = self._provider(api)
         self._start("gpumeter-slurm", [
             "--server", base, "--token", admin, "--cluster", "bench", "--slurm-conf",
-            str(slurm.conf), "--poll-interval", "0.5", "--worker-partition", WORKER_PARTITION,
-            "--spare-partition", SPARE_PARTITION,
+            str(slurm.conf), "--poll-interval", "0.5",
         ])  # fmt: skip
         for node in NODES:
             self._agent(base, node, tokens[node])

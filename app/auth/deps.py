@@ -96,3 +96,5 @@ def _require(*kinds: KeyKind) -> Callable[[Principal], Coroutine[Any, Any, Princ
 ConsoleUser = Annotated[Principal, Depends(_require(KeyKind.ADMIN, KeyKind.CUSTOMER))]
 Admin = Annotated[Principal, Depends(_require(KeyKind.ADMIN))]
 NodeAgent = Annotated[Principal, Depends(_require(KeyKind.NODE))]
+# A scheduler adapter (gpumeter-slurm): its snapshots, actions and their outcomes; admins too.
+SchedulerAdapter = Annotated[Principal, Depends(_require(KeyKind.ADMIN, KeyKind.SCHEDULER))]

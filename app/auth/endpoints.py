@@ -25,6 +25,14 @@ def create_admin_key(body: KeyCreate, session: DbSession, _: Admin) -> IssuedKey
     return issued_key_read(service.issue_key(session, KeyKind.ADMIN, body.name))
 
 
+@router.post("/scheduler", status_code=201)
+def create_scheduler_key(body: KeyCreate, session: DbSession, _: Admin) -> IssuedKeyRead:
+    """Create a key for a scheduler adapter (``gpumeter-slurm``): it may post job snapshots,
+    read and complete its cluster's actions and report their failovers' outcomes, nothing
+    else (no customers, prices, invoices or keys)."""
+    return issued_key_read(service.issue_key(session, KeyKind.SCHEDULER, body.name))
+
+
 @router.get("")
 def list_keys(
     session: DbSession, _: Admin, page: Paging, kind: KeyKind | None = None

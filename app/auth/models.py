@@ -16,6 +16,7 @@ class KeyKind(StrEnum):
     ADMIN = "admin"  # operator: everything
     CUSTOMER = "customer"  # reads its own customer's data only
     NODE = "node"  # agent token: reports telemetry for its own node's GPUs only
+    SCHEDULER = "scheduler"  # a scheduler adapter: job snapshots and failover outcomes only
 
 
 class ApiKey(Timestamped, Base):

@@ -152,7 +152,8 @@ def add_admin(commands: Group) -> None:
         choices=KINDS,
         default=KeyKind.ADMIN,
         help="admin: the operator's, everything; customer: one customer's own data; node: an "
-        "agent's token for its node's GPUs (default admin)",
+        "agent's token for its node's GPUs; scheduler: a scheduler adapter's snapshots and "
+        "failover outcomes only (default admin)",
     )
     create_key.add_argument(
         "--name", type=field_of(KeyCreate, "name"), required=True, help="a label for the key"

@@ -2,8 +2,9 @@
 on a free port, with a config of its own under ``directory`` (tests, the Slurm benchmark).
 
 Every node has ``gpus`` GPUs as GRES, backed by plain files (without ``File=`` a node
-registers with no GPUs and goes INVAL). Workers form the default ``gpu`` partition; the hidden
-``spares`` partition holds every node, so a failed-over job can be placed on a spare. No
+registers with no GPUs and goes INVAL). Every node is in the default ``gpu`` partition; the
+spares are held by the ``gpumeter_spares`` reservation (users root), as a provider holds them
+and as the adapter keeps it, so no customer job lands on them. No
 munge (``auth/none``), no accounting database: ``squeue --json --states=all`` keeps ended jobs
 for ``MinJobAge``. Every daemon runs in the foreground (``-D``) as our child and is stopped by
 its PID; ``stop`` cancels the jobs first, so no job step outlives the cluster.
@@ -29,7 +30,7 @@ from app.core.local_service import free_port
 from app.core.processes import stop_child
 
 WORKER_PARTITION = "gpu"
-SPARE_PARTITION = "spares"
+SPARE_RESERVATION = "gpumeter_spares"
 START_TIMEOUT_S = 30.0
 JOBS_GONE_TIMEOUT_S = 30.0
 
@@ -76,6 +77,12 @@ class LocalSlurm:
                 f"slurmd-{node}", ["slurmd", "-f", str(self.conf), "-N", node, "-D"]
             )
         self.wait_for(lambda: self.idle_nodes() >= set(self.nodes), "every node idle")
+        if self.spares:
+            self.run(
+                "scontrol", "create", "reservation", f"ReservationName={SPARE_RESERVATION}",
+                f"Nodes={','.join(self.spares)}", "StartTime=now", "Duration=infinite",
+                "Users=root", "Flags=IGNORE_JOBS",
+            )  # fmt: skip
 
     def start_controller(self) -> None:
         """Start slurmctld (again, after ``stop_controller``: it reloads its saved state)."""
@@ -120,12 +127,15 @@ class LocalSlurm:
     def controller_answers(self) -> bool:
         return self.scontrol_ok("scontrol", "ping")
 
-    def submit(self, account: str, nodes: int, *, gpus: int | None = None) -> int:
-        """A requeueable batch job holding ``gpus`` GPUs on each of ``nodes`` nodes."""
+    def submit(
+        self, account: str, nodes: int, *, gpus: int | None = None, extra: tuple[str, ...] = ()
+    ) -> int:
+        """A requeueable batch job holding ``gpus`` GPUs on each of ``nodes`` nodes (``extra``:
+        more sbatch options)."""
         out = self.run(
             "sbatch", "--parsable", f"--nodes={nodes}", f"--gres=gpu:{gpus or self.gpus}",
             f"--account={account}", "--requeue", "--output=/dev/null",
-            f"--chdir={self.directory}", "--wrap", "sleep 100000",
+            f"--chdir={self.directory}", *extra, "--wrap", "sleep 100000",
         )  # fmt: skip
         return int(out.strip().split(";")[0])
 
@@ -133,8 +143,17 @@ class LocalSlurm:
         return self.run("squeue", "-h", "-o", "%i").split()
 
     def idle_nodes(self) -> set[str]:
-        out = self.run("sinfo", "-h", "-N", "-p", SPARE_PARTITION, "-o", "%N %t")
-        return {line.split()[0] for line in out.splitlines() if line.split()[1] == "idle"}
+        """Nodes free for a job (idle, or idle and reserved)."""
+        out = self.run("sinfo", "-h", "-N", "-o", "%N %t")
+        return {n for n, state in map(str.split, out.splitlines()) if state in ("idle", "resv")}
+
+    def reserved_nodes(self) -> list[str]:
+        """The nodes the spare reservation holds."""
+        shown = self.run("scontrol", "show", "reservation", "--oneliner")
+        found = re.search(rf"ReservationName={SPARE_RESERVATION} .*?\bNodes=(\S+)", shown)
+        if found is None or found.group(1) == "(null)":
+            return []
+        return sorted(self.run("scontrol", "show", "hostnames", found.group(1)).split())
 
     def node_state(self, node: str) -> str:
         """The node's state as scontrol shows it, e.g. "IDLE", "IDLE+DRAIN", "MIXED"."""
@@ -207,8 +226,7 @@ AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
 {nodes}
-PartitionName={WORKER_PARTITION} Nodes={",".join(self.workers)} Default=YES State=UP
-PartitionName={SPARE_PARTITION} Nodes={",".join(self.nodes)} Hidden=YES State=UP
+PartitionName={WORKER_PARTITION} Nodes={",".join(self.nodes)} Default=YES State=UP
 """)
         (d / "gres.conf").write_text(
             "\n".join(

@@ -2,20 +2,27 @@
 
 Each round (``poll_s``, default 1 s) it reads every job (``squeue --json --states=all``),
 carries out gpumeter's pending actions, sends the jobs as a snapshot (attribution), and keeps
-the worker partition's nodes in line with gpumeter's spare pool. A round that cannot read
-Slurm sends nothing (an empty snapshot would end every job), and is retried the next round.
+the spare reservation holding gpumeter's hot spares. A round that cannot read Slurm sends
+nothing (an empty snapshot would end every job), and is retried the next round.
+
+The hot spares are held by a Slurm reservation (``--spare-reservation``, users root only): no
+customer job lands on them, whatever partition it names. A hidden partition would not do:
+anyone may name it.
 
 A failover action, step by step, each step idempotent (an adapter restarted, or a slurmctld
 that went away mid-way, repeats nothing and skips nothing):
-1. drain the failed node, its reason gpumeter's evidence;
-2. requeue the job, unless Slurm's restart count shows it was requeued since the failure;
-3. place the pending job on the survivors plus the spare's node, in the spare partition (which
-   holds every node; the worker partition excludes the spares), starting now;
-4. once it runs there, report ``resumed`` at Slurm's start time, or ``abandoned`` with the
+1. a job Slurm cannot requeue (``--no-requeue``, interactive ``salloc``/``srun``) is given up
+   at once, with the reason (the service gives it up before then when the snapshot said so);
+2. drain the failed node, its reason gpumeter's evidence;
+3. requeue the job, unless Slurm's restart count shows it was requeued since the failure;
+4. place the pending job on the survivors plus the spare's node, starting now, in its own
+   partition and QOS, and release the spare's node from the reservation;
+5. once it runs there, report ``resumed`` at Slurm's start time, or ``abandoned`` with the
    reason when it cannot (the job ended, ran elsewhere, or did not run by the deadline).
+A placed job's node list stays while it runs (Slurm cannot clear a running job's); it is
+cleared the first round the job is pending again, so a later requeue is not pinned to them.
 
-A repair action takes the node out of the worker partition if gpumeter made it a spare, then
-resumes it.
+A repair action adds the node to the reservation if gpumeter made it a spare, then resumes it.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +43,7 @@ from app.slurm.scheduler import Slurm, SlurmJob, SlurmRefused, SlurmUnavailable
 from app.slurm.schemas import (
     PENDING_STATES,
     RUNNING_STATES,
+    JobObservation,
     Snapshot,
     ended,
     requeue_settling,
@@ -48,8 +57,8 @@ SETTLE_POLL_S = 0.2
 @dataclass(frozen=True)
 class AdapterConfig:
     cluster: str
-    worker_partition: str
-    spare_partition: str
+    spare_reservation: str = "gpumeter_spares"
+    accounting: bool = True  # read ended and requeued runs from sacct (slurmdbd)
     poll_s: float = 1.0
     # A failover whose job is not running on the spare this long after the failure is given
     # up (below the reservation's time to live, so the spare is released by the abandon).
@@ -64,6 +73,9 @@ class Adapter:
         # Failover actions whose job was placed: placing again would push its start back. (An
         # adapter restarted mid-way places it once more: two seconds later, nothing else.)
         self._placed: set[int] = set()
+        # Each job's (restarts, state) last round: accounting is read for the jobs that change.
+        self._seen: dict[int, tuple[int, str]] = {}
+        self.accounting = config.accounting  # False once sacct says accounting is disabled
 
     def run(self, stop: threading.Event) -> None:
         """Round after round until ``stop`` is set (SIGTERM); a failed round is logged and the
@@ -87,19 +99,59 @@ class Adapter:
         if actions:
             jobs = {job.job_id: job for job in self.slurm.jobs()}
         self._send_snapshot(list(jobs.values()))
-        self._sync_partitions()
+        self._unpin(jobs.values(), {int(a["job_id"]) for a in actions if a["job_id"]})
+        self._hold_spares(actions)
 
     # --- attribution ------------------------------------------------------------------------
 
     def _send_snapshot(self, jobs: list[SlurmJob]) -> None:
+        """squeue's jobs, with accounting's runs for those that were requeued or ended since
+        the last round; then the attributed jobs slurmctld no longer lists, from accounting."""
+        changed = [
+            job.job_id for job in jobs
+            if self._seen.get(job.job_id) != (job.restarts, job.state)
+            and (job.restarts > 0 or ended(job.observation))
+        ]  # fmt: skip
+        accounted = self._accounting(changed)
+        observations = [
+            job.observation.model_copy(update={"runs": accounted[job.job_id].runs})
+            if job.job_id in accounted
+            else job.observation
+            for job in jobs
+        ]
+        missing = self._post(observations, complete=not self.accounting)
+        self._seen = {job.job_id: (job.restarts, job.state) for job in jobs}
+        if missing:
+            found = self._accounting(missing)
+            forgotten = [job_id for job_id in missing if job_id not in found]
+            self._post(list(found.values()), complete=False, forgotten=forgotten)
+
+    def _post(
+        self, jobs: list[JobObservation], *, complete: bool, forgotten: list[int] | None = None
+    ) -> list[int]:
+        """Send the snapshot; the attributed jobs it did not list (when incomplete)."""
         snapshot = Snapshot(
-            cluster=self.config.cluster,
-            taken_at=int(time.time()),
-            jobs=[job.observation for job in jobs],
-        )
+            cluster=self.config.cluster, taken_at=int(time.time()), jobs=jobs,
+            complete=complete, forgotten=forgotten or [],
+        )  # fmt: skip
         result = self.api.post("/v1/slurm/snapshots", snapshot.model_dump(mode="json"))
         for problem in result["problems"]:
             log.info("slurm_job_unattributed", extra=problem)
+        return [int(job_id) for job_id in result.get("missing", [])]
+
+    def _accounting(self, job_ids: list[int]) -> dict[int, JobObservation]:
+        """The jobs' records in Slurm's accounting; none once it proved disabled (then a job
+        slurmctld forgot is ended at the last second seen, and reported)."""
+        if not self.accounting or not job_ids:
+            return {}
+        try:
+            return self.slurm.accounting(job_ids)
+        except SlurmRefused as refused:
+            if "disabled" not in str(refused):
+                raise
+            log.warning("slurm_accounting_disabled", extra={"error": str(refused)})
+            self.accounting = False
+            return {}
 
     # --- actions ----------------------------------------------------------------------------
 
@@ -122,8 +174,11 @@ class Adapter:
 
     def _failover(self, action: dict[str, Any], jobs: dict[int, SlurmJob]) -> None:
         job_id, before = int(action["job_id"]), int(action["restarts_before"])
-        self.slurm.drain(action["node"], action["reason"])
         job = jobs.get(job_id)
+        refusal = None if job is None else job.observation.requeue_refusal()
+        if refusal is not None and job is not None and job.restarts == before:
+            return self._give_up(action, refusal)
+        self.slurm.drain(action["node"], action["reason"])
         if action["spare_node"] == action["node"]:
             return self._give_up(action, "the spare is on the failed node; Slurm moves whole nodes")
         if job is None or (
@@ -132,11 +187,12 @@ class Adapter:
             return self._give_up(action, f"job {job_id} is no longer running in Slurm")
         if job.restarts == before and job.state in RUNNING_STATES:
             self.slurm.requeue(job_id)
-            job = self._settled(job_id, before)
+            job = self._settled(job, before)
         if job.restarts > before and job.state in PENDING_STATES:
             if action["id"] not in self._placed:
-                self.slurm.place(job_id, self.config.spare_partition, action["nodes_after"])
+                self.slurm.place(job_id, action["nodes_after"])
                 self._placed.add(action["id"])
+                self._hold_spares([action])  # the spare's node leaves the reservation now
         elif job.restarts > before and job.state in RUNNING_STATES:
             if action["spare_node"] in job.nodes and job.observation.start_time is not None:
                 return self._resumed(action, job.observation.start_time)
@@ -146,39 +202,31 @@ class Adapter:
                 action, f"job {job_id} not running on the spare after {_age_s(action):.0f} s"
             )
 
-    def _settled(self, job_id: int, before: int) -> SlurmJob:
-        """The job once its requeue has settled (pending, within a second or so), or as it is
-        after ``SETTLE_S``: the next round goes on from there."""
+    def _settled(self, job: SlurmJob, before: int) -> SlurmJob:
+        """The job once its requeue has settled (pending, within a second or so), or as it was
+        last seen after ``SETTLE_S``: the next round goes on from there."""
         deadline = time.monotonic() + SETTLE_S
-        while True:
-            [job] = self.slurm.jobs(job_id)
-            if not requeue_settling(job.observation, before) or time.monotonic() > deadline:
-                return job
+        while time.monotonic() <= deadline:
+            job = self.slurm.job(job.job_id) or job
+            if not requeue_settling(job.observation, before):
+                break
             time.sleep(SETTLE_POLL_S)
+        return job
 
     def _resumed(self, action: dict[str, Any], start: int) -> None:
-        path = f"/v1/failovers/{action['failover_id']}/resumed"
-        try:
-            self.api.post(path, {"resumed_at": from_epoch(start).isoformat()})
-        except ApiError as refused:
-            if " 409 " not in str(refused):  # 409: expired or abandoned meanwhile
-                raise
-            return self._done(action, f"not resumed: {refused}")
-        self._done(action, f"job {action['job_id']} runs on {action['spare_node']} since {start}")
+        body = {"resumed_at": from_epoch(start).isoformat()}
+        done = self.api.post(f"/v1/slurm/actions/{action['id']}/resumed", body)
+        log.info("slurm_action_done", extra={"action": action["id"], "outcome": done["outcome"]})
 
     def _give_up(self, action: dict[str, Any], reason: str) -> None:
-        if action["kind"] == "failover":
-            try:
-                self.api.post(
-                    f"/v1/failovers/{action['failover_id']}/abandoned", {"reason": reason}
-                )
-            except ApiError as refused:
-                if " 409 " not in str(refused):  # resumed, expired or recovered meanwhile
-                    raise
-        self._done(action, f"abandoned: {reason}")
+        if action["kind"] != "failover":
+            return self._done(action, f"abandoned: {reason}")
+        body = {"reason": reason[:500]}
+        done = self.api.post(f"/v1/slurm/actions/{action['id']}/abandoned", body)
+        log.info("slurm_action_done", extra={"action": action["id"], "outcome": done["outcome"]})
 
     def _repair(self, action: dict[str, Any]) -> None:
-        self._sync_partitions()  # a node that became a spare leaves the workers before it resumes
+        self._hold_spares([])  # a node that became a spare is reserved before it resumes
         self.slurm.resume(action["node"])
         self._done(action, f"node {action['node']} resumed")
 
@@ -188,20 +236,23 @@ class Adapter:
 
     # --- the spare pool ---------------------------------------------------------------------
 
-    def _sync_partitions(self) -> None:
-        """The worker partition holds gpumeter's non-spare nodes and none of its spares; the
-        spare partition (every node) is left as configured."""
-        every = self.slurm.partition_nodes(self.config.spare_partition)
-        if not every:
-            return
+    def _hold_spares(self, actions: list[dict[str, Any]]) -> None:
+        """The spare reservation holds gpumeter's hot spares in this cluster, less the spare
+        nodes open failovers are moving jobs onto."""
         layout = self.api.get("/v1/slurm/layout")
-        current = self.slurm.partition_nodes(self.config.worker_partition)
-        wanted = (set(current) | set(layout["worker_nodes"])) - set(layout["spare_nodes"])
-        wanted &= set(every)  # gpumeter's nodes that are not in this cluster stay out
-        if wanted and wanted != set(current):
-            ordered = [node for node in every if node in wanted]
-            self.slurm.set_partition_nodes(self.config.worker_partition, ordered)
-            log.info("slurm_workers_changed", extra={"before": current, "after": ordered})
+        taken = {a["spare_node"] for a in actions if a["kind"] == "failover"}
+        cluster = self.slurm.nodes()
+        wanted = [n for n in cluster if n in set(layout["spare_nodes"]) - taken]
+        self.slurm.hold_nodes(self.config.spare_reservation, wanted)
+
+    def _unpin(self, jobs: Iterable[SlurmJob], failing_over: set[int]) -> None:
+        """A job a failover placed is pending again (requeued, preempted): its node list goes,
+        so it may run wherever its partition lets it."""
+        for job in jobs:
+            pending = job.state in PENDING_STATES and job.job_id not in failing_over
+            if pending and job.placed_by_failover:
+                self.slurm.unpin(job.job_id)
+                log.info("slurm_job_unpinned", extra={"job_id": job.job_id})
 
 
 def _age_s(action: dict[str, Any]) -> float:

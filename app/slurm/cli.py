@@ -1,4 +1,4 @@
-"""``gpumeter-slurm``: the Slurm adapter, run beside slurmctld with an admin key.
+"""``gpumeter-slurm``: the Slurm adapter, run beside slurmctld with a scheduler key.
 
 It talks to gpumeter over its API only (no database), so it runs on the controller host with
 nothing but the Slurm client commands and this package."""
@@ -25,26 +25,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpumeter-slurm",
         description="Attribute Slurm jobs to gpumeter rentals and carry out gpumeter's "
-        "failovers in Slurm (drain, requeue onto the hot spare, resume). Stops on SIGTERM.",
+        "failovers in Slurm (drain, requeue onto the hot spare, resume); holds the hot spares "
+        "in a reservation. Stops on SIGTERM.",
     )
     p.add_argument("--server", required=True, help="gpumeter's base URL, e.g. http://meter:8000")
     key = p.add_mutually_exclusive_group(required=True)
     key.add_argument(
-        "--token", help="an admin API key (prefer --token-file: argv is visible to other users)"
+        "--token",
+        help="a scheduler key, from POST /v1/keys/scheduler (prefer --token-file: argv is "
+        "visible to other users)",
     )
-    key.add_argument("--token-file", type=Path, help="file holding an admin API key")
+    key.add_argument("--token-file", type=Path, help="file holding the scheduler key")
     p.add_argument("--cluster", required=True, help="this cluster's name in gpumeter")
     p.add_argument(
-        "--worker-partition",
-        default="gpu",
-        help="the partition customers' jobs run in; the adapter keeps gpumeter's hot spares "
-        "out of it (default: gpu)",
-    )
-    p.add_argument(
-        "--spare-partition",
-        default="spares",
-        help="a hidden partition holding every node, where a failed-over job is placed on the "
-        "spare (default: spares)",
+        "--spare-reservation",
+        default="gpumeter_spares",
+        help="the Slurm reservation (users: root) that holds gpumeter's hot spares so no "
+        "customer job lands on them; the adapter creates it and keeps its nodes in step "
+        "(default: gpumeter_spares)",
     )
     p.add_argument("--slurm-conf", type=Path, help="slurm.conf (default: Slurm's own lookup)")
     p.add_argument(
@@ -77,8 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per call, every round
     config = AdapterConfig(
         cluster=args.cluster,
-        worker_partition=args.worker_partition,
-        spare_partition=args.spare_partition,
+        spare_reservation=args.spare_reservation,
         poll_s=args.poll_interval,
         resume_deadline_s=args.resume_deadline,
     )

@@ -1,4 +1,6 @@
-"""The Slurm adapter's API (admin keys: the adapter runs beside slurmctld with one)."""
+"""The Slurm adapter's API. The adapter runs beside slurmctld with a scheduler key
+(``POST /v1/keys/scheduler``): snapshots, its actions and their outcomes, nothing else; account
+mappings and the job list need an admin key."""
 
 from __future__ import annotations
 
@@ -6,9 +8,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from app.auth.deps import Admin
-from app.core.deps import DbSession
+from app.auth.deps import Admin, SchedulerAdapter
+from app.core.deps import AppSettings, DbSession
 from app.core.pagination import Page, Paging, paginate
+from app.failover.schemas import AbandonedBody
+from app.failover.service import FailoverSettings
 from app.slurm import repository, service
 from app.slurm.models import NAME_LENGTH
 from app.slurm.schemas import (
@@ -16,6 +20,7 @@ from app.slurm.schemas import (
     AccountRead,
     ActionDone,
     ActionRead,
+    ActionResumed,
     JobRead,
     Layout,
     SlurmName,
@@ -26,6 +31,7 @@ from app.slurm.schemas import (
 router = APIRouter(prefix="/v1/slurm", tags=["slurm"])
 AccountName = Annotated[str, Path(min_length=1, max_length=NAME_LENGTH, pattern=r"^[^\s=,]+$")]
 ClusterName = Annotated[str, Query(min_length=1, max_length=NAME_LENGTH)]
+ActionId = Annotated[int, Path(ge=1, le=2**63 - 1)]
 
 
 @router.put("/accounts/{account}")
@@ -49,7 +55,7 @@ def unmap_account(account: AccountName, session: DbSession, _: Admin) -> None:
 
 
 @router.post("/snapshots")
-def record_snapshot(body: Snapshot, session: DbSession, _: Admin) -> SnapshotResult:
+def record_snapshot(body: Snapshot, session: DbSession, _: SchedulerAdapter) -> SnapshotResult:
     """What Slurm says about its jobs now (``squeue --json --states=all``): each job holding
     GPUs becomes or moves its rental. Idempotent; the result lists the jobs that could not be
     attributed and why."""
@@ -66,7 +72,7 @@ def list_jobs(
 
 @router.get("/actions")
 def pending_actions(
-    session: DbSession, _: Admin, page: Paging, cluster: ClusterName
+    session: DbSession, _: SchedulerAdapter, page: Paging, cluster: ClusterName
 ) -> Page[ActionRead]:
     """What the adapter is to do in the cluster (drain and requeue, resume), oldest first."""
     return paginate(session, repository.pending_actions_query(cluster), page, ActionRead)
@@ -74,16 +80,46 @@ def pending_actions(
 
 @router.post("/actions/{action_id}/done")
 def action_done(
-    action_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
+    action_id: ActionId,
     body: ActionDone,
     session: DbSession,
-    _: Admin,
+    _: SchedulerAdapter,
 ) -> ActionRead:
     return ActionRead.model_validate(service.complete_action(session, action_id, body.outcome))
 
 
+@router.post("/actions/{action_id}/resumed")
+def failover_resumed(
+    action_id: ActionId,
+    body: ActionResumed,
+    session: DbSession,
+    _: SchedulerAdapter,
+    settings: AppSettings,
+) -> ActionRead:
+    """The failover action's job runs on the spare since ``resumed_at`` (Slurm's start time):
+    its failover is resumed (the migration recorded) and the action done."""
+    config = FailoverSettings.of(settings)
+    action = service.failover_resumed(session, action_id, body.resumed_at, config)
+    return ActionRead.model_validate(action)
+
+
+@router.post("/actions/{action_id}/abandoned")
+def failover_abandoned(
+    action_id: ActionId,
+    body: AbandonedBody,
+    session: DbSession,
+    _: SchedulerAdapter,
+    settings: AppSettings,
+) -> ActionRead:
+    """Slurm cannot move the failover action's job (the reason says why): its failover is
+    abandoned, the spare released, and the action done."""
+    target = settings.spare_target_percent
+    action = service.failover_abandoned(session, action_id, body.reason, target)
+    return ActionRead.model_validate(action)
+
+
 @router.get("/layout")
-def layout(session: DbSession, _: Admin) -> Layout:
+def layout(session: DbSession, _: SchedulerAdapter) -> Layout:
     """Which nodes are hot spares and which serve jobs, by gpumeter's pools (the adapter
-    keeps the spares out of the worker partition)."""
+    holds the spares in a Slurm reservation)."""
     return service.layout(session)

@@ -45,6 +45,8 @@ class SlurmJob(Timestamped, Base):
     last_seen_at: Mapped[datetime]
     ended_at: Mapped[datetime | None]
     problem: Mapped[str | None] = mapped_column(String(500))
+    # Why Slurm cannot requeue the job (--no-requeue, interactive), as last seen; None: it can.
+    requeue_refusal: Mapped[str | None] = mapped_column(String(200))
 
 
 class ActionKind(StrEnum):

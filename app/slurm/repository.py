@@ -63,6 +63,22 @@ def open_jobs_missing(session: Session, cluster: str, seen: Collection[int]) -> 
     )
 
 
+def open_job_ids_missing(session: Session, cluster: str, seen: Collection[int]) -> list[int]:
+    """Attributed jobs not yet ended that a snapshot did not list."""
+    return list(
+        session.scalars(
+            select(SlurmJob.job_id)
+            .where(
+                SlurmJob.cluster == cluster,
+                SlurmJob.rental_id.is_not(None),
+                SlurmJob.ended_at.is_(None),
+                SlurmJob.job_id.not_in(seen),
+            )
+            .order_by(SlurmJob.job_id)
+        )
+    )
+
+
 def job_of_rental(session: Session, rental_id: uuid.UUID) -> SlurmJob | None:
     return session.scalar(select(SlurmJob).where(SlurmJob.rental_id == rental_id))
 

@@ -13,18 +13,21 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.slurm.schemas import JobObservation, NodeGpus
+import hostlist
+
+from app.slurm.schemas import AccountedRun, JobObservation, NodeGpus
 
 DEFAULT_TIMEOUT_S = 10.0
 RESTART_DELAY_S = 2
 # One GRES of a node's gres_detail, e.g. "gpu:2(IDX:0-1)" or "gpu:h100:1(IDX:0,2-3)".
 _GPU_INDICES = re.compile(r"(?<![\w])gpu(?::[^:(,]+)?(?::\d+)?\(IDX:([0-9,\-]*)\)")
 _NODES = re.compile(r"(?:^|\s)Nodes=(\S+)")
+PLACED_MARK = "gpumeter-failover-placed:"  # the AdminComment of a job ``place`` pinned
 
 
 class SlurmUnavailable(RuntimeError):
@@ -41,6 +44,12 @@ class SlurmJob:
 
     observation: JobObservation
     partition: str
+    qos: str = ""
+    admin_comment: str = ""
+
+    @property
+    def placed_by_failover(self) -> bool:
+        return self.admin_comment.startswith(PLACED_MARK)
 
     @property
     def job_id(self) -> int:
@@ -83,27 +92,53 @@ class Slurm:
 
     # --- jobs -------------------------------------------------------------------------------
 
-    def jobs(self, job_id: int | None = None) -> list[SlurmJob]:
+    def jobs(self) -> list[SlurmJob]:
         """Every job slurmctld holds (running, pending and, for MinJobAge, ended)."""
-        which = ["--jobs", str(job_id)] if job_id is not None else []
-        document = json.loads(self.run("squeue", "--json", "--states=all", *which))
+        document = json.loads(self.run("squeue", "--json", "--states=all"))
         if errors := document.get("errors"):
             # slurmctld down: exit status 0, no jobs and an error; never "no jobs".
             raise SlurmUnavailable(f"squeue: {json.dumps(errors)[:500]}")
         return [parse_job(job) for job in document.get("jobs", [])]
 
+    def job(self, job_id: int) -> SlurmJob | None:
+        """The job's record, None once slurmctld has forgotten it. The records are filtered
+        here: 22.05's ``squeue --json`` ignores ``--jobs`` (and every other filter) and lists
+        every job it holds, ended ones within MinJobAge included."""
+        return next((job for job in self.jobs() if job.job_id == job_id), None)
+
+    def accounting(self, job_ids: Collection[int]) -> dict[int, JobObservation]:
+        """The jobs as Slurm's accounting keeps them (``sacct --json -D``: every run, requeued
+        ones included, long after slurmctld forgot the job), each with its runs; a job
+        accounting does not know is left out. ``SlurmRefused`` when accounting is disabled."""
+        if not job_ids:
+            return {}
+        listed = ",".join(str(i) for i in sorted(job_ids))
+        document = json.loads(self.run("sacct", "--json", "-D", "-X", "-a", "--jobs", listed))
+        records: dict[int, list[Mapping[str, Any]]] = {}
+        for record in document.get("jobs", []):
+            job_id = _number(record.get("job_id"))
+            if job_id is not None and job_id in job_ids:  # an array's tasks come along
+                records.setdefault(job_id, []).append(record)
+        return {job_id: accounted_job(found) for job_id, found in records.items()}
+
     def requeue(self, job_id: int) -> None:
         self.run("scontrol", "requeue", str(job_id))
 
-    def place(self, job_id: int, partition: str, nodes: list[str]) -> None:
-        """Make a pending job run on exactly these nodes, in ``partition``, in two seconds. A
-        requeue sets its begin time about two minutes ahead; not the same second either: a
-        run started in the second its previous run's credential was revoked is killed ("Job
-        credential revoked")."""
+    def place(self, job_id: int, nodes: list[str]) -> None:
+        """Make a pending job run on exactly these nodes, in two seconds, in its own partition
+        and QOS. A requeue sets its begin time about two minutes ahead; not the same second
+        either: a run started in the second its previous run's credential was revoked is
+        killed ("Job credential revoked"). The pin is marked in the job's AdminComment (which
+        only an operator can set), so ``unpin`` can tell it from the customer's own ``-w``."""
         self.run(
-            "scontrol", "update", f"JobId={job_id}", f"Partition={partition}",
-            f"ReqNodeList={','.join(nodes)}", f"StartTime=now+{RESTART_DELAY_S}",
+            "scontrol", "update", f"JobId={job_id}", f"ReqNodeList={','.join(nodes)}",
+            f"StartTime=now+{RESTART_DELAY_S}", f"AdminComment={PLACED_MARK}{','.join(nodes)}",
         )  # fmt: skip
+
+    def unpin(self, job_id: int) -> None:
+        """Clear the node list ``place`` set, once the job is pending again: Slurm keeps a
+        running job's ReqNodeList (an update of it would shrink the job instead)."""
+        self.run("scontrol", "update", f"JobId={job_id}", "ReqNodeList=", "AdminComment=")
 
     # --- nodes and partitions ---------------------------------------------------------------
 
@@ -118,14 +153,38 @@ class Slurm:
             if "Invalid node state specified" not in str(refused):
                 raise
 
-    def partition_nodes(self, partition: str) -> list[str]:
-        found = _NODES.search(self.run("scontrol", "show", "partition", partition, "--oneliner"))
+    def nodes(self) -> list[str]:
+        """Every node of the cluster, in slurm.conf's order."""
+        return list(dict.fromkeys(self.run("sinfo", "-h", "-N", "-o", "%N").split()))
+
+    def reservation_nodes(self, name: str) -> list[str] | None:
+        """The reservation's nodes; None when there is no such reservation."""
+        try:
+            shown = self.run("scontrol", "show", "reservation", name, "--oneliner")
+        except SlurmRefused as refused:
+            if "not found" in str(refused):
+                return None
+            raise
+        found = _NODES.search(shown)
         if found is None or found.group(1) == "(null)":
             return []
         return self.run("scontrol", "show", "hostnames", found.group(1)).split()
 
-    def set_partition_nodes(self, partition: str, nodes: list[str]) -> None:
-        self.run("scontrol", "update", f"PartitionName={partition}", f"Nodes={','.join(nodes)}")
+    def hold_nodes(self, name: str, nodes: list[str]) -> None:
+        """Make the reservation hold exactly these nodes (created, changed or deleted): no job
+        lands on them unless it names the reservation, which only its users (``root``, the
+        operators) may. IGNORE_JOBS: a node still finishing a job can join it."""
+        current = self.reservation_nodes(name)
+        if current is None and nodes:
+            self.run(
+                "scontrol", "create", "reservation", f"ReservationName={name}",
+                f"Nodes={','.join(nodes)}", "StartTime=now", "Duration=infinite", "Users=root",
+                "Flags=IGNORE_JOBS",
+            )  # fmt: skip
+        elif current is not None and not nodes:
+            self.run("scontrol", "delete", f"ReservationName={name}")
+        elif current is not None and set(current) != set(nodes):
+            self.run("scontrol", "update", f"ReservationName={name}", f"Nodes={','.join(nodes)}")
 
 
 def _unreachable(message: str) -> bool:
@@ -147,15 +206,68 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob:
         start_time=_number(job.get("start_time")) or None,
         end_time=_number(job.get("end_time")) or None,
         allocation=allocation(job),
+        requeue=bool(job.get("requeue", True)),
+        batch=bool(job.get("batch_flag", True)),
     )
-    return SlurmJob(observation, str(job.get("partition") or ""))
+    return SlurmJob(
+        observation,
+        partition=str(job.get("partition") or ""),
+        qos=str(job.get("qos") or ""),
+        admin_comment=str(job.get("admin_comment") or ""),
+    )
+
+
+def accounted_job(records: list[Mapping[str, Any]]) -> JobObservation:
+    """One job from its accounting records (one per run with ``-D``): as its last run left
+    it, with every run that started."""
+    runs = sorted((run for r in records if (run := accounted_run(r)) is not None), key=_start)
+    last = max(records, key=lambda r: _number(_time(r, "submission")) or 0)
+    return JobObservation(
+        job_id=int(_number(last["job_id"]) or 0),
+        account=str(last.get("account") or "(none)"),
+        state=_state(last),
+        restarts=max(len(runs) - 1, 0),
+        submit_time=_number(_time(last, "submission")) or 0,
+        start_time=runs[-1].start if runs else None,
+        end_time=runs[-1].end if runs else None,
+        runs=runs,
+    )
+
+
+def accounted_run(record: Mapping[str, Any]) -> AccountedRun | None:
+    """A run of a job from its accounting record; None for a record of a job that never ran
+    (cancelled while pending)."""
+    start = _number(_time(record, "start"))
+    if not start:
+        return None
+    nodes = str(record.get("nodes") or "")
+    return AccountedRun(
+        start=start,
+        end=_number(_time(record, "end")) or None,
+        nodes=[] if nodes in ("", "None assigned") else hostlist.expand_hostlist(nodes),
+        state=_state(record),
+    )
+
+
+def _time(record: Mapping[str, Any], which: str) -> Any:
+    return (record.get("time") or {}).get(which)
+
+
+def _start(run: AccountedRun) -> int:
+    return run.start
+
+
+def _state(record: Mapping[str, Any]) -> str:
+    """sacct's ``state.current``: a string in 22.05, a list from 23.02."""
+    current = (record.get("state") or {}).get("current")
+    current = current[0] if isinstance(current, list) and current else current
+    return str(current or "UNKNOWN")[:32]
 
 
 def allocation(job: Mapping[str, Any]) -> list[NodeGpus]:
     """Node by node, the GPU indices the job holds: ``gres_detail`` lists one entry per
-    allocated node, in the order of ``job_resources.allocated_nodes``."""
-    resources = job.get("job_resources") or {}
-    nodes = [str(n["nodename"]) for n in resources.get("allocated_nodes") or [] if "nodename" in n]
+    allocated node, in the order of the job's allocated nodes."""
+    nodes = allocated_nodes(job.get("job_resources") or {})
     details = job.get("gres_detail") or []
     held = []
     for node, detail in zip(nodes, details, strict=False):
@@ -169,6 +281,15 @@ def allocation(job: Mapping[str, Any]) -> list[NodeGpus]:
         if indices:
             held.append(NodeGpus(node=node, gpu_indices=indices))
     return held
+
+
+def allocated_nodes(resources: Mapping[str, Any]) -> list[str]:
+    """The job's nodes in allocation order: ``allocated_nodes[].nodename`` up to 23.02,
+    ``nodes.allocation[].name`` from 23.11 (where ``nodes`` stopped being the node list)."""
+    nodes = resources.get("nodes")
+    if isinstance(nodes, Mapping):
+        return [str(n["name"]) for n in nodes.get("allocation") or [] if "name" in n]
+    return [str(n["nodename"]) for n in resources.get("allocated_nodes") or [] if "nodename" in n]
 
 
 def _span(part: str) -> range:

@@ -9,7 +9,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from app.core.schemas import Schema
 from app.slurm.models import NAME_LENGTH, ActionKind
@@ -40,6 +40,16 @@ class NodeGpus(Schema):
     gpu_indices: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(max_length=1024)
 
 
+class AccountedRun(Schema):
+    """One run of a job as Slurm's accounting (``sacct --json -D``) keeps it: every requeue
+    starts another. The record of truth for when a run began and ended."""
+
+    start: EpochSecond
+    end: EpochSecond | None = Field(default=None, description="None while it runs")
+    nodes: list[SlurmName] = Field(default_factory=list, max_length=MAX_NODES_PER_JOB)
+    state: str = Field(min_length=1, max_length=32)
+
+
 class JobObservation(Schema):
     job_id: int = Field(ge=1, le=2**63 - 1)
     account: SlurmName
@@ -49,12 +59,33 @@ class JobObservation(Schema):
     start_time: EpochSecond | None = None
     end_time: EpochSecond | None = Field(default=None, description="set once the job ended")
     allocation: list[NodeGpus] = Field(default_factory=list, max_length=MAX_NODES_PER_JOB)
+    runs: list[AccountedRun] | None = Field(
+        default=None,
+        max_length=1024,
+        description="the job's runs from accounting, oldest first (sent when the job was "
+        "requeued, ended or left slurmctld); a run's end is taken from here",
+    )
+    requeue: bool = Field(default=True, description="Slurm may requeue it (not --no-requeue)")
+    batch: bool = Field(default=True, description="a batch job; salloc/srun ones are not")
+
+    def requeue_refusal(self) -> str | None:
+        """Why Slurm cannot requeue the job onto a spare, None when it can."""
+        if not self.batch:
+            return f"job {self.job_id} is interactive (salloc/srun): Slurm cannot requeue it"
+        if not self.requeue:
+            return f"job {self.job_id} was submitted with --no-requeue: Slurm cannot requeue it"
+        return None
 
 
 def requeue_settling(job: JobObservation, known_restarts: int) -> bool:
     """Requeued and still COMPLETING its last run: its restart count is already the new one,
     its submit time (the run's end) not yet, and its end time is a guess. Wait a round."""
     return job.restarts > known_restarts and job.state == "COMPLETING"
+
+
+def run_end(job: JobObservation, start: int) -> int | None:
+    """Accounting's end of the job's run that began at ``start``, if it has one."""
+    return next((r.end for r in job.runs or [] if r.start == start and r.end is not None), None)
 
 
 def ended(job: JobObservation) -> bool:
@@ -73,7 +104,15 @@ class Snapshot(Schema):
     complete: bool = Field(
         default=True,
         description="every job Slurm knows is listed: an attributed job missing from it ended "
-        "unseen (it aged out of slurmctld) and is ended at the last second it was seen",
+        "unseen (it aged out of slurmctld) and is ended at the last second it was seen. An "
+        "adapter that reads accounting sends false, and the missing jobs' records from "
+        "accounting next (``SnapshotResult.missing``)",
+    )
+    forgotten: list[int] = Field(
+        default_factory=list,
+        max_length=MAX_JOBS,
+        description="attributed jobs that neither slurmctld nor accounting knows: ended at the "
+        "last second they were seen, and reported",
     )
 
 
@@ -88,6 +127,9 @@ class SnapshotResult(Schema):
     unchanged: int
     deferred: int  # a failover of the job is under way: attributed once it is resumed
     problems: list[JobProblem]
+    # Attributed jobs still open that an incomplete snapshot did not list: the adapter reads
+    # them from accounting and sends them (or lists them as forgotten).
+    missing: list[int] = Field(default_factory=list)
 
 
 class ActionRead(Schema):
@@ -104,6 +146,10 @@ class ActionRead(Schema):
     created_at: datetime
     done_at: datetime | None
     outcome: str | None
+
+
+class ActionResumed(Schema):
+    resumed_at: AwareDatetime = Field(description="Slurm's start time of the job's new run")
 
 
 class ActionDone(Schema):
@@ -129,3 +175,4 @@ class JobRead(Schema):
     last_seen_at: datetime
     ended_at: datetime | None
     problem: str | None
+    requeue_refusal: str | None

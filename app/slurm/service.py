@@ -28,8 +28,8 @@ from decimal import Decimal
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
-from app.core.epoch import from_epoch
-from app.core.errors import ApiError, Unprocessable, not_found
+from app.core.epoch import epoch, from_epoch
+from app.core.errors import ApiError, Conflict, Unprocessable, not_found
 from app.core.metrics import SLURM_JOB_PROBLEMS
 from app.customers import service as customers
 from app.events.models import DomainEvent
@@ -54,6 +54,7 @@ from app.slurm.schemas import (
     SnapshotResult,
     ended,
     requeue_settling,
+    run_end,
 )
 
 log = logging.getLogger(__name__)
@@ -124,14 +125,21 @@ def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
     )
     for job in snapshot.jobs:
         _observe(session, context, known.get(job.job_id), job)
+    for row in repository.locked_jobs(session, snapshot.cluster, snapshot.forgotten).values():
+        if row.rental_id is not None and row.ended_at is None:
+            _vanished(session, context, row)
+    missing = []
     if snapshot.complete:
         for row in repository.open_jobs_missing(session, snapshot.cluster, ids):
             _vanished(session, context, row)
+    else:
+        missing = repository.open_job_ids_missing(session, snapshot.cluster, ids)
     return SnapshotResult(
         attributed=context.attributed,
         unchanged=context.unchanged,
         deferred=context.deferred,
         problems=context.problems,
+        missing=missing,
     )
 
 
@@ -149,6 +157,7 @@ def _observe(session: Session, ctx: _Snapshot, row: SlurmJob | None, job: JobObs
         ctx.unchanged += 1
         return
     row.state, row.last_seen_at = job.state, max(row.last_seen_at, ctx.now)
+    row.requeue_refusal = job.requeue_refusal()
     try:
         with session.begin_nested():
             changed = _attribute(session, ctx, row, job)
@@ -180,8 +189,12 @@ def _attribute(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
         return False
     changed = False
     if job.restarts > row.restarts:
-        # Requeued since the run last attributed: that run ended at the requeue.
-        changed |= _end_open(session, rental, from_epoch(job.submit_time))
+        # Requeued since the run last attributed: that run ended when accounting says, else at
+        # the requeue (the requeued job's submit time).
+        previous = None if row.run_start_at is None else epoch(row.run_start_at)
+        end = (previous is not None and run_end(job, previous)) or job.submit_time
+        changed |= _end_open(session, rental, from_epoch(end))
+        _report_unseen_runs(session, ctx, row, job, previous)
         row.restarts, row.run_start_at, row.nodes = job.restarts, None, []
     if ended(job):
         assert job.end_time is not None
@@ -191,6 +204,28 @@ def _attribute(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
     if job.state in RUNNING_STATES and job.start_time is not None:
         changed |= _follow_run(session, ctx, row, rental, job)
     return changed
+
+
+def _report_unseen_runs(
+    session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservation, previous: int | None
+) -> None:
+    """Runs accounting has between the one last attributed and the current one ran while the
+    adapter was away: which GPUs they held is not in accounting, so they are reported."""
+    current = job.start_time if job.allocation else None  # attributed from the snapshot
+    unseen = [
+        r for r in job.runs or []
+        if (previous is None or r.start > previous) and r.start != current
+    ]  # fmt: skip
+    if unseen:
+        spans = ", ".join(f"{r.start}-{r.end} on {','.join(r.nodes)}" for r in unseen)
+        _record_problem(
+            session, ctx, row,
+            _Unattributable(
+                "unseen_runs",
+                f"job {row.job_id} ran while the adapter was away ({spans}); accounting does "
+                "not say which GPUs: keep the adapter's outages shorter than MinJobAge",
+            ),
+        )  # fmt: skip
 
 
 def _first_run(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservation) -> bool:
@@ -350,14 +385,20 @@ def _record_problem(
 # --- failovers and repairs (subscribers, in the publishing transaction) ------------------------
 
 
-def on_failover_requested(session: Session, event: DomainEvent) -> None:
+def on_failover_requested(session: Session, event: DomainEvent, spare_target: Decimal) -> None:
     """A spare is reserved for a Slurm job's failed GPU: ask the adapter to drain the failed
-    node and requeue the job onto the spare's node (with the job's other nodes)."""
+    node and requeue the job onto the spare's node (with the job's other nodes). A job Slurm
+    cannot requeue is answered ``abandoned`` with the reason in the same transaction, so its
+    spare is never seen reserved (``spare_target``: the pool's target where no policy sets
+    one, for the release)."""
     data = event.data
     job = repository.job_of_rental(session, uuid.UUID(data["rental_id"]))
     failed = fleet.gpu_site(session, data["failed_gpu_uuid"])
     spare = fleet.gpu_site(session, data["spare_gpu_uuid"])
     if job is None or job.ended_at is not None or failed is None or spare is None:
+        return
+    if job.requeue_refusal is not None:
+        failover.abandon(session, uuid.UUID(data["failover_id"]), job.requeue_refusal, spare_target)
         return
     failed_node, spare_node = failed[1].hostname, spare[1].hostname
     action = SlurmAction(
@@ -445,6 +486,54 @@ def complete_action(session: Session, action_id: int, outcome: str) -> SlurmActi
     if action.done_at is None:
         action.done_at, action.outcome = datetime.now(UTC), outcome
         session.flush()
+    return action
+
+
+def failover_resumed(
+    session: Session, action_id: int, resumed_at: datetime, config: failover.FailoverSettings
+) -> SlurmAction:
+    """The action's job runs on the spare since ``resumed_at``: its failover is resumed and the
+    action done, in one transaction. A failover that expired or was abandoned meanwhile (409)
+    leaves the action done with that outcome."""
+    action = _failover_action(session, action_id)
+    if action.done_at is not None:
+        return action
+    assert action.failover_id is not None  # a failover action has one (table constraint)
+    try:
+        with session.begin_nested():
+            failover.resume(session, action.failover_id, resumed_at, config)
+    except Conflict as refused:
+        return complete_action(session, action_id, f"not resumed: {refused}")
+    where = f"job {action.job_id} runs on {action.spare_node} since {resumed_at.isoformat()}"
+    return complete_action(session, action_id, where)
+
+
+def failover_abandoned(
+    session: Session, action_id: int, reason: str, spare_target: Decimal
+) -> SlurmAction:
+    """The adapter cannot move the action's job (``reason``): its failover is abandoned (the
+    spare released) and the action done, in one transaction."""
+    action = _failover_action(session, action_id)
+    if action.done_at is not None:
+        return action
+    assert action.failover_id is not None
+    try:
+        with session.begin_nested():
+            failover.abandon(session, action.failover_id, reason, spare_target)
+    except Conflict as refused:
+        reason = f"{reason} ({refused})"
+    return complete_action(session, action_id, f"abandoned: {reason}"[:REASON_LENGTH])
+
+
+def _failover_action(session: Session, action_id: int) -> SlurmAction:
+    action = repository.locked_action(session, action_id)
+    if action is None:
+        raise not_found("Slurm action", action_id, ("path", "action_id"))
+    if action.kind != ActionKind.FAILOVER:
+        raise Conflict(
+            f"Slurm action {action_id} is a {action.kind.value}, not a failover: POST its /done",
+            ("path", "action_id"),
+        )
     return action
 
 

@@ -25,7 +25,7 @@ import pytest
 from app.core.console_client import Api
 from app.core.epoch import epoch, from_epoch
 from app.core.processes import stop_child
-from app.demo.slurm_cluster import SPARE_PARTITION, WORKER_PARTITION, LocalSlurm, installed
+from app.demo.slurm_cluster import SPARE_RESERVATION, LocalSlurm, installed
 from app.slurm.scheduler import Slurm, SlurmJob
 from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
 from tests.e2e.conftest import BIN, Fleet
@@ -63,6 +63,7 @@ class Provider:
     api: Api
     customer: str
     tokens: dict[str, str]
+    scheduler_key: str  # the adapter's: snapshots and failover outcomes only
 
 
 @pytest.fixture
@@ -84,7 +85,8 @@ def provider(fleet: Fleet) -> Iterator[Provider]:
     customer = api.post("/v1/customers", {"name": "Acme AI", "currency": "USD"})
     mapping = {"customer_id": customer["id"], "plan_id": plan["id"]}
     api.call("PUT", f"/v1/slurm/accounts/{ACCOUNT}", mapping)
-    yield Provider(api, customer["id"], tokens)
+    scheduler_key = api.post("/v1/keys/scheduler", {"name": "gpumeter-slurm"})["key"]
+    yield Provider(api, customer["id"], tokens, scheduler_key)
     api.close()
 
 
@@ -103,9 +105,9 @@ def start_agents(fleet: Fleet, provider: Provider) -> None:
 def adapter(fleet: Fleet, slurm: LocalSlurm, provider: Provider) -> Iterator[subprocess.Popen]:
     with (fleet.tmp / "adapter.log").open("wb") as log:
         process = subprocess.Popen(
-            [str(BIN / "gpumeter-slurm"), "--server", fleet.service.url, "--token", fleet.admin,
-             "--cluster", CLUSTER, "--slurm-conf", str(slurm.conf), "--poll-interval", "0.5",
-             "--worker-partition", WORKER_PARTITION, "--spare-partition", SPARE_PARTITION],
+            [str(BIN / "gpumeter-slurm"), "--server", fleet.service.url,
+             "--token", provider.scheduler_key, "--cluster", CLUSTER,
+             "--slurm-conf", str(slurm.conf), "--poll-interval", "0.5"],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
     yield process
@@ -121,7 +123,8 @@ def wait_for_node(slurm: LocalSlurm, node: str, state: str) -> None:
 
 
 def job_record(slurm: LocalSlurm, job_id: int) -> SlurmJob:
-    [job] = Slurm(slurm.conf).jobs(job_id)
+    job = Slurm(slurm.conf).job(job_id)
+    assert job is not None, f"Slurm has no record of job {job_id}"
     return job
 
 
@@ -179,7 +182,7 @@ def run_the_failure_loop(
 
     # The repaired GPU: n1 resumed, a hot spare now (the site had none left), out of "gpu".
     wait_for_node(slurm, "n1", "IDLE")
-    wait_for(lambda: slurm.partition_nodes(WORKER_PARTITION) == ["n2", "n3"], "n1 a spare", 30)
+    wait_for(lambda: slurm.reserved_nodes() == ["n1"], "n1 a spare, held by the reservation", 30)
     pools = {g["uuid"]: g["pool"] for g in api.get("/v1/gpus", limit=100)["items"]}
     assert [pools[gpu("n1", i)] for i in (0, 1)] == ["spare", "spare"]
 
@@ -229,3 +232,30 @@ def test_slurmctld_restarted_mid_failover_loses_and_doubles_nothing(
 ) -> None:
     run_the_failure_loop(fleet, slurm, provider, restart_controller=True)
     assert adapter.poll() is None  # the adapter rode the outage out
+
+
+def test_the_hot_spare_is_held_from_every_customer_job(slurm: LocalSlurm) -> None:
+    """n3 is gpumeter's hot spare, held by the reservation: a customer's job that needs it
+    waits, naming it (``-w n3``) does not help, there is no spare partition to name, and a
+    job that fits the workers runs on them. The adapter's ``hold_nodes`` keeps the reservation
+    as gpumeter's pools say (created, moved, deleted)."""
+    everything = slurm.submit("beta-lab", nodes=3)
+    named = slurm.submit("beta-lab", nodes=1, extra=("--nodelist=n3",))
+    with pytest.raises(RuntimeError, match="invalid partition"):
+        slurm.submit("beta-lab", nodes=1, extra=("--partition=spares",))
+    fits = slurm.submit("acme-ml", nodes=2)
+    wait_for(lambda: job_record(slurm, fits).state == "RUNNING", "the 2-node job running", 30)
+    assert job_record(slurm, fits).nodes == ["n1", "n2"]
+    for waiting in (everything, named):
+        record = job_record(slurm, waiting)
+        assert (record.state, record.observation.start_time) == ("PENDING", None)
+    assert "reserved" in slurm.run("squeue", "-h", "-j", str(named), "-o", "%r")
+
+    scheduler = Slurm(slurm.conf)
+    scheduler.hold_nodes(SPARE_RESERVATION, ["n2", "n3"])  # n2 is busy: IGNORE_JOBS
+    assert slurm.reserved_nodes() == ["n2", "n3"]
+    scheduler.hold_nodes(SPARE_RESERVATION, [])
+    assert scheduler.reservation_nodes(SPARE_RESERVATION) is None
+    wait_for(lambda: job_record(slurm, named).state == "RUNNING", "n3 free for -w n3", 30)
+    scheduler.hold_nodes(SPARE_RESERVATION, ["n3"])  # created again, around the running job
+    assert slurm.reserved_nodes() == ["n3"]

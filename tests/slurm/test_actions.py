@@ -8,6 +8,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+import pytest
+
 from app.core.epoch import epoch, from_epoch
 from tests.slurm.conftest import CLUSTER, SlurmWorld, gpu_of, job
 
@@ -93,6 +95,38 @@ def test_a_failover_of_a_rental_slurm_does_not_run_asks_nothing_of_it(world: Slu
     _fail(world, world.t0 + 30)
     assert world.get("/v1/failovers")["items"][0]["state"] == "requested"
     assert _actions(world) == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        ({"requeue": False}, "job 7 was submitted with --no-requeue: Slurm cannot requeue it"),
+        ({"batch": False}, "job 7 is interactive (salloc/srun): Slurm cannot requeue it"),
+    ],
+)
+def test_a_job_slurm_cannot_requeue_is_abandoned_with_the_reason_and_holds_no_spare(
+    world: SlurmWorld, flags: dict[str, bool], reason: str
+) -> None:
+    """Beside a requeueable job (8) whose failover goes ahead, job 7 cannot be requeued: its
+    failover is abandoned, saying why, in the failure's own transaction; the adapter is asked
+    nothing for it and the spare stays free for the next failure."""
+    t0 = world.t0
+    world.snapshot(
+        job(7, "RUNNING", start=t0, nodes={"n1": [0]}) | flags,
+        job(8, "RUNNING", start=t0, nodes={"n2": [0, 1]}),
+        at=t0 + 1,
+    )
+    assert world.job_row(7)["requeue_refusal"] == reason
+    _fail(world, t0 + 30)
+    [abandoned] = world.get("/v1/failovers")["items"]
+    assert (abandoned["state"], abandoned["reason"]) == ("abandoned", reason)
+    assert _actions(world) == []
+    assert _pools(world, "n3") == ["spare", "spare"]
+    world.report("n2", [(0, t0 + 40, t0 + 41, "failed")])
+    [_, requested] = world.get("/v1/failovers?limit=10")["items"]
+    assert requested["state"] == "requested" and requested["spare_gpu_uuid"].startswith("GPU-n3")
+    [action] = _actions(world)
+    assert (action["job_id"], action["node"]) == (8, "n2")
 
 
 def _iso(second: int) -> str:

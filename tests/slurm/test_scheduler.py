@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
-from app.slurm.scheduler import parse_job
+from app.core.console_client import Api
+from app.slurm.adapter import Adapter, AdapterConfig
+from app.slurm.scheduler import Slurm, parse_job
 
 
 def _record(**fields: Any) -> dict[str, Any]:
@@ -28,6 +32,7 @@ def test_a_2205_record_reads_as_its_observation() -> None:
         "submit_time": 1_796_526_642, "start_time": 1_796_526_645, "end_time": 1_828_062_645,
         "allocation": [{"node": "n2", "gpu_indices": [0, 1]},
                        {"node": "n3", "gpu_indices": [0, 1]}],
+        "runs": None, "requeue": True, "batch": True,
     }  # fmt: skip
     assert (job.partition, job.nodes) == ("spares", ["n2", "n3"])
 
@@ -65,3 +70,74 @@ def test_gres_indices_are_read_from_every_form(detail: str, indices: list[int]) 
 def test_a_pending_job_holds_nothing() -> None:
     pending = parse_job(_record(job_state="PENDING", job_resources={}, gres_detail=[]))
     assert pending.observation.allocation == [] and pending.nodes == []
+
+
+FIXTURES = Path(__file__).parent / "fixtures"
+VERSIONS = ["22.05", "23.02", "23.11", "24.05"]
+
+
+class RecordedSlurm(Slurm):
+    """Slurm's commands answered from a recorded ``squeue --json`` (22.05's was captured from
+    Debian's slurm-wlm 22.05.8; the later ones follow data_parser v0.0.39-v0.0.41: numbers in
+    ``{"set", "infinite", "number"}``, ``job_state`` a list, from 23.11 the allocated nodes in
+    ``job_resources.nodes.allocation[].name``). Every other command succeeds and is kept."""
+
+    def __init__(self, version: str) -> None:
+        super().__init__()
+        self.answers = {
+            command: path.read_text()
+            for command in ("squeue", "sacct")
+            if (path := FIXTURES / f"{command}-{version}.json").exists()
+        }
+        self.commands: list[tuple[str, ...]] = []
+
+    def run(self, *command: str) -> str:
+        self.commands.append(command)
+        return self.answers.get(command[0], "")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_one_job_is_read_from_every_versions_full_listing(version: str) -> None:
+    """22.05 ignores ``--jobs``: the listing holds every job, and ``job`` picks its own."""
+    slurm = RecordedSlurm(version)
+    running, cancelled = slurm.job(1), slurm.job(2)
+    assert running is not None and cancelled is not None and slurm.job(3) is None
+    assert (running.state, running.nodes, running.partition) == ("RUNNING", ["n1", "n2"], "gpu")
+    assert [a.gpu_indices for a in running.observation.allocation] == [[0, 1], [0, 1]]
+    assert (running.observation.start_time, running.observation.restarts) == (1_796_655_493, 0)
+    assert (cancelled.state, cancelled.observation.end_time) == ("CANCELLED", 1_796_655_495)
+    assert cancelled.observation.allocation == []
+    assert slurm.jobs() == RecordedSlurm("22.05").jobs()  # every shape reads the same
+
+
+def test_requeuing_a_job_beside_an_ended_one_does_not_crash_the_failover() -> None:
+    """Two records in slurmctld (job 2 ended within MinJobAge): the failover of job 1 drains
+    n1 and requeues job 1, reading its own record among both."""
+    slurm = RecordedSlurm("22.05")
+    adapter = Adapter(cast(Api, None), slurm, AdapterConfig("hpc", "gpu", "spares"))
+    action = {"id": 1, "kind": "failover", "job_id": 1, "restarts_before": 0, "node": "n1",
+              "spare_node": "n3", "nodes_after": ["n2", "n3"], "reason": "gpumeter: xid 79",
+              "created_at": datetime.now(UTC).isoformat()}  # fmt: skip
+    adapter._failover(action, {job.job_id: job for job in slurm.jobs()})
+    assert [c[:2] for c in slurm.commands if c[0] == "scontrol"] == [
+        ("scontrol", "update"),
+        ("scontrol", "requeue"),
+    ]
+
+
+@pytest.mark.parametrize("version", ["22.05", "23.11"])
+def test_accounting_gives_each_asked_jobs_runs(version: str) -> None:
+    """Recorded from slurmdbd 22.05 (23.11: ``state.current`` a list): job 1 preempted by a
+    higher-priority QOS after 3 s on n1 + n2; job 3 (not asked for) is left out."""
+    slurm = RecordedSlurm(version)
+    accounted = slurm.accounting([1, 2])
+    assert sorted(accounted) == [1, 2]
+    preempted = accounted[1]
+    assert (preempted.account, preempted.state) == ("acme-ml", "PREEMPTED")
+    assert [r.model_dump() for r in preempted.runs or []] == [
+        {"start": 1_796_656_258, "end": 1_796_656_261, "nodes": ["n1", "n2"],
+         "state": "PREEMPTED"},
+    ]  # fmt: skip
+    assert (preempted.start_time, preempted.end_time) == (1_796_656_258, 1_796_656_261)
+    assert accounted[2].runs and accounted[2].runs[0].nodes == ["n1"]
+    assert slurm.accounting([]) == {} and len(slurm.commands) == 1

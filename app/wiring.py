@@ -21,6 +21,7 @@ from app.customers.service import add_created_hook
 from app.events import stream
 from app.events.models import DomainEvent
 from app.events.service import ALL_TYPES, subscribe
+from app.failover import degraded as failover_degraded
 from app.failover import jobs as failover_jobs
 from app.failover.service import FailoverSettings, on_gpu_state_changed, refuse_reserved_spare
 from app.fleet.service import RENTAL_GPUS
@@ -43,6 +44,7 @@ BLUEPRINTS: dict[str, procrastinate.Blueprint] = {
     "invoice_schedule": schedule_jobs.tasks,
     "nats": stream.tasks,
     "failover": failover_jobs.tasks,
+    "failover_degraded": failover_degraded.tasks,  # degraded GPUs migrated (issue 42)
     "metering": retention.tasks,  # telemetry partitions (issue 17)
     "metering_summaries": summaries.tasks,  # closed hours deflated after the hour's turn
     "idempotency": idempotency.tasks,  # expired Idempotency-Keys purged

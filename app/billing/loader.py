@@ -255,6 +255,7 @@ class _PlanBook:
             minimum_s=plan.minimum_s,
             bill_degraded=plan.bill_degraded,
             bill_unmetered=plan.bill_unmetered,
+            credit_stall=plan.credit_stall,
             voucher_tiers=tuple(
                 VoucherTier(int(t["min_days"]), Decimal(str(t["percent"])))
                 for t in plan.voucher_tiers

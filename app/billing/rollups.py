@@ -52,7 +52,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.orm import Session
 
 from app.billing import repository
-from app.billing.core.domain import Bucket, Piece, RentalInput
+from app.billing.core.domain import DOWNTIME_BUCKETS, Bucket, Piece, RentalInput
 from app.billing.core.effective import overlap
 from app.billing.core.intervals import Span
 from app.billing.core.rating import (
@@ -66,7 +66,6 @@ from app.billing.core.rating import (
 from app.billing.loader import BillingPeriod, PeriodInputs
 from app.core.epoch import epoch, from_epoch
 
-DOWNTIME = frozenset({Bucket.FAILURE_CREDIT, Bucket.MIGRATION_CREDIT})
 _MASK = (1 << 64) - 1
 
 
@@ -417,7 +416,7 @@ def _stored(
     other GPUs' pieces as stored; and their seconds per (rental, day, bucket)."""
     several = sorted({gpu for runs in runs_of.values() for gpu, r in runs.items() if len(r) > 1})
     stored = repository.stored_rollups(
-        session, customer_id, bounds, [b.value for b in DOWNTIME], several
+        session, customer_id, bounds, [b.value for b in DOWNTIME_BUCKETS], several
     )
     pieces: dict[str, list[Piece]] = defaultdict(list)
     for rid, gpu, bucket, seconds, last_end in stored.pieces:

@@ -64,7 +64,7 @@ from app.settings import Settings
 
 T = TypeVar("T")
 # The credits the what-if compares against a manual process (``whatif``'s rule).
-_AUTOMATIC = frozenset({LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT})
+_AUTOMATIC = frozenset({LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT, LineKind.STALL_CREDIT})
 
 
 @dataclass(frozen=True)

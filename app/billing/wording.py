@@ -26,6 +26,7 @@ KIND_LABELS = {
     "failure_credit": "Failure credit",
     "migration_credit": "Migration credit",
     "degraded_credit": "Degraded-time credit",
+    "stall_credit": "Stalled-job credit",
     "cap": "Monthly cap",
     "adjustment": "Adjustment (late data)",
     "credit_note": "Issued as a credit note",

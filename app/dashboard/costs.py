@@ -51,6 +51,7 @@ _CREDIT_BUCKET = {
     LineKind.FAILURE_CREDIT: Bucket.FAILURE_CREDIT,
     LineKind.MIGRATION_CREDIT: Bucket.MIGRATION_CREDIT,
     LineKind.DEGRADED_CREDIT: Bucket.DEGRADED_CREDIT,
+    LineKind.STALL_CREDIT: Bucket.STALL_CREDIT,
 }
 _CREDIT_LINES = set(_CREDIT_BUCKET)
 _UNPLACED = "unassigned"  # a rental's share of a day no GPU assignment of it covers

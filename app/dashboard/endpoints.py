@@ -517,7 +517,8 @@ _GROUP_NAMES = {
 def incidents_page(p: CustomerPage, period: PeriodParam = None) -> Response:
     billing_period = p.period(period)
     found = incidents.incidents(p.session, p.v.customer, billing_period, p.now, p.v.fmt)
-    credited = sum((Decimal(i.credited) for i in found if i.credited), Decimal(0))
+    credits = (c for i in found for c in (i.credited, i.stall_credited) if c)
+    credited = sum((Decimal(c) for c in credits), Decimal(0))
     return p.render("incidents.html", period=billing_period, incidents=found, credited=credited)
 
 

@@ -133,6 +133,7 @@ _CATEGORY = {
     LineKind.FAILURE_CREDIT: "Credit",
     LineKind.MIGRATION_CREDIT: "Credit",
     LineKind.DEGRADED_CREDIT: "Credit",
+    LineKind.STALL_CREDIT: "Credit",
     LineKind.CAP: "Adjustment",
     LineKind.ADJUSTMENT: "Usage",
     LineKind.VOUCHER: "Credit",
@@ -146,6 +147,7 @@ _DESCRIPTION = {
     LineKind.FAILURE_CREDIT: "Credit for time the GPU had failed",
     LineKind.MIGRATION_CREDIT: "Credit for time moving to another GPU",
     LineKind.DEGRADED_CREDIT: "Credit for time the GPU was degraded",
+    LineKind.STALL_CREDIT: "Credit for time the job waited on another GPU's failure",
     LineKind.CAP: "Monthly cap",
     LineKind.ADJUSTMENT: "Correction of an earlier period",
     LineKind.VOUCHER: "Long-rental voucher applied",
@@ -157,6 +159,7 @@ _TIMED_KINDS = _USAGE_KINDS | {
     LineKind.FAILURE_CREDIT,
     LineKind.MIGRATION_CREDIT,
     LineKind.DEGRADED_CREDIT,
+    LineKind.STALL_CREDIT,
 }
 
 

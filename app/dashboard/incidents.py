@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 
 from app.billing.core.lines import LineKind
 from app.billing.loader import BillingPeriod
-from app.billing.models import Invoice
+from app.billing.models import Invoice, InvoiceLineRow
 from app.billing.schemas import money
 from app.core.epoch import epoch, from_epoch
 from app.core.schemas import Schema
@@ -96,6 +96,9 @@ class IncidentRead(Schema):
     downtime_s: int | None  # failure to resumption on the new GPU
     credited: str | None  # None: no invoice drafted for the period yet
     credited_s: int | None
+    # The rental's other GPUs, credited while the failure stalled its job (``stall_credit``).
+    stall_credited: str | None = None
+    stall_credited_s: int | None = None
     failover: FailoverTimeline | None = None  # None: the service opened no failover for it
     summary: str
 
@@ -207,6 +210,7 @@ def _read(
 ) -> IncidentRead:
     resumed = None if m is None else epoch(m.resumed_at)
     credited, credited_s = (None, None) if invoice is None else _credited(invoice, f, resumed)
+    stalled, stalled_s = (None, None) if invoice is None else _stall_credited(invoice, f, resumed)
     read = IncidentRead(
         gpu_uuid=f.gpu_uuid,
         rental_id=f.rental_id,
@@ -223,6 +227,8 @@ def _read(
         downtime_s=None if resumed is None else resumed - f.at,
         credited=None if credited is None else money(credited, fmt.currency),
         credited_s=credited_s,
+        stall_credited=None if stalled is None else money(stalled, fmt.currency),
+        stall_credited_s=stalled_s,
         summary="",
     )
     read.summary = _summary(f, read, fo, fmt)
@@ -251,17 +257,44 @@ _FAILOVER_OUTCOMES = {
 def _credited(invoice: Invoice, f: _Failure, resumed: int | None) -> tuple[Decimal, int]:
     """The credit lines for this GPU that start within the incident (failure to resumption):
     their amount (positive) and seconds."""
+    return _summed(
+        line
+        for line in _within(invoice, f, resumed)
+        if line.kind in _CREDIT_KINDS and line.gpu_uuid == f.gpu_uuid
+    )
+
+
+def _stall_credited(
+    invoice: Invoice, f: _Failure, resumed: int | None
+) -> tuple[Decimal | None, int | None]:
+    """The rental's other GPUs' stall credit lines this failure began (None: none)."""
+    amount, seconds = _summed(
+        line
+        for line in _within(invoice, f, resumed)
+        if line.kind == LineKind.STALL_CREDIT
+        and line.rental_id == f.rental_id
+        and (line.evidence or {}).get("stalled_by") == f.gpu_uuid
+    )
+    return (amount, seconds) if seconds else (None, None)
+
+
+def _within(invoice: Invoice, f: _Failure, resumed: int | None) -> Iterable[InvoiceLineRow]:
+    """The invoice's lines that start within the incident (failure to resumption)."""
     until = f.at + 1 if resumed is None else max(resumed, f.at + 1)
-    lines = [
+    return (
         line
         for line in invoice.lines
-        if line.kind in _CREDIT_KINDS
-        and line.gpu_uuid == f.gpu_uuid
-        and line.start_at is not None
-        and f.at <= epoch(line.start_at) < until
-    ]
-    amount = -sum((line.amount for line in lines), Decimal(0))
-    return amount, sum(line.seconds or 0 for line in lines)
+        if line.start_at is not None and f.at <= epoch(line.start_at) < until
+    )
+
+
+def _summed(lines: Iterable[InvoiceLineRow]) -> tuple[Decimal, int]:
+    """Credit lines' amount (positive) and seconds."""
+    amount, seconds = Decimal(0), 0
+    for line in lines:
+        amount -= line.amount
+        seconds += line.seconds or 0
+    return amount, seconds
 
 
 def _after(fo: Failover, at: datetime) -> float:
@@ -329,4 +362,9 @@ def _summary(f: _Failure, i: IncidentRead, fo: Failover | None, fmt: Formatter) 
         if i.credited is None
         else f"Credited {fmt.money(i.credited)}"
     )
+    if i.stall_credited is not None:
+        credit += (
+            f", and {fmt.money(i.stall_credited)} for your rental's other GPUs while the job "
+            f"waited ({duration(i.stall_credited_s or 0)} of GPU time)"
+        )
     return f"{head}. {where}. {credit}"

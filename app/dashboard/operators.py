@@ -220,6 +220,7 @@ _COLUMNS = {
     LineKind.FAILURE_CREDIT: "credited",
     LineKind.MIGRATION_CREDIT: "credited",
     LineKind.DEGRADED_CREDIT: "credited",
+    LineKind.STALL_CREDIT: "credited",
     LineKind.CAP: "cap_reductions",
     LineKind.ADJUSTMENT: "adjustments",
     LineKind.CREDIT_NOTE: "adjustments",  # the part of negative adjustments credited apart

@@ -7,7 +7,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-CREDIT_KINDS = {"failure_credit", "migration_credit", "degraded_credit"}
+CREDIT_KINDS = {"failure_credit", "migration_credit", "degraded_credit", "stall_credit"}
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,11 @@ class FailoverState(StrEnum):
     RECOVERED = "recovered"  # (no spare) the failed GPU was repaired and serves on
 
 
+class FailoverTrigger(StrEnum):
+    FAILED = "failed"  # the GPU failed
+    DEGRADED = "degraded"  # the plan's spare policy moves a GPU degraded for too long
+
+
 OPEN_STATES = (FailoverState.REQUESTED, FailoverState.NO_SPARE)
 _STATES = ", ".join(f"'{s.value}'" for s in FailoverState)
 _OPEN = ", ".join(f"'{s.value}'" for s in OPEN_STATES)
@@ -53,6 +58,7 @@ class Failover(Timestamped, Base):
             postgresql_where=text(f"state IN ({_OPEN})"),
         ),
         Index("ix_failovers_site", "datacenter", "model"),
+        CheckConstraint("trigger IN ('failed', 'degraded')", name="known_trigger"),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
@@ -82,6 +88,13 @@ class Failover(Timestamped, Base):
     preempted_rental_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("rentals.id"))
     evidence: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)
     reason: Mapped[str | None] = mapped_column(String(500))
+    trigger: Mapped[str] = mapped_column(
+        String(16), default=FailoverTrigger.FAILED.value, server_default="failed"
+    )
+    # The degraded causes (app.metering.causes) that moved the GPU; [] for a failure.
+    degraded_causes: Mapped[list[str]] = mapped_column(
+        JSONB, default=list, server_default=text("'[]'::jsonb")
+    )
 
 
 class SparePolicy(Base):

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -12,7 +13,13 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.auth.tenancy import readable_by
 from app.core.epoch import from_epoch
-from app.failover.models import OPEN_STATES, Failover, FailoverState, SparePolicy
+from app.failover.models import (
+    OPEN_STATES,
+    Failover,
+    FailoverState,
+    FailoverTrigger,
+    SparePolicy,
+)
 
 
 def readable_failovers(principal: Principal) -> Select[Failover]:
@@ -46,6 +53,17 @@ def open_failover_of(session: Session, gpu_uuid: str) -> Failover | None:
             Failover.failed_gpu_uuid == gpu_uuid, Failover.state.in_(OPEN_STATES)
         )
     )
+
+
+def degraded_failover_since(session: Session, gpu_uuid: str, since: datetime) -> bool:
+    """Whether the GPU had a degraded-triggered failover (in any state) opened since ``since``:
+    one try per degraded run, an expired or abandoned one is not asked again."""
+    query = select(Failover.id).where(
+        Failover.failed_gpu_uuid == gpu_uuid,
+        Failover.trigger == FailoverTrigger.DEGRADED.value,
+        Failover.failed_at >= since,
+    )
+    return session.scalar(query.limit(1)) is not None
 
 
 def requested_for_rental(session: Session, rental_id: uuid.UUID) -> Failover | None:

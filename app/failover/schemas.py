@@ -31,6 +31,11 @@ class FailoverRead(Schema):
     preempted_rental_id: uuid.UUID | None
     evidence: list[dict[str, Any]]
     reason: str | None
+    trigger: str = Field(
+        description="failed: the GPU failed; degraded: the plan's spare policy moved a GPU "
+        "degraded for too long (degraded_causes say why)."
+    )
+    degraded_causes: list[str]
 
 
 class ResumedBody(Schema):

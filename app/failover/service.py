@@ -14,6 +14,7 @@ locked is passed over for the next one, so two ingests never deadlock.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -32,7 +33,7 @@ from app.core.metrics import (
 )
 from app.events.models import DomainEvent
 from app.failover import jobs, repository
-from app.failover.models import Failover, FailoverState, SparePolicy
+from app.failover.models import Failover, FailoverState, FailoverTrigger, SparePolicy
 from app.failover.pool import FAILED, available, check_pool, pool_counts
 from app.failover.schemas import (
     FailoverSummary,
@@ -117,10 +118,13 @@ def open_failover(
     detected_at: datetime,
     evidence: list[dict[str, Any]],
     config: FailoverSettings,
+    degraded_causes: Collection[str] = (),
 ) -> Failover | None:
     """Open the failover of a rented GPU that failed at ``failed_at``: a spare reserved for
     ``config.reservation_ttl_s`` and ``failover.requested``, or ``failover.no_spare``. None when the
-    GPU serves no (regular) rental or already has an open failover (a re-sent state change)."""
+    GPU serves no (regular) rental or already has an open failover (a re-sent state change).
+    With ``degraded_causes``, the GPU is degraded and its plan's spare policy moves it (from
+    ``failed_at``, the second it was decided)."""
     site = fleet.gpu_site(session, gpu_uuid)
     if site is None:
         return None
@@ -146,6 +150,8 @@ def open_failover(
         detected_at=detected_at,
         requested_at=now,
         evidence=evidence or _segment_evidence(session, gpu_uuid, failed_at),
+        trigger=(FailoverTrigger.DEGRADED if degraded_causes else FailoverTrigger.FAILED).value,
+        degraded_causes=sorted(degraded_causes),
     )
     spare = _reserve_spare(session, failover, gpu, node, now, config.reservation_ttl_s)
     labels = (node.datacenter, gpu.model)
@@ -194,9 +200,11 @@ def _reserve_spare(
     failover.state = FailoverState.NO_SPARE
     failover.spare_gpu_uuid = None
     failover.reserved_until = None
-    failover.reason = (
-        f"no free {gpu.model} spare in {node.datacenter}: the rental is credited as failure "
-        f"from {failover.failed_at.isoformat()} until the GPU is repaired"
+    failover.reason = f"no free {gpu.model} spare in {node.datacenter}: " + (
+        "the degraded GPU serves on, billed by the plan's degraded rule, until it is repaired"
+        if failover.degraded_causes
+        else f"the rental is credited as failure from {failover.failed_at.isoformat()} until "
+        "the GPU is repaired"
     )
     session.add(failover)
     session.flush()
@@ -309,7 +317,7 @@ def resume(
             to_gpu_uuid=spare,
             failed_at=failover.failed_at,
             resumed_at=at,
-            reason=f"failover {failover.id}",
+            reason=f"failover {failover.id}" + _degraded_note(failover),
         ),
     )
     failover.migration_id = migration.id
@@ -321,6 +329,11 @@ def resume(
     publish_failover(session, "failover.resumed", failover)
     check_pool(session, failover.datacenter, failover.model, config.spare_target_percent)
     return failover
+
+
+def _degraded_note(failover: Failover) -> str:
+    causes = ", ".join(failover.degraded_causes)
+    return f" (degraded: {causes})" if causes else ""
 
 
 def abandon(

@@ -73,7 +73,13 @@ def event_data(failover: Failover) -> dict[str, Any]:
         "resumed_at": iso(failover.resumed_at),
         "migration_id": failover.migration_id,
         "preempted_rental_id": failover.preempted_rental_id,
-        "credited_as": "failure" if failover.state == FailoverState.NO_SPARE else None,
+        "trigger": failover.trigger,
+        "degraded_causes": failover.degraded_causes,
+        "credited_as": (
+            "failure"
+            if failover.state == FailoverState.NO_SPARE and not failover.degraded_causes
+            else None
+        ),
         "reason": failover.reason,
         "evidence": failover.evidence,
     }

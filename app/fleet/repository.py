@@ -288,3 +288,15 @@ def spare_uuids(session: Session, gpu_uuids: list[str]) -> set[str]:
     """Those of the GPUs in the spare pool."""
     query = select(Gpu.uuid).where(Gpu.uuid.in_(gpu_uuids), Gpu.pool == Pool.SPARE)
     return set(session.scalars(query))
+
+
+def gpus_in_state(session: Session, state: str, seen_since: datetime, limit: int) -> list[str]:
+    """Up to ``limit`` GPUs whose latest report, at or after ``seen_since``, is ``state``
+    (by UUID: a run covers the same GPUs each time)."""
+    query = (
+        select(Gpu.uuid)
+        .where(Gpu.last_state == state, Gpu.last_seen_at >= seen_since)
+        .order_by(Gpu.uuid)
+        .limit(limit)
+    )
+    return list(session.scalars(query))

@@ -125,6 +125,11 @@ def pool_site(session: Session, model: str, datacenter: str, at: datetime) -> li
     return [SiteGpu(*gpu, *holding) for gpu, holding in zip(gpus, holdings, strict=True)]
 
 
+def gpus_in_state(session: Session, state: str, seen_since: datetime, limit: int) -> list[str]:
+    """Read interface (failover's degraded check): GPUs last reported in ``state``, recently."""
+    return repository.gpus_in_state(session, state, seen_since, limit)
+
+
 def lock_gpu_within(session: Session, gpu_uuid: str, timeout_ms: int) -> bool:
     """Lock the GPU's row (as assigning it does), waiting at most ``timeout_ms``: False when
     another transaction kept it."""

@@ -5,7 +5,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, String
+from sqlalchemy import CheckConstraint, ForeignKey, Index, String, text, true
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
@@ -18,6 +18,10 @@ class PricePlan(Timestamped, Base):
         CheckConstraint("increment_s >= 1", name="increment_positive"),
         CheckConstraint("minimum_s >= 0", name="minimum_not_negative"),
         CheckConstraint("voucher_validity_days >= 1", name="validity_positive"),
+        CheckConstraint(
+            "migrate_degraded_after_s IS NULL OR migrate_degraded_after_s BETWEEN 1 AND 86400",
+            name="degraded_after_range",
+        ),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
@@ -27,6 +31,14 @@ class PricePlan(Timestamped, Base):
     minimum_s: Mapped[int] = mapped_column(default=1)
     bill_degraded: Mapped[bool] = mapped_column(default=True)
     bill_unmetered: Mapped[bool] = mapped_column(default=False)
+    # A failure credits the rental's other GPUs until the job runs again (``stall_credit``).
+    credit_stall: Mapped[bool] = mapped_column(default=True, server_default=true())
+    # The spare policy for degraded GPUs: a rented GPU degraded this long by one of these
+    # causes (app.metering.causes) is failed over to a spare; None: never.
+    migrate_degraded_after_s: Mapped[int | None]
+    migrate_degraded_causes: Mapped[list[str]] = mapped_column(
+        JSONB, default=list, server_default=text("'[]'::jsonb")
+    )
     # [{"min_days": 7, "percent": "5"}, ...]: share of a long rental's charges returned as voucher.
     voucher_tiers: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, default=list)
     voucher_validity_days: Mapped[int] = mapped_column(default=90)

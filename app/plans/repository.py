@@ -76,3 +76,10 @@ def contract_priced(
         .where(PlanPrice.customer_id.in_(customer_ids))
     )
     return {(plan, customer) for plan, customer in session.execute(query)}
+
+
+def degraded_migrating_plans(session: Session) -> list[PricePlan]:
+    """The plans whose spare policy migrates degraded GPUs."""
+    return list(
+        session.scalars(select(PricePlan).where(PricePlan.migrate_degraded_after_s.is_not(None)))
+    )

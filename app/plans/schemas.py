@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import AwareDatetime, Field, field_validator
 
 from app.core.schemas import Amount, CurrencyCode, HourlyPrice, Name, Schema, not_null
+from app.metering.causes import DEGRADED_CAUSES, DegradedCause
 
 
 class VoucherTier(Schema):
@@ -51,15 +52,40 @@ def _distinct_tiers(tiers: list[VoucherTier]) -> list[VoucherTier]:
     return sorted(tiers, key=lambda tier: tier.min_days)
 
 
+_CREDIT_STALL = (
+    "When a rented GPU fails, credit the rental's other GPUs (stall_credit) from the failure "
+    "second until the job runs again on a spare, the GPU is repaired, or the rental ends."
+)
+_DEGRADED_AFTER = (
+    "Spare policy: fail a rented GPU over to a spare once it has been degraded this many "
+    "seconds by one of migrate_degraded_causes (null: never). The migration window is credited "
+    "as migration; the degraded seconds before it follow bill_degraded."
+)
+DegradedCauses = Annotated[
+    list[DegradedCause],
+    Field(max_length=len(DEGRADED_CAUSES), description="Degraded causes that migrate."),
+]
+
+
+def _distinct_causes(causes: list[DegradedCause] | None) -> list[DegradedCause] | None:
+    return None if causes is None else sorted(set(causes))
+
+
 class PlanSettings(Schema):
     increment_s: int = Field(default=1, ge=1, le=86_400, description="Billing increment.")
     minimum_s: int = Field(default=1, ge=0, le=31 * 86_400, description="Minimum per session.")
     bill_degraded: bool = True
     bill_unmetered: bool = False
+    credit_stall: bool = Field(default=True, description=_CREDIT_STALL)
+    migrate_degraded_after_s: int | None = Field(
+        default=None, ge=1, le=86_400, description=_DEGRADED_AFTER
+    )
+    migrate_degraded_causes: DegradedCauses = Field(default_factory=list)
     voucher_tiers: list[VoucherTier] = Field(default_factory=list, max_length=20)
     voucher_validity_days: int = Field(default=90, ge=1, le=3660)
 
     _tiers = field_validator("voucher_tiers")(_distinct_tiers)
+    _causes = field_validator("migrate_degraded_causes")(_distinct_causes)
 
 
 class PlanCreate(PlanSettings):
@@ -76,18 +102,26 @@ class PlanUpdate(Schema):
     minimum_s: int | None = Field(default=None, ge=0, le=31 * 86_400)
     bill_degraded: bool | None = None
     bill_unmetered: bool | None = None
+    credit_stall: bool | None = Field(default=None, description=_CREDIT_STALL)
+    migrate_degraded_after_s: int | None = Field(
+        default=None, ge=1, le=86_400, description=f"{_DEGRADED_AFTER} Null turns it off."
+    )
+    migrate_degraded_causes: DegradedCauses | None = None
     voucher_tiers: list[VoucherTier] | None = Field(default=None, max_length=20)
     voucher_validity_days: int | None = Field(default=None, ge=1, le=3660)
 
     _tiers = field_validator("voucher_tiers")(
         lambda tiers: None if tiers is None else _distinct_tiers(tiers)
     )
+    _causes = field_validator("migrate_degraded_causes")(_distinct_causes)
     _not_null = not_null(
         "name",
         "increment_s",
         "minimum_s",
         "bill_degraded",
         "bill_unmetered",
+        "credit_stall",
+        "migrate_degraded_causes",
         "voucher_tiers",
         "voucher_validity_days",
     )
@@ -101,6 +135,9 @@ class PlanRead(Schema):
     minimum_s: int
     bill_degraded: bool
     bill_unmetered: bool
+    credit_stall: bool
+    migrate_degraded_after_s: int | None
+    migrate_degraded_causes: list[DegradedCause]
     voucher_tiers: list[VoucherTier]
     voucher_validity_days: int
     prices: list[PriceRead]

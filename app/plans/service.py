@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
@@ -11,6 +12,7 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.core.errors import Conflict, Unprocessable, not_found
 from app.customers.service import customer_by_id
+from app.metering.causes import DegradedCause
 from app.plans import repository
 from app.plans.models import PlanPrice, PricePlan
 from app.plans.schemas import PlanCreate, PlanUpdate, PriceCreate, PriceRead
@@ -34,10 +36,14 @@ def visible_prices(session: Session, plan: PricePlan, principal: Principal) -> l
     return [PriceRead.model_validate(price) for price in session.scalars(query)]
 
 
+# Stored as JSONB: written as their JSON form.
+_JSON_FIELDS = {"voucher_tiers", "migrate_degraded_causes"}
+
+
 def create_plan(session: Session, data: PlanCreate) -> PricePlan:
     plan = PricePlan(
-        **data.model_dump(exclude={"prices", "voucher_tiers"}),
-        voucher_tiers=[tier.model_dump(mode="json") for tier in data.voucher_tiers],
+        **data.model_dump(exclude={"prices", *_JSON_FIELDS}),
+        **data.model_dump(include=_JSON_FIELDS, mode="json"),
     )
     session.add(plan)
     try:
@@ -59,7 +65,7 @@ def update_plan(session: Session, plan: PricePlan, data: PlanUpdate) -> PricePla
         if holder is not None and holder != plan.id:
             raise Conflict(f"price plan {holder} is already named {data.name!r}", ("body", "name"))
     for field in changes:
-        setattr(plan, field, changes[field] if field == "voucher_tiers" else getattr(data, field))
+        setattr(plan, field, changes[field] if field in _JSON_FIELDS else getattr(data, field))
     session.flush()
     return plan
 
@@ -155,3 +161,23 @@ class _RentalPlans:
 
 
 RENTAL_PLANS: Plans = _RentalPlans()
+
+
+@dataclass(frozen=True)
+class DegradedPolicy:
+    """A plan's spare policy for degraded GPUs: migrate after ``after_s`` of these causes."""
+
+    after_s: int
+    causes: frozenset[DegradedCause]
+
+
+def degraded_policies(session: Session) -> dict[uuid.UUID, DegradedPolicy]:
+    """Read interface (failover): each plan that migrates degraded GPUs, with its policy."""
+    return {
+        plan.id: DegradedPolicy(
+            plan.migrate_degraded_after_s,
+            frozenset(DegradedCause(c) for c in plan.migrate_degraded_causes),
+        )
+        for plan in repository.degraded_migrating_plans(session)
+        if plan.migrate_degraded_after_s is not None
+    }

@@ -40,6 +40,8 @@ PERIOD = (10, 110)
 times = st.integers(0, 120)
 spans = st.tuples(times, times).map(sorted)
 _SEVERITY = [GpuState.HEALTHY, GpuState.DEGRADED, GpuState.FAILED]
+_STALLING = (Bucket.FAILURE_CREDIT, Bucket.MIGRATION_CREDIT)
+_STALLABLE = (Bucket.BILLABLE, Bucket.DEGRADED)
 
 
 @st.composite
@@ -75,6 +77,7 @@ def worlds(draw: st.DrawFn) -> dict:
         minimum_s=draw(st.sampled_from((0, 1, 10))),
         bill_degraded=draw(st.booleans()),
         bill_unmetered=draw(st.booleans()),
+        credit_stall=draw(st.booleans()),
     )
     rentals = [
         RentalInput(r, "c1", "H100", 1, draw(times), draw(st.none() | times), plan) for r in RENTALS
@@ -89,7 +92,14 @@ def worlds(draw: st.DrawFn) -> dict:
     }
 
 
-_CREDITS = frozenset({LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT, LineKind.DEGRADED_CREDIT})
+_CREDITS = frozenset(
+    {
+        LineKind.FAILURE_CREDIT,
+        LineKind.MIGRATION_CREDIT,
+        LineKind.DEGRADED_CREDIT,
+        LineKind.STALL_CREDIT,
+    }
+)
 
 
 def _rate(world: dict) -> list[RatedRental]:
@@ -116,14 +126,20 @@ def _oracle(world: dict, rental: RentalInput) -> Counter:
     mine = [a for a in world["assignments"] if a.rental_id == rental.rental_id]
     migrations = [m for m in world["migrations"] if m.rental_id == rental.rental_id]
     counts: Counter = Counter()
-    for gpu in GPUS:
-        for t in range(lo, hi):
-            in_window = [m for m in migrations if m.failed_at <= t < m.resumed_at]
+    for t in range(lo, hi):
+        in_window = [m for m in migrations if m.failed_at <= t < m.resumed_at]
+        second: dict[str, Bucket] = {}  # each GPU's bucket at t, stall aside
+        for gpu in GPUS:
             if any(m.from_gpu == gpu for m in in_window):
-                counts[Bucket.MIGRATION_CREDIT] += 1
+                second[gpu] = Bucket.MIGRATION_CREDIT
             assigned = any(a.gpu_uuid == gpu and a.start <= t < a.end for a in mine)
             if assigned and not any(gpu in (m.from_gpu, m.to_gpu) for m in in_window):
-                counts[_oracle_bucket(world, rental.plan, gpu, t)] += 1
+                second[gpu] = _oracle_bucket(world, rental.plan, gpu, t)
+        stopped = {g for g, b in second.items() if b in _STALLING}
+        for gpu, bucket in second.items():
+            if rental.plan.credit_stall and bucket in _STALLABLE and stopped - {gpu}:
+                bucket = Bucket.STALL_CREDIT  # another GPU of the job failed or is migrating
+            counts[bucket] += 1
     return counts
 
 

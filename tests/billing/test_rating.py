@@ -14,7 +14,7 @@ from app.billing.core.domain import (
     Segment,
 )
 from app.billing.core.lines import LineKind
-from app.billing.core.rating import RatedRental, rate_rental
+from app.billing.core.rating import RatedRental, rate_rental, rate_rentals
 
 from .factories import DAY, MONTH, failed, healthy, rental, usd_plan
 
@@ -195,6 +195,7 @@ def test_maintenance_unmetered_and_degraded_rules() -> None:
         Bucket.MAINTENANCE: 40,
         Bucket.FAILURE_CREDIT: 40,
         Bucket.UNMETERED: 150,
+        Bucket.STALL_CREDIT: 0,
         Bucket.DEGRADED: 100,
         Bucket.DEGRADED_CREDIT: 0,
         Bucket.BILLABLE: 70,
@@ -311,3 +312,65 @@ def test_caps_belong_to_each_model_and_are_effective_dated_with_its_price() -> N
     )
     assert _amounts(rated, LineKind.CHARGE) == [Decimal("1144.80")]  # 720 h x 1.59
     assert rated.net == Decimal("900.00")
+
+
+def _stalled_job(credit_stall: bool = True) -> list[RatedRental]:
+    """A 4-GPU job at $3.60/h for a day (A, B, C, D) beside a 1-GPU rental on E: A fails at
+    F and the job resumes on spare S 2850 s later (47 min failed, then a 30-s migration); D
+    is degraded meanwhile, C has no telemetry for 60 s of it; E's own rental runs on."""
+    plan = usd_plan("3.60", credit_stall=credit_stall)
+    job = rental(plan, "r1", gpus=4, rental_end=F + DAY)
+    other = rental(plan, "r2", rental_end=F + DAY)
+    assignments = [
+        Assignment("r1", "A", 0, F + 2820),
+        Assignment("r1", "S", F + 2850, F + DAY),
+        *(Assignment("r1", g, 0, F + DAY) for g in "BCD"),
+        Assignment("r2", "E", 0, F + DAY),
+    ]
+    segments = {
+        "A": [healthy("A", 0, F), failed("A", F, F + DAY, "xid79")],
+        "B": [healthy("B", 0, F + DAY)],
+        "C": [healthy("C", 0, F + 100), healthy("C", F + 160, F + DAY)],
+        "D": [
+            healthy("D", 0, F - 50),
+            Segment("D", F - 50, F + 3000, GpuState.DEGRADED, {"event_id": "d1"}),
+            healthy("D", F + 3000, F + DAY),
+        ],
+        "E": [healthy("E", 0, F + DAY)],
+        "S": [healthy("S", 0, F + DAY)],
+    }
+    migration = Migration("r1", "A", "S", F + 2820, F + 2850, {"reason": "failover f1"})
+    inputs = RatingInputs([job, other], assignments, segments, {}, [migration], MONTH)
+    return rate_rentals(inputs)
+
+
+def test_a_failure_stalls_the_whole_job_until_it_resumes_on_the_spare() -> None:
+    job, other = _stalled_job()
+    # B, C and D wait 2850 s each (C's 60 unmetered seconds stay unmetered); D's degraded
+    # seconds before the failure stay billed.
+    assert job.buckets[Bucket.STALL_CREDIT] == 3 * 2850 - 60
+    assert job.buckets[Bucket.UNMETERED] == 60
+    assert job.buckets[Bucket.DEGRADED] == 50 + (3000 - 2850)
+    assert job.rented_s == 4 * (F + DAY)
+    stalls = [x for x in job.lines if x.kind is LineKind.STALL_CREDIT]
+    # One line per stalled run: the failure and the migration window after it are one stall.
+    assert [(x.gpu_uuid, x.start, x.seconds) for x in stalls] == [
+        ("B", F, 2850),
+        ("C", F, 100),
+        ("C", F + 160, 2690),
+        ("D", F, 2850),
+    ]
+    evidence = {"stalled_by": "A", "bucket": "failure_credit", "event_id": "xid79", "xid": 79}
+    assert all(x.evidence == evidence for x in stalls)
+    # $3.60/h is $0.001 a second: every line is exact.
+    assert [x.amount for x in stalls] == [Decimal(v) for v in ("-2.85", "-0.10", "-2.69", "-2.85")]
+    billed_s = job.buckets[Bucket.BILLABLE] + job.buckets[Bucket.DEGRADED]
+    assert job.net == Decimal(billed_s) / 1000  # $3.60/h is $0.001 a second
+    assert other.buckets[Bucket.STALL_CREDIT] == 0  # another rental's job is not stalled
+
+
+def test_a_plan_without_stall_credit_bills_the_other_gpus() -> None:
+    job, _ = _stalled_job(credit_stall=False)
+    assert job.buckets[Bucket.STALL_CREDIT] == 0
+    assert not [x for x in job.lines if x.kind is LineKind.STALL_CREDIT]
+    assert job.buckets[Bucket.BILLABLE] + job.buckets[Bucket.DEGRADED] == 4 * (F + DAY) - 2850 - 60

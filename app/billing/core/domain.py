@@ -31,13 +31,20 @@ class Bucket(StrEnum):
     MAINTENANCE = "maintenance"
     FAILURE_CREDIT = "failure_credit"
     UNMETERED = "unmetered"
+    # Another GPU of the rental is failed or migrating: the job cannot run (``credit_stall``).
+    STALL_CREDIT = "stall_credit"
     DEGRADED = "degraded"
     DEGRADED_CREDIT = "degraded_credit"
     BILLABLE = "billable"
 
 
 # Seconds in these buckets are charged and then credited back on their own negative lines.
-CREDIT_BUCKETS = frozenset({Bucket.MIGRATION_CREDIT, Bucket.FAILURE_CREDIT, Bucket.DEGRADED_CREDIT})
+CREDIT_BUCKETS = frozenset(
+    {Bucket.MIGRATION_CREDIT, Bucket.FAILURE_CREDIT, Bucket.DEGRADED_CREDIT, Bucket.STALL_CREDIT}
+)
+# Seconds the job could not run for the provider's fault: a failed GPU, a migration window, and
+# the rental's other GPUs meanwhile (automatic credits, as opposed to a plan's degraded credit).
+DOWNTIME_BUCKETS = frozenset({Bucket.FAILURE_CREDIT, Bucket.MIGRATION_CREDIT, Bucket.STALL_CREDIT})
 
 
 def _check_interval(start: int, end: int) -> None:
@@ -123,6 +130,7 @@ class PlanTerms:
     minimum_s: int = 1
     bill_degraded: bool = True
     bill_unmetered: bool = False
+    credit_stall: bool = True  # a failure credits the rental's other GPUs until the job runs
     voucher_tiers: tuple[VoucherTier, ...] = ()
     voucher_validity_days: int = 90
 

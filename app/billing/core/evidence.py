@@ -32,9 +32,14 @@ def xid_of(evidence: Mapping[str, Any] | None) -> int | None:
 def evidence_text(evidence: Mapping[str, Any] | None) -> str:
     """A credit's evidence as a customer reads it: "XID 79: GPU has fallen off the bus" (the
     driver's message), else "XID 79 (xid_79_fallen_off_bus)" (the rule that fired), or
-    "migrated from GPU-A to GPU-B: XID 79"; row ids and raw payloads are left out."""
+    "migrated from GPU-A to GPU-B: XID 79", or for a stall credit "job stalled by GPU-A:
+    <its own evidence>"; row ids and raw payloads are left out."""
     if not evidence:
         return ""
+    if "stalled_by" in evidence:
+        cause = {k: v for k, v in evidence.items() if k not in ("stalled_by", "bucket")}
+        text = f"job stalled by {evidence['stalled_by']}"
+        return f"{text}: {evidence_text(cause)}" if cause else text
     if "to_gpu" in evidence:
         text = f"migrated from {evidence.get('from_gpu')} to {evidence['to_gpu']}"
         return f"{text}: {evidence['reason']}" if evidence.get("reason") else text

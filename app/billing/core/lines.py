@@ -37,6 +37,7 @@ class LineKind(StrEnum):
     FAILURE_CREDIT = "failure_credit"
     MIGRATION_CREDIT = "migration_credit"
     DEGRADED_CREDIT = "degraded_credit"
+    STALL_CREDIT = "stall_credit"
     CAP = "cap"
     ADJUSTMENT = "adjustment"  # late data re-rated for an earlier finalized period
     CREDIT_NOTE = "credit_note"  # the part of negative adjustments issued as a credit note
@@ -49,6 +50,7 @@ _CREDIT_KIND = {
     Bucket.FAILURE_CREDIT: LineKind.FAILURE_CREDIT,
     Bucket.MIGRATION_CREDIT: LineKind.MIGRATION_CREDIT,
     Bucket.DEGRADED_CREDIT: LineKind.DEGRADED_CREDIT,
+    Bucket.STALL_CREDIT: LineKind.STALL_CREDIT,
 }
 CREDIT_KINDS = frozenset(_CREDIT_KIND.values())
 

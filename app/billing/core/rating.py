@@ -24,6 +24,13 @@ Rules (where the design left room):
   > degraded (``degraded`` or ``degraded_credit`` per ``bill_degraded``) > healthy (billable).
   Overlapping segments of one GPU resolve to the worst state (failed > degraded > healthy).
   Buckets always sum to rented seconds; increment rounding is not a bucket.
+* Stall (``credit_stall``, on by default): a failure stalls the whole job, so while any GPU of
+  the rental is failed or in a migration window (from the failure second until the job runs
+  again on a spare, the GPU is repaired, or the rental ends), the rental's other GPUs'
+  billable and degraded seconds are ``stall_credit``, with the stalling piece's evidence.
+  Seconds already credited, unmetered or in maintenance keep their bucket, so every rented
+  second is still in exactly one bucket. A degraded migration's window stalls the job too:
+  its degraded seconds before the window stay billed (unless ``bill_degraded`` is off).
 * Billed buckets: billable, degraded, and unmetered when ``bill_unmetered``.
 * A session is a maximal run of the union of one rental's assignments on one GPU, clipped to
   the bounds (so adjacent or overlapping assignments form one session). Its billed seconds
@@ -63,6 +70,7 @@ from app.billing.core.domain import (
     CREDIT_BUCKETS,
     Assignment,
     Bucket,
+    Evidence,
     Migration,
     Piece,
     PlanTerms,
@@ -378,6 +386,9 @@ def _classify_rental(
         for gpu, gpu_runs in session_runs(assignments, bounds).items()
         for run in gpu_runs
     ]
+    if rental.plan.credit_stall:
+        stalls = _stalls([p for _, _, run_pieces in runs for p in run_pieces] + window_pieces)
+        runs = [(gpu, run, _stalled(run_pieces, stalls)) for gpu, run, run_pieces in runs]
     pieces = [p for _, _, run_pieces in runs for p in run_pieces] + window_pieces
     return Classified(rental, bounds, sorted(pieces, key=lambda p: (p.gpu_uuid, p.start)), runs)
 
@@ -431,6 +442,68 @@ def _window_pieces(migrations: Sequence[Migration], bounds: Span) -> list[Piece]
             first = next(m for span, m in windows if span[0] >= window[0])
             pieces.append(Piece(gpu, *window, Bucket.MIGRATION_CREDIT, None, first.evidence))
     return pieces
+
+
+_STALLING = frozenset({Bucket.FAILURE_CREDIT, Bucket.MIGRATION_CREDIT})
+_STALLABLE = frozenset({Bucket.BILLABLE, Bucket.DEGRADED})
+
+
+class _Stall(NamedTuple):
+    """A span in which one of the rental's GPUs could not run its part of the job."""
+
+    start: int
+    end: int
+    gpu_uuid: str
+    evidence: Evidence
+
+
+def _stalls(pieces: Iterable[Piece]) -> list[_Stall]:
+    """The failed and migrating pieces of a rental, by start: the spans its job is stalled."""
+    return sorted(
+        _Stall(p.start, p.end, p.gpu_uuid, _stall_evidence(p))
+        for p in pieces
+        if p.bucket in _STALLING
+    )
+
+
+def _stall_evidence(piece: Piece) -> Evidence:
+    """What a stall credit shows: the GPU that stopped the job and why (its failure's health
+    event, or the migration window's failover)."""
+    return {"stalled_by": piece.gpu_uuid, "bucket": piece.bucket.value, **(piece.evidence or {})}
+
+
+def _stalled(pieces: Sequence[Piece], stalls: Sequence[_Stall]) -> list[Piece]:
+    """``pieces`` of one GPU with their billable and degraded seconds inside another GPU's
+    stall turned into ``stall_credit`` (one piece per maximal run, with the evidence of the
+    stall it begins in)."""
+    out: list[Piece] = []
+    for piece in pieces:
+        others = [s for s in stalls if s.gpu_uuid != piece.gpu_uuid]
+        if piece.bucket not in _STALLABLE or not others:
+            out.append(piece)
+            continue
+        stalled = [c for s in others if (c := clip((s.start, s.end), (piece.start, piece.end)))]
+        for start, end in subtract([(piece.start, piece.end)], stalled):
+            out.append(replace(piece, start=start, end=end))
+        for start, end in merge(stalled):
+            cause = next(s for s in others if s.start <= start < s.end)
+            out.append(
+                replace(
+                    piece, start=start, end=end, bucket=Bucket.STALL_CREDIT, evidence=cause.evidence
+                )
+            )
+    return _fused(sorted(out, key=lambda p: p.start))
+
+
+def _fused(pieces: Sequence[Piece]) -> list[Piece]:
+    """Adjacent pieces of one bucket joined (the first one's evidence kept)."""
+    out: list[Piece] = []
+    for piece in pieces:
+        if out and out[-1].end == piece.start and out[-1].bucket is piece.bucket:
+            out[-1] = replace(out[-1], end=piece.end)
+        else:
+            out.append(piece)
+    return out
 
 
 def _classify(

@@ -8,10 +8,11 @@ API:
 Rules:
 * "With credits" is the real rating (``rate_rentals``) with the increment swapped in:
   amount = what the invoice charges for the rentals (charges, credits and the cap).
-  "Without credits" keeps the charge lines (which already include failed and migration
-  seconds), drops the failure/migration credit lines, and adds a downtime top-up per
-  incident. ``degraded_credit`` is a plan price rule, not an automatic credit, so it stays
-  in both columns.
+  "Without credits" keeps the charge lines (which already include failed, migration and
+  stalled seconds), drops the failure/migration/stall credit lines, and adds a downtime
+  top-up per incident (a stalled GPU's wait is one too: without automatic credits the job
+  waits for the manual recovery on every GPU). ``degraded_credit`` is a plan price rule,
+  not an automatic credit, so it stays in both columns.
 * The cap applies in both columns, each by its own rule: with credits, the allowance is
   earned by billed seconds only (``rating``'s cap rule); without automatic credits, the
   downtime is billed, so it earns allowance too. A capped customer thus sees in both
@@ -28,7 +29,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
-from app.billing.core.domain import Bucket, Piece, RatingInputs
+from app.billing.core.domain import DOWNTIME_BUCKETS, Bucket, Piece, RatingInputs
 from app.billing.core.intervals import Span
 from app.billing.core.lines import LineKind, sum_amounts
 from app.billing.core.rating import RatedRental, cap_allowance, is_billed, price_at, rate_rentals
@@ -37,7 +38,7 @@ from app.core.money import time_amount
 DEFAULT_MANUAL_RECOVERY_S = 47 * 60
 DEFAULT_INCREMENTS = (1, 60, 3600)
 
-_DOWNTIME = frozenset({Bucket.FAILURE_CREDIT, Bucket.MIGRATION_CREDIT})
+_DOWNTIME = DOWNTIME_BUCKETS
 _KEPT_WITHOUT_CREDITS = frozenset({LineKind.CHARGE, LineKind.DEGRADED_CREDIT})
 
 

@@ -38,6 +38,7 @@ def healthy(**fields: Any) -> GpuReading:
         gpu_util=50, ecc_corrected_volatile=0, ecc_uncorrected_volatile=0,
         retired_pages_pending=False, remap_pending=False, remap_failure=False,
         nvlink_links=18, nvlink_links_down=0, nvlink_crc_errors=0, pcie_replays=0,
+        nvlink_replay_errors=0, nvlink_recovery_errors=0,
         recovery_action=0, clock_event_reasons=0,
     )  # fmt: skip
     return replace(base, **fields)
@@ -80,7 +81,7 @@ CONDITION_CASES = [
     ("nvlink_down", F, [healthy(nvlink_links_down=2)]),  # DCGM: a link down is a failure
     ("nvlink_crc_errors", D, [healthy(nvlink_crc_errors=5), healthy(nvlink_crc_errors=500)]),
     ("nvlink_replay_errors", D, [healthy(nvlink_replay_errors=3), healthy(nvlink_replay_errors=4)]),
-    ("nvlink_recovery_errors", D, [healthy(nvlink_recovery_errors=0), healthy(nvlink_recovery_errors=1)]),
+    ("nvlink_recovery_errors", D, [healthy(), healthy(nvlink_recovery_errors=1)]),
     ("pcie_replay_storm", D, [healthy(pcie_replays=0), healthy(pcie_replays=50)]),
     ("ecc_corrected_burst", D, [healthy(), healthy(ecc_corrected_volatile=900)]),
     ("thermal_slowdown", D, [healthy(clock_event_reasons=CLOCKS_EVENT_HW_THERMAL)]),

@@ -48,7 +48,7 @@ class Node:
                     energy_mj=self.energy[info.index],
                     ecc_uncorrected_volatile=0,
                     xids=self.xids.pop(info.index, []),
-                )  # fmt: skip
+                )
             )
         return readings
 

@@ -1,18 +1,22 @@
 """Health classifier: a pure, table-driven function from one GPU's reading to its state.
 
 ``classify(reading, memory, now)`` returns the verdict (state, the evidence behind it, the health
-events to report) and the memory to pass in next second. Rules follow NVIDIA's own tools (DCGM
-health watches, k8s-device-plugin, the XID catalogue):
+events to report) and the memory to pass in next second. Rules follow NVIDIA's own sources: the
+XID catalog (``xid_catalog``: every code with NVIDIA's immediate action), DCGM's health watches
+(docs/dcgm-parity.md) and NVIDIA's GPU memory error guidance. Each rule and its source is listed
+in metering_agent/README.md.
 
 - failed: GPU lost / off the bus (or NVML hung past the sample bound, or every call failing with
   Unknown Error), uncorrectable memory errors that are not contained (see below), row-remap
-  failure, a recovery action of reset / reboot / drain-and-reset, and fatal XIDs (48, 64, 74,
-  79, 95, 119, 120, 140);
-- degraded: XID 94 and contained uncorrectable memory errors, retired-page or row-remap pending,
-  NVLink links gone from up to down, NVLink CRC errors, PCIe replay storms, correctable-ECC
-  bursts, thermal or power-brake slowdown;
-- application XIDs (13, 31, 43, 45, 68, 109) and unknown XIDs are events only, and so are
-  failures of the XID event path (``nvml_error`` events: XIDs may be missing).
+  failure, retired pages at DCGM's limit, a driver recovery action of reset / reboot /
+  drain-and-reset, an NVLink link down, and every XID whose catalog action is a GPU reset, a
+  node reboot or support (``Verdict.FAILED``);
+- degraded: contained uncorrectable memory errors (XID 94), retired-page or row-remap pending,
+  NVLink CRC, replay or recovery errors, PCIe replay storms, correctable-ECC bursts, thermal or
+  power-brake slowdown, NVLink5 / C2C XIDs whose action the driver's recovery action decides,
+  and XIDs the catalog does not list (also reported as ``xid_unknown`` events);
+- application XIDs (the catalog's "restart the application" and "ignore") are events only, and
+  so are failures of the XID event path (``nvml_error`` events: XIDs may be missing).
 
 Uncorrectable memory errors (the volatile uncorrected ECC count and the driver's DBE events) are
 decided as NVIDIA's memory-error guidance describes (GPU Memory Error Management, A100 and
@@ -25,12 +29,16 @@ How long a state sticks:
 
 - condition rules (lost, ECC counts, remap flags, NVLink down, recovery action) hold exactly while
   the condition reads true: volatile ECC counts and remap flags only clear with a GPU reset;
-- fatal XIDs latch ``failed`` for ``FATAL_XID_HOLD_S`` after the last one, or until the GPU is
-  reset (``reading.recovered``: the simulator's ``recover``);
-- event-like degraded rules (XID 94, counter bursts, slowdowns) hold ``DEGRADED_HOLD_S`` after the
-  last time they fired, i.e. a slowdown flags the GPU for a minute after it ends.
+- failing XIDs and DBE events, and XID 94, are latched **until the GPU is seen repaired**, never
+  on a timer: ``repair_signal`` names what proves a reset or driver reload (a lost GPU answering
+  again, volatile ECC counts, the energy counter or a pending remap / page retirement going
+  down). The latch survives an agent restart (``latch``; a new boot id there is a node reboot);
+- event-like degraded rules (counter bursts, slowdowns, unknown XIDs) hold ``DEGRADED_HOLD_S``
+  after the last time they fired, i.e. a slowdown flags the GPU for a minute after it ends.
 
-The state is the worst of the rules firing now and the rules still held.
+The state is the worst of the rules firing now and the rules still held. Every piece of evidence
+names its ``cause`` (``CAUSES``), a stable name the service can act on (migrate on chosen
+degraded causes); XID evidence carries NVIDIA's description and immediate action.
 """
 
 from __future__ import annotations
@@ -49,21 +57,20 @@ from metering_agent.nvml.provider import (
     GpuReading,
 )
 from metering_agent.protocol import SEVERITY, EventKind, GpuState, HealthEvent
+from metering_agent.xid_catalog import CATALOG, CATALOG_VERSION, XidEntry
+from metering_agent.xid_catalog import Verdict as XidVerdict
 
-FATAL_XID_HOLD_S = 300
 DEGRADED_HOLD_S = 60
+LATCHED = None  # a held rule's "until": held until the GPU is seen repaired
 
 # Per-second counter increases that count as a burst / storm.
 NVLINK_CRC_PER_S = 10
 PCIE_REPLAYS_PER_S = 8
 ECC_CORRECTED_PER_S = 100
+# DCGM's limit (dcgm_gpu_hardware_limits.h, DCGM_LIMIT_MAX_RETIRED_PAGES): fail at this many.
+RETIRED_PAGES_LIMIT = 63
 
-SLOWDOWN_MASK = (
-    CLOCKS_EVENT_HW_SLOWDOWN
-    | CLOCKS_EVENT_SW_THERMAL
-    | CLOCKS_EVENT_HW_THERMAL
-    | CLOCKS_EVENT_HW_POWER_BRAKE
-)
+THERMAL_MASK = CLOCKS_EVENT_HW_SLOWDOWN | CLOCKS_EVENT_SW_THERMAL | CLOCKS_EVENT_HW_THERMAL
 FAILING_RECOVERY_ACTIONS = {1, 2, 4, 6, 7}  # reset, reboot, drain-and-reset, bus reset, sys reboot
 DEGRADING_RECOVERY_ACTIONS = {3, 5}  # drain P2P, recover IMEX domain
 
@@ -76,40 +83,55 @@ MEMORY_ERROR_STATES: dict[tuple[bool, bool], GpuState] = {
     (True, True): GpuState.FAILED,  # not repairable in place
 }
 
-# XID -> (rule name, state, hold seconds). Others are events only.
-XID_RULES: dict[int, tuple[str, GpuState, int]] = {
-    48: ("xid_48_double_bit_ecc", GpuState.FAILED, FATAL_XID_HOLD_S),
-    64: ("xid_64_ecc_remap_failure", GpuState.FAILED, FATAL_XID_HOLD_S),
-    74: ("xid_74_nvlink_error", GpuState.FAILED, FATAL_XID_HOLD_S),
-    79: ("xid_79_fallen_off_bus", GpuState.FAILED, FATAL_XID_HOLD_S),
-    95: ("xid_95_uncontained_ecc", GpuState.FAILED, FATAL_XID_HOLD_S),
-    119: ("xid_119_gsp_rpc_timeout", GpuState.FAILED, FATAL_XID_HOLD_S),
-    120: ("xid_120_gsp_error", GpuState.FAILED, FATAL_XID_HOLD_S),
-    140: ("xid_140_unrecovered_ecc", GpuState.FAILED, FATAL_XID_HOLD_S),
-    94: ("xid_94_contained_ecc", GpuState.DEGRADED, DEGRADED_HOLD_S),
-}
-APPLICATION_XIDS: dict[int, str] = {
-    13: "xid_13_graphics_engine_exception",
-    31: "xid_31_gpu_memory_page_fault",
-    43: "xid_43_gpu_stopped_processing",
-    45: "xid_45_preemptive_cleanup",
-    68: "xid_68_video_processor_exception",
-    109: "xid_109_context_switch_timeout",
-}
-
 COUNTERS = (
     "ecc_corrected_volatile",
     "ecc_uncorrected_volatile",
     "nvlink_crc_errors",
+    "nvlink_replay_errors",
+    "nvlink_recovery_errors",
     "pcie_replays",
 )
+# Readings that only go down when the GPU is reset or its driver re-initialises it: volatile ECC
+# counts (zeroed at driver load), the energy counter (since the driver last loaded) and the
+# pending remap / page retirement flags (applied, so cleared, at the next reset or reload).
+REPAIR_SIGNALS = (
+    "ecc_corrected_volatile",
+    "ecc_uncorrected_volatile",
+    "energy_mj",
+    "remap_pending",
+    "retired_pages_pending",
+)
 Deltas = dict[str, int]
+
+# Every cause name the classifier emits, by state. Stable: the service selects on them.
+CAUSES: dict[str, GpuState] = {
+    "gpu_lost": GpuState.FAILED,
+    "uncorrectable_ecc": GpuState.FAILED,
+    "row_remap_failure": GpuState.FAILED,
+    "retired_pages_limit": GpuState.FAILED,
+    "recovery_action": GpuState.FAILED,
+    "nvlink_down": GpuState.FAILED,
+    "xid_failure": GpuState.FAILED,
+    "contained_ecc": GpuState.DEGRADED,
+    "row_remap_pending": GpuState.DEGRADED,
+    "retired_pages_pending": GpuState.DEGRADED,
+    "recovery_action_advised": GpuState.DEGRADED,
+    "nvlink_slow": GpuState.DEGRADED,
+    "nvlink_error": GpuState.DEGRADED,
+    "c2c_error": GpuState.DEGRADED,
+    "pcie_replay": GpuState.DEGRADED,
+    "ecc_corrected_burst": GpuState.DEGRADED,
+    "thermal_slowdown": GpuState.DEGRADED,
+    "power_brake": GpuState.DEGRADED,
+    "xid_unknown": GpuState.DEGRADED,
+}
 
 
 @dataclass(frozen=True, slots=True)
 class Evidence:
     rule: str
     state: GpuState
+    cause: str
     code: int | None = None  # XID
     detail: dict[str, Any] = field(default_factory=dict)
 
@@ -118,8 +140,9 @@ class Evidence:
 class Rule:
     name: str
     state: GpuState
+    cause: str
     check: Callable[[GpuReading, Deltas], dict[str, Any] | None]  # evidence detail, or None
-    hold_s: int = 0  # 0: holds only while the condition reads true
+    hold_s: int | None = 0  # 0: holds only while the condition reads true; LATCHED: until repair
     counter: bool = False  # a counter jump: also reported as a ``counter`` event
 
 
@@ -135,13 +158,13 @@ def _positive(attr: str) -> Callable[[GpuReading, Deltas], dict[str, Any] | None
     return check
 
 
-def _burst_rule(name: str, attr: str, per_s: int) -> Rule:
-    """A counter rising by ``per_s`` or more in one second; flags the GPU for a minute."""
+def _burst_rule(name: str, cause: str, attr: str, per_s: int) -> Rule:
+    """A counter rising by ``per_s`` or more in one reading; flags the GPU for a minute."""
 
     def check(_r: GpuReading, d: Deltas) -> dict[str, Any] | None:
         return {attr: d[attr], "threshold": per_s} if d.get(attr, 0) >= per_s else None
 
-    return Rule(name, GpuState.DEGRADED, check, DEGRADED_HOLD_S, counter=True)
+    return Rule(name, GpuState.DEGRADED, cause, check, DEGRADED_HOLD_S, counter=True)
 
 
 def _recovery(actions: set[int]) -> Callable[[GpuReading, Deltas], dict[str, Any] | None]:
@@ -173,9 +196,17 @@ def _remap(attr: str) -> Callable[[GpuReading, Deltas], dict[str, Any] | None]:
             attr: True,
             "remapped_rows_correctable": r.remapped_rows_correctable,
             "remapped_rows_uncorrectable": r.remapped_rows_uncorrectable,
+            "remap_histogram": r.remap_histogram,
         }
 
     return check
+
+
+def _retired_pages_limit(r: GpuReading, _d: Deltas) -> dict[str, Any] | None:
+    total = (r.retired_pages_sbe or 0) + (r.retired_pages_dbe or 0)
+    if total < RETIRED_PAGES_LIMIT:
+        return None
+    return {"sbe": r.retired_pages_sbe, "dbe": r.retired_pages_dbe, "limit": RETIRED_PAGES_LIMIT}
 
 
 def _lost(r: GpuReading, _d: Deltas) -> dict[str, Any] | None:
@@ -186,38 +217,69 @@ def _dbe_event(r: GpuReading, _d: Deltas) -> dict[str, Any] | None:
     return {"dbe_events": r.dbe_events} if r.dbe_events else None
 
 
-def _slowdown(r: GpuReading, _d: Deltas) -> dict[str, Any] | None:
-    reasons = (r.clock_event_reasons or 0) & SLOWDOWN_MASK
-    return {"clock_event_reasons": hex(reasons)} if reasons else None
+def _slowdown(mask: int) -> Callable[[GpuReading, Deltas], dict[str, Any] | None]:
+    def check(r: GpuReading, _d: Deltas) -> dict[str, Any] | None:
+        reasons = r.clock_event_reasons or 0
+        if reasons & CLOCKS_EVENT_HW_POWER_BRAKE and mask != CLOCKS_EVENT_HW_POWER_BRAKE:
+            reasons &= ~CLOCKS_EVENT_HW_SLOWDOWN  # the HW slowdown that comes with a power brake
+        return {"clock_event_reasons": hex(reasons & mask)} if reasons & mask else None
+
+    return check
 
 
 F, D = GpuState.FAILED, GpuState.DEGRADED
 RULES: tuple[Rule, ...] = (
-    Rule("gpu_lost", F, _lost),
-    Rule("ecc_uncorrected_volatile", F, _memory_error(F, _positive("ecc_uncorrected_volatile"))),
-    Rule("ecc_dbe_event", F, _memory_error(F, _dbe_event), hold_s=FATAL_XID_HOLD_S),
-    Rule("row_remap_failure", F, _remap("remap_failure")),
-    Rule("recovery_action_required", F, _recovery(FAILING_RECOVERY_ACTIONS)),
-    Rule("recovery_action_advised", D, _recovery(DEGRADING_RECOVERY_ACTIONS)),
-    Rule("ecc_uncorrected_contained", D, _memory_error(D, _positive("ecc_uncorrected_volatile"))),
-    Rule("ecc_dbe_contained", D, _memory_error(D, _dbe_event), hold_s=DEGRADED_HOLD_S),
-    Rule("row_remap_pending", D, _remap("remap_pending")),
-    Rule("retired_pages_pending", D, _flag("retired_pages_pending")),
-    Rule("nvlink_down", D, _positive("nvlink_links_down")),
-    _burst_rule("nvlink_crc_errors", "nvlink_crc_errors", NVLINK_CRC_PER_S),
-    _burst_rule("pcie_replay_storm", "pcie_replays", PCIE_REPLAYS_PER_S),
-    _burst_rule("ecc_corrected_burst", "ecc_corrected_volatile", ECC_CORRECTED_PER_S),
-    Rule("clock_slowdown", D, _slowdown, DEGRADED_HOLD_S),
+    Rule("gpu_lost", F, "gpu_lost", _lost),
+    Rule(
+        "ecc_uncorrected_volatile",
+        F,
+        "uncorrectable_ecc",
+        _memory_error(F, _positive("ecc_uncorrected_volatile")),
+    ),
+    Rule("ecc_dbe_event", F, "uncorrectable_ecc", _memory_error(F, _dbe_event), LATCHED),
+    Rule("row_remap_failure", F, "row_remap_failure", _remap("remap_failure")),
+    Rule("retired_pages_limit", F, "retired_pages_limit", _retired_pages_limit),
+    Rule("recovery_action_required", F, "recovery_action", _recovery(FAILING_RECOVERY_ACTIONS)),
+    Rule("nvlink_down", F, "nvlink_down", _positive("nvlink_links_down")),
+    Rule(
+        "recovery_action_advised",
+        D,
+        "recovery_action_advised",
+        _recovery(DEGRADING_RECOVERY_ACTIONS),
+    ),
+    Rule(
+        "ecc_uncorrected_contained",
+        D,
+        "contained_ecc",
+        _memory_error(D, _positive("ecc_uncorrected_volatile")),
+    ),
+    Rule("ecc_dbe_contained", D, "contained_ecc", _memory_error(D, _dbe_event), LATCHED),
+    Rule("row_remap_pending", D, "row_remap_pending", _remap("remap_pending")),
+    Rule("retired_pages_pending", D, "retired_pages_pending", _flag("retired_pages_pending")),
+    _burst_rule("nvlink_crc_errors", "nvlink_slow", "nvlink_crc_errors", NVLINK_CRC_PER_S),
+    _burst_rule("nvlink_replay_errors", "nvlink_slow", "nvlink_replay_errors", 1),
+    _burst_rule("nvlink_recovery_errors", "nvlink_slow", "nvlink_recovery_errors", 1),
+    _burst_rule("pcie_replay_storm", "pcie_replay", "pcie_replays", PCIE_REPLAYS_PER_S),
+    _burst_rule(
+        "ecc_corrected_burst", "ecc_corrected_burst", "ecc_corrected_volatile", ECC_CORRECTED_PER_S
+    ),
+    Rule("thermal_slowdown", D, "thermal_slowdown", _slowdown(THERMAL_MASK), DEGRADED_HOLD_S),
+    Rule("power_brake", D, "power_brake", _slowdown(CLOCKS_EVENT_HW_POWER_BRAKE), DEGRADED_HOLD_S),
 )
 
 
 @dataclass(frozen=True, slots=True)
 class HealthMemory:
-    """What the classifier carries from one second to the next."""
+    """What the classifier carries from one second to the next (and, latched, across restarts)."""
 
     state: GpuState = GpuState.HEALTHY
-    counters: dict[str, int] = field(default_factory=dict)
-    held: dict[str, tuple[Evidence, int]] = field(default_factory=dict)  # rule -> (evidence, until)
+    counters: dict[str, int] = field(default_factory=dict)  # COUNTERS and REPAIR_SIGNALS
+    # rule -> (evidence, until): until a second, or LATCHED (until the GPU is seen repaired)
+    held: dict[str, tuple[Evidence, int | None]] = field(default_factory=dict)
+    repaired: str | None = None  # a repair seen before this reading (a reboot, from ``latch``)
+
+    def latched(self) -> dict[str, Evidence]:
+        return {name: ev for name, (ev, until) in self.held.items() if until is LATCHED}
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,43 +300,89 @@ def counter_deltas(previous: dict[str, int], r: GpuReading) -> Deltas:
     return deltas
 
 
+def repair_signal(previous: dict[str, int], r: GpuReading) -> str | None:
+    """What proves the GPU was reset or re-initialised since ``previous``, or None."""
+    if r.recovered:
+        return "gpu_answers_again"
+    for name in REPAIR_SIGNALS:
+        value = getattr(r, name)
+        if value is not None and name in previous and int(value) < previous[name]:
+            return f"{name}_went_down"
+    return None
+
+
+def _readings(r: GpuReading) -> dict[str, int]:
+    names = dict.fromkeys((*COUNTERS, *REPAIR_SIGNALS))
+    return {name: int(getattr(r, name)) for name in names if getattr(r, name) is not None}
+
+
 def event_id(gpu_uuid: str, at: int, kind: str, key: str | int | None, ordinal: int) -> str:
     """Deterministic, so the same observation always gets the same id."""
     return str(uuid.uuid5(uuid.NAMESPACE_OID, f"{gpu_uuid}|{at}|{kind}|{key}|{ordinal}"))
 
 
-def _xid_evidence(code: int) -> tuple[Evidence, int]:
-    if code in XID_RULES:
-        rule, state, hold_s = XID_RULES[code]
-        return Evidence(rule, state, code), hold_s
-    return Evidence(APPLICATION_XIDS.get(code, f"xid_{code}"), GpuState.HEALTHY, code), 0
+def xid_detail(entry: XidEntry) -> dict[str, Any]:
+    """What a customer and an operator read about an XID: NVIDIA's words and action."""
+    return {
+        "mnemonic": entry.mnemonic,
+        "description": entry.description,
+        "nvidia_action": entry.action.value or None,
+        "verdict": entry.verdict.value,
+        "catalog": CATALOG_VERSION,
+    }
+
+
+def _xid(code: int, r: GpuReading) -> tuple[Evidence | None, int | None]:
+    """The evidence an XID adds (None for the customer's) and how long it holds."""
+    entry = CATALOG.get(code)
+    if entry is None:
+        detail = {"description": "not in NVIDIA's XID catalog", "catalog": CATALOG_VERSION}
+        return Evidence(f"xid_{code}_unknown", D, "xid_unknown", code, detail), DEGRADED_HOLD_S
+    detail = xid_detail(entry)
+    match entry.verdict:
+        case XidVerdict.CUSTOMER:
+            return None, 0
+        case XidVerdict.FAILED:
+            return Evidence(entry.rule, F, entry.cause, code, detail), LATCHED
+        case XidVerdict.DEGRADED:
+            return Evidence(entry.rule, D, entry.cause, code, detail), LATCHED
+        case XidVerdict.DRIVER if r.recovery_action is None:
+            detail["recovery_action"] = "unreadable: failed until repaired"
+            return Evidence(entry.rule, F, "xid_failure", code, detail), LATCHED
+    return Evidence(entry.rule, D, entry.cause, code, detail), DEGRADED_HOLD_S
 
 
 def classify(r: GpuReading, memory: HealthMemory, now: int) -> tuple[Verdict, HealthMemory]:
     deltas = counter_deltas(memory.counters, r)
-    held = {} if r.recovered else dict(memory.held)
+    repaired = memory.repaired or repair_signal(memory.counters, r)
+    held = {} if repaired else dict(memory.held)
     firing: list[Evidence] = []
     events: list[HealthEvent] = []
 
-    def fire(evidence: Evidence, hold_s: int) -> None:
+    def fire(evidence: Evidence, hold_s: int | None) -> None:
         firing.append(evidence)
-        if hold_s:
+        if hold_s is LATCHED:
+            held[evidence.rule] = (evidence, LATCHED)
+        elif hold_s:
             held[evidence.rule] = (evidence, now + hold_s)
 
     for rule in RULES:
         detail = rule.check(r, deltas)
         if detail is None:
             continue
-        fire(Evidence(rule.name, rule.state, None, detail), rule.hold_s)
+        fire(Evidence(rule.name, rule.state, rule.cause, None, detail), rule.hold_s)
         if rule.counter:
             events.append(
                 _event(r.uuid, now, EventKind.COUNTER, len(events), rule=rule.name, detail=detail)
             )
     for code in r.xids:
-        xid, hold_s = _xid_evidence(code)
-        if xid.state != GpuState.HEALTHY:
+        xid, hold_s = _xid(code, r)
+        if xid is not None:
             fire(xid, hold_s)
-        events.append(_event(r.uuid, now, EventKind.XID, len(events), code=code, rule=xid.rule))
+        kind = EventKind.XID if code in CATALOG else EventKind.XID_UNKNOWN
+        name = xid.rule if xid is not None else CATALOG[code].rule
+        detail = xid.detail if xid is not None else xid_detail(CATALOG[code])
+        events.append(_event(r.uuid, now, kind, len(events), code=code, rule=name, detail=detail))
 
     for message in r.event_errors:
         events.append(
@@ -288,12 +396,20 @@ def classify(r: GpuReading, memory: HealthMemory, now: int) -> tuple[Verdict, He
             )
         )
 
-    held = {name: (ev, until) for name, (ev, until) in held.items() if until > now}
+    held = {
+        name: (ev, until) for name, (ev, until) in held.items() if until is LATCHED or until > now
+    }
     fired = {ev.rule for ev in firing}
     evidence = firing + [ev for name, (ev, _) in held.items() if name not in fired]
     state = max((ev.state for ev in evidence), key=SEVERITY.__getitem__, default=GpuState.HEALTHY)
     if state != memory.state:
-        detail = {"from": memory.state.value, "evidence": [_evidence_json(ev) for ev in evidence]}
+        detail = {
+            "from": memory.state.value,
+            "causes": sorted({ev.cause for ev in evidence}),
+            "evidence": [_evidence_json(ev) for ev in evidence],
+        }
+        if repaired:
+            detail["repaired"] = repaired
         cause = evidence[0].rule if evidence else "cleared"
         events.append(
             _event(
@@ -306,14 +422,14 @@ def classify(r: GpuReading, memory: HealthMemory, now: int) -> tuple[Verdict, He
                 detail=detail,
             )
         )
-    counters = {name: getattr(r, name) for name in COUNTERS if getattr(r, name) is not None}
-    # A lost GPU reads no counters: keep the last ones so its return is not a jump.
+    counters = _readings(r)
+    # A lost GPU reads nothing: keep the last values so its return is neither a jump nor a repair.
     counters = {**memory.counters, **counters} if r.lost else counters
     return Verdict(state, evidence, events), HealthMemory(state, counters, held)
 
 
 def _evidence_json(ev: Evidence) -> dict[str, Any]:
-    out: dict[str, Any] = {"rule": ev.rule, "state": ev.state.value, **ev.detail}
+    out: dict[str, Any] = {"rule": ev.rule, "state": ev.state.value, "cause": ev.cause, **ev.detail}
     if ev.code is not None:
         out["xid"] = ev.code
     return out

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from metering_agent import logs
 from metering_agent.faults import load_faults
+from metering_agent.latch import LatchStore
 from metering_agent.metrics import Metrics, serve
 from metering_agent.nvml.provider import GpuProvider
 from metering_agent.nvml.real import INSTALL_HINT, NvmlProvider, NvmlUnavailable, probe
@@ -21,6 +22,7 @@ from metering_agent.runner import Runner, SystemClock
 from metering_agent.schedule import UploadSchedule
 from metering_agent.spool import DEFAULT_MAX_BYTES, DEFAULT_MAX_HELD_BYTES, Spool
 from metering_agent.uploader import Backoff, Uploader
+from metering_agent.xid_catalog import CATALOG_SOURCE, CATALOG_VERSION
 
 log = logs.Log("metering_agent.cli")
 
@@ -43,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--probe",
         action="store_true",
-        help="print, per GPU, the driver and NVML versions and every NVML call's result (or"
-        " error) and duration as JSON, then exit; exit code 2 when NVML is not found",
+        help="print the XID catalog version the agent classifies with and, per GPU, the driver"
+        " and NVML versions and every NVML call's result (or error) and duration as JSON, then"
+        " exit; exit code 2 when NVML is not found",
     )
 
     sim = p.add_argument_group("simulator (instead of NVML)")
@@ -117,7 +120,8 @@ def _provider(args: argparse.Namespace) -> GpuProvider:
 
 
 def _probe() -> int:
-    print(json.dumps(probe(), indent=2))
+    catalog = {"xid_catalog": {"version": CATALOG_VERSION, "source": CATALOG_SOURCE}}
+    print(json.dumps({**catalog, **probe()}, indent=2))
     return 0
 
 
@@ -175,10 +179,12 @@ def run(args: argparse.Namespace) -> int:
     log.info(
         "agent_started", gpus=len(gpus), uuids=[g.uuid for g in gpus], spool=str(spool.root),
         upload_interval_s=schedule.interval_s, upload_offset_s=round(schedule.offset_s, 3),
+        xid_catalog=CATALOG_VERSION,
     )  # fmt: skip
     runner = Runner(
-        provider, spool, clock=clock, metrics=metrics, schedule=schedule, send_at=uploader.send_at
-    )
+        provider, spool, clock=clock, metrics=metrics, schedule=schedule,
+        send_at=uploader.send_at, latches=LatchStore(args.spool_dir),
+    )  # fmt: skip
     runner.run(stop, args.duration)
 
     runner.close()

@@ -27,6 +27,8 @@ HELP = {
     "gpumeter_gpu_ecc_uncorrected_volatile": "Volatile uncorrected ECC errors.",
     "gpumeter_gpu_nvlink_links_down": "NVLink links not active.",
     "gpumeter_gpu_nvlink_crc_errors_total": "NVLink CRC errors.",
+    "gpumeter_gpu_nvlink_replay_errors_total": "NVLink replay errors, all links.",
+    "gpumeter_gpu_nvlink_recovery_errors_total": "NVLink recovery errors, all links.",
     "gpumeter_gpu_pcie_replays_total": "PCIe replays (DCGM_FI_DEV_PCIE_REPLAY_COUNTER).",
     "gpumeter_gpu_processes": "Running compute processes.",
     "gpumeter_gpu_health_state": "0 healthy, 1 degraded, 2 failed.",
@@ -50,6 +52,7 @@ HELP = {
     "gpumeter_agent_sample_lag_seconds": "How late the last sample was after its second began.",
     "gpumeter_agent_clock_jumps_total": "Wall-clock jumps against the monotonic clock.",
     "gpumeter_agent_unsampled_seconds_total": "Seconds no tick sampled (paused, stalled).",
+    "gpumeter_agent_unknown_xids_total": "XIDs the agent's XID catalog does not list.",
 }
 
 # Reading attribute -> metric, with a scale factor.
@@ -67,6 +70,8 @@ GPU_GAUGES: tuple[tuple[str, str, float], ...] = (
     ("ecc_uncorrected_volatile", "gpumeter_gpu_ecc_uncorrected_volatile", 1),
     ("nvlink_links_down", "gpumeter_gpu_nvlink_links_down", 1),
     ("nvlink_crc_errors", "gpumeter_gpu_nvlink_crc_errors_total", 1),
+    ("nvlink_replay_errors", "gpumeter_gpu_nvlink_replay_errors_total", 1),
+    ("nvlink_recovery_errors", "gpumeter_gpu_nvlink_recovery_errors_total", 1),
     ("pcie_replays", "gpumeter_gpu_pcie_replays_total", 1),
     ("process_count", "gpumeter_gpu_processes", 1),
 )

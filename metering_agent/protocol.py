@@ -59,6 +59,8 @@ SEVERITY = {GpuState.HEALTHY: 0, GpuState.DEGRADED: 1, GpuState.FAILED: 2}
 
 class EventKind(StrEnum):
     XID = "xid"  # an XID error reported by the driver (code = XID number)
+    # An XID NVIDIA's catalog (the agent's xid_catalog version) does not list: for the operator.
+    XID_UNKNOWN = "xid_unknown"
     STATE_CHANGE = "state_change"  # the classifier moved the GPU to another state
     COUNTER = "counter"  # a health counter jumped (ECC, NVLink CRC, PCIe replay, ...)
     CLOCK_JUMP = "clock_jump"  # wall clock moved against the monotonic clock; seconds skipped
@@ -99,7 +101,7 @@ class HealthEvent:
     kind: EventKind
     code: int | None = None  # XID number for kind=xid
     state: GpuState | None = None  # new state for kind=state_change
-    rule: str | None = None  # classifier rule that fired, e.g. "xid_79_fallen_off_bus"
+    rule: str | None = None  # classifier rule that fired, e.g. "xid_79_gpu_has_fallen_off_the_bus"
     detail: dict[str, Any] = field(default_factory=dict)  # evidence: counter deltas, messages
 
 
@@ -179,7 +181,7 @@ def event_errors(
         errors.append(
             FieldError((*loc, "at"), f"at {event.at} is {event.at - now} s in the future")
         )
-    if event.kind == EventKind.XID and event.code is None:
+    if event.kind in (EventKind.XID, EventKind.XID_UNKNOWN) and event.code is None:
         errors.append(FieldError((*loc, "code"), "an xid event needs its XID code"))
     if event.kind == EventKind.STATE_CHANGE and event.state is None:
         errors.append(FieldError((*loc, "state"), "a state_change event needs the new state"))

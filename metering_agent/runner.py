@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from metering_agent.classifier import HealthMemory, classify, event_id
+from metering_agent.latch import LatchStore
 from metering_agent.logs import Log
 from metering_agent.metrics import Metrics
 from metering_agent.nvml.provider import GpuProvider, GpuReading
@@ -81,6 +82,7 @@ class Runner:
         metrics: Metrics,
         schedule: UploadSchedule | None = None,
         send_at: Callable[[float], None] = _no_sender,
+        latches: LatchStore | None = None,
     ) -> None:
         self.provider, self.spool, self.clock, self.metrics = provider, spool, clock, metrics
         self.schedule = schedule or UploadSchedule(2.0)
@@ -90,13 +92,18 @@ class Runner:
         self._last_tick: tuple[float, float] | None = None  # (wall, mono)
         self._last_second: int | None = None
         self._jumped = False  # the previous tick saw a clock jump
+        # Failures latched until repair survive a restart (latch.py); none without a store.
+        self._latches = latches
+        self._restored = latches.load() if latches is not None else {}
 
     def _track(self, r: GpuReading, second: int, events: list[HealthEvent]) -> _Track:
         track = self._tracks.get(r.uuid)
         if track is None:
             # Resume after the last record spooled by any earlier run: never overlap it.
             floor = self.spool.last_ends.get(r.uuid, 0)
-            track = self._tracks[r.uuid] = _Track(RecordBuilder(r.uuid, r.name, floor, r.index))
+            builder = RecordBuilder(r.uuid, r.name, floor, r.index)
+            memory = self._restored.pop(r.uuid, HealthMemory())
+            track = self._tracks[r.uuid] = _Track(builder, memory)
             if 0 < floor < second:
                 events.append(_stopped_event(r.uuid, floor, second))
         return track
@@ -127,6 +134,9 @@ class Runner:
             self.metrics.update_gpu(r, verdict.state)
             for event in verdict.events:
                 log.info("health_event", **_event_fields(event))
+                if event.kind == EventKind.XID_UNKNOWN:
+                    self.metrics.inc("gpumeter_agent_unknown_xids_total", code=str(event.code))
+        self._save_latches()
         round_at = self._round_due(second)
         if events:
             self._cut(records, events, send_at=wall)
@@ -134,6 +144,14 @@ class Runner:
             self._cut(records, events, send_at=round_at)
         else:
             self._spool(records, events)
+
+    def _save_latches(self) -> None:
+        if self._latches is None:
+            return
+        try:
+            self._latches.update({uuid: track.memory for uuid, track in self._tracks.items()})
+        except OSError as e:  # retried next tick; until then a restart forgets the newest latch
+            log.error("latch_save_failed", error=repr(e))
 
     def _round_due(self, second: int) -> float | None:
         """The upload round that falls within this second (or was missed), if any."""

@@ -2,7 +2,8 @@
 
 A collector is ``collect(sample)`` (see ``base``). ``FAST`` run every second, ``SLOW`` every
 ``SLOW_INTERVAL_S`` (their values are carried into the readings in between): process listing
-takes the driver's lock, and remap flags, link states and MIG mode change rarely.
+takes the driver's lock, and remap flags, link states, NVLink replay / recovery counts and
+MIG mode change rarely.
 """
 
 from collections.abc import Callable
@@ -32,10 +33,4 @@ FAST: tuple[Collector, ...] = (
 )
 SLOW: tuple[Collector, ...] = (health.collect, processes.collect, mig.collect)
 # What the slow collectors fill, carried into every reading until they run again.
-SLOW_ATTRS = (
-    *(attr for attr, _name in health.REMAP_FIELDS),
-    "nvlink_links",
-    "nvlink_links_down",
-    "process_count",
-    "mig_enabled",
-)
+SLOW_ATTRS = (*health.ATTRS, "process_count", "mig_enabled")

@@ -1,9 +1,12 @@
-"""NVLink: links present, links gone from up to down, CRC errors summed over every link.
+"""NVLink: links present, links gone from up to down, CRC, replay and recovery errors summed
+over every link.
 
 Every NVLink field is scoped by link id (``scopeId``); a bare field id reads link 0 only. Link
-states come from the slow field-values call (``NVML_FI_DEV_NVLINK_GET_STATE`` per link), CRC
-counters from the per-second one. A link inactive when first seen (present, never cabled) is
-not "down": only a link seen up and then inactive counts. GPUs that do not answer the per-link
+states and the replay / recovery counters (DCGM's NVLink health watch reads both) come from the
+slow field-values call, CRC counters from the per-second one. A link whose replay or recovery
+counter is unsupported (NVML marks the DL counters unsupported on Blackwell) leaves the sum None.
+A link inactive when first seen (present, never cabled) is not "down": only a link seen up and
+then inactive counts. GPUs that do not answer the per-link
 DL CRC counter (older drivers; NVML's field docs mark the DL counters unsupported on Blackwell
 and later) are read through the per-link flit + data CRC totals; a GPU answering neither
 reports the CRC count unsupported.
@@ -22,6 +25,11 @@ CRC_CHOICES: tuple[tuple[tuple[str, str], ...], ...] = (
     ),
 )
 NVLINK_STATE_INACTIVE = 0  # NVML_NVLINK_STATE_INACTIVE (not defined by nvidia-ml-py 12.560)
+ERROR_COUNTERS = (
+    ("nvlink_replay_errors", "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL"),
+    ("nvlink_recovery_errors", "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL"),
+)
+SLOW_ATTRS = ("nvlink_links", "nvlink_links_down", *(attr for attr, _name in ERROR_COUNTERS))
 
 
 def discover(s: Sample) -> None:
@@ -31,16 +39,25 @@ def discover(s: Sample) -> None:
         s.device.links = as_int(count["nvlink_links"]) or 0  # unsupported: a PCIe card
 
 
-def state_requests(s: Sample) -> list[FieldRequest]:
-    fid = s.nv.NVML_FI_DEV_NVLINK_GET_STATE
-    return [(f"nvlink_state:{link}", fid, link) for link in range(s.device.links or 0)]
+def slow_requests(s: Sample) -> list[FieldRequest]:
+    """Per link: its state, replay and recovery error counts."""
+    fields = [("nvlink_state", "NVML_FI_DEV_NVLINK_GET_STATE"), *ERROR_COUNTERS]
+    return [
+        (f"{key}:{link}", getattr(s.nv, name), link)
+        for key, name in fields
+        for link in range(s.device.links or 0)
+    ]
 
 
-def apply_states(s: Sample, values: dict[str, int | float | None]) -> None:
+def apply_slow(s: Sample, values: dict[str, int | float | None]) -> None:
     links = s.device.links
     if not links:
         return  # no NVLink on this GPU: every NVLink field stays None
     s.reading.nvlink_links = links
+    for attr, _name in ERROR_COUNTERS:
+        counts = [values[f"{attr}:{link}"] for link in range(links)]
+        if all(count is not None for count in counts):
+            setattr(s.reading, attr, sum(int(count or 0) for count in counts))
     states = {link: values[f"nvlink_state:{link}"] for link in range(links)}
     if all(state is None for state in states.values()):
         return

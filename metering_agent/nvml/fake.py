@@ -38,6 +38,8 @@ class FakeGpu:
     crc_dl: dict[int, int] = field(default_factory=dict)  # per link
     crc_flit: dict[int, int] = field(default_factory=dict)
     crc_data: dict[int, int] = field(default_factory=dict)
+    replay: dict[int, int] = field(default_factory=dict)  # per link
+    recovery: dict[int, int] = field(default_factory=dict)
     util: tuple[int, int] = (80, 40)
     mem_used_mib: int = 1024
     mem_total_mib: int = 81559
@@ -50,6 +52,8 @@ class FakeGpu:
     ecc_dbe: int = 0
     remap: tuple[int, int, int, int] | None = (2, 0, 0, 0)  # cor, unc, pending, failure
     retired_pending: int | None = None  # page retirement: before Ampere only
+    retired: tuple[int, int] | None = None  # pages retired (sbe, dbe): before Ampere only
+    remap_histogram: tuple[int, int, int, int, int] = (640, 0, 0, 0, 0)  # max .. none
     pcie_replays: int = 3
     recovery_action: int = 0
     processes: int = 1
@@ -227,6 +231,14 @@ class FakeNvml:
             raise self.nv.NVMLError(self.nv.NVML_ERROR_NOT_SUPPORTED)
         return pending
 
+    def nvmlDeviceGetRowRemapperHistogram(self, h: Any) -> Any:
+        g = self.gpu(h)
+        if g.remap is None:
+            raise self.nv.NVMLError(self.nv.NVML_ERROR_NOT_SUPPORTED)
+        values = self.nv.c_nvmlRowRemapperHistogramValues()
+        values.max, values.high, values.partial, values.low, values.none = g.remap_histogram
+        return values
+
     def nvmlDeviceGetNvLinkState(self, h: Any, link: int) -> int:
         states = self.gpu(h).link_states
         if not 0 <= link < len(states):
@@ -269,6 +281,8 @@ class FakeNvml:
             nv.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: g.crc_dl,
             nv.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: g.crc_flit,
             nv.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: g.crc_data,
+            nv.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: g.replay,
+            nv.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: g.recovery,
             nv.NVML_FI_DEV_NVLINK_GET_STATE: g.link_states,
         }
         if fid in per_link:
@@ -277,6 +291,7 @@ class FakeNvml:
             counts = per_link[fid]
             return counts[scope] if isinstance(counts, list) else counts.get(scope, 0)
         remap = g.remap or (None, None, None, None)
+        retired = g.retired or (None, None)
         device: dict[int, int | None] = {
             nv.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: g.ecc_sbe,
             nv.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: g.ecc_dbe,
@@ -288,6 +303,8 @@ class FakeNvml:
             nv.NVML_FI_DEV_REMAPPED_PENDING: remap[2],
             nv.NVML_FI_DEV_REMAPPED_FAILURE: remap[3],
             nv.NVML_FI_DEV_RETIRED_PENDING: g.retired_pending,
+            nv.NVML_FI_DEV_RETIRED_SBE: retired[0],
+            nv.NVML_FI_DEV_RETIRED_DBE: retired[1],
         }
         recovery = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
         if recovery is not None:

@@ -44,7 +44,7 @@ class GpuReading:
     name: str
     lost: bool = False  # GPU fell off the bus / NVML says GpuIsLost: nothing else is readable
     lost_reason: str | None = None
-    recovered: bool = False  # the GPU was reset since the last reading (clears latched faults)
+    recovered: bool = False  # seen reset since the last reading (a lost GPU answering again)
     gpu_util: int | None = None  # percent
     mem_util: int | None = None  # percent
     mem_used_mib: int | None = None
@@ -61,9 +61,15 @@ class GpuReading:
     remap_failure: bool | None = None
     remapped_rows_correctable: int | None = None  # rows remapped so far (permanent)
     remapped_rows_uncorrectable: int | None = None
+    # Banks by spare rows left (nvmlDeviceGetRowRemapperHistogram): max, high, partial, low, none.
+    remap_histogram: dict[str, int] | None = None
+    retired_pages_sbe: int | None = None  # pages retired so far (before Ampere; permanent)
+    retired_pages_dbe: int | None = None
     nvlink_links: int | None = None  # links present
     nvlink_links_down: int | None = None
     nvlink_crc_errors: int | None = None  # cumulative flit + data CRC errors, all links
+    nvlink_replay_errors: int | None = None  # cumulative, all links (link-level retransmits)
+    nvlink_recovery_errors: int | None = None  # cumulative, all links (link retrains)
     pcie_replays: int | None = None  # cumulative
     recovery_action: int | None = None  # key of RECOVERY_ACTIONS
     process_count: int | None = None  # running compute processes

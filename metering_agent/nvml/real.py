@@ -110,7 +110,6 @@ class _Device:
     next_slow: float = 0.0
     unknown_streak: int = 0
     lost: bool = False  # the last finished sample found the GPU lost
-    ecc: tuple[int | None, int | None] = (None, None)  # last volatile (corrected, uncorrected)
     events_unsupported: str | None = None
     failed_collectors: set[str] = field(default_factory=set)  # logged once each
     calls: int = 0
@@ -309,17 +308,10 @@ class NvmlProvider:
         return GpuReading(info.index, info.uuid, info.name, lost=True, lost_reason=reason)
 
     def _note_reset(self, device: _Device, r: GpuReading) -> None:
-        """A GPU reset clears latched faults: seen as a lost GPU answering again, or volatile
-        ECC counts going down (only a reset zeroes them)."""
-        ecc = (r.ecc_corrected_volatile, r.ecc_uncorrected_volatile)
-        went_down = any(
-            now is not None and before is not None and now < before
-            for now, before in zip(ecc, device.ecc, strict=True)
-        )
-        r.recovered = (device.lost and not r.lost) or went_down
+        """A lost GPU answering again was reset (the classifier sees the other repair signals
+        in the readings themselves: ``classifier.REPAIR_SIGNALS``)."""
+        r.recovered = device.lost and not r.lost
         device.lost = r.lost
-        if not r.lost:
-            device.ecc = ecc
 
     def probe_gpus(self) -> list[dict[str, Any]]:
         """Every call and its result or error, with its duration, per GPU."""

@@ -22,6 +22,7 @@ from metering_agent.classifier import HealthMemory, classify
 from metering_agent.nvml.fake import FakeGpu, FakeNvml
 from metering_agent.nvml.real import UNKNOWN_LOST_AFTER, NvmlProvider, probe
 from metering_agent.protocol import EventKind, GpuState
+from metering_agent.xid_catalog import CATALOG_SOURCE, CATALOG_VERSION
 
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 XID = pynvml.nvmlEventTypeXidCriticalError
@@ -70,7 +71,10 @@ def start(fake: FakeNvml, clock: Clock) -> Iterator[Start]:
 
 
 def test_reads_every_signal(fake: FakeNvml, start: Start) -> None:
-    fake.gpus[0] = FakeGpu(uuid(0), link_states=[1, 1, 1, 1], crc_dl={2: 7}, mig_mode=None)
+    fake.gpus[0] = FakeGpu(
+        uuid(0), link_states=[1, 1, 1, 1], crc_dl={2: 7}, replay={0: 2, 3: 5}, recovery={1: 1},
+        mig_mode=None, remap_histogram=(600, 30, 8, 2, 0),
+    )  # fmt: skip
     r = start().read_all()[0]
     assert (r.uuid, r.name) == (uuid(0), "NVIDIA H100 80GB HBM3")
     assert (r.gpu_util, r.mem_util, r.mem_used_mib, r.mem_total_mib) == (80, 40, 1024, 81559)
@@ -79,8 +83,15 @@ def test_reads_every_signal(fake: FakeNvml, start: Start) -> None:
     assert (r.remap_pending, r.remap_failure, r.retired_pages_pending) == (False, False, None)
     assert (r.remapped_rows_correctable, r.remapped_rows_uncorrectable) == (2, 0)
     assert (r.nvlink_links, r.nvlink_links_down, r.nvlink_crc_errors) == (4, 0, 7)
+    assert (r.nvlink_replay_errors, r.nvlink_recovery_errors) == (7, 1)
+    assert r.remap_histogram == {"max": 600, "high": 30, "partial": 8, "low": 2, "none": 0}
     assert (r.pcie_replays, r.process_count, r.mig_enabled) == (3, 1, None)
-    expected = {"retired_pages_pending": "Not Supported", "mig_mode": "Not Supported"}
+    expected = {
+        "retired_pages_pending": "Not Supported",
+        "retired_pages_sbe": "Not Supported",
+        "retired_pages_dbe": "Not Supported",
+        "mig_mode": "Not Supported",
+    }
     if HAS_RECOVERY_FIELD:
         assert r.recovery_action == 0
     else:  # nvidia-ml-py 12.560: the field is unsupported, everything else is read
@@ -205,7 +216,7 @@ def test_only_links_that_were_up_count_as_down(fake: FakeNvml, start: Start, clo
     clock.t += 30  # past the slow interval
     r = provider.read_all()[0]
     assert r.nvlink_links_down == 1
-    assert classify(r, HealthMemory(), T0)[0].state == GpuState.DEGRADED
+    assert classify(r, HealthMemory(), T0)[0].state == GpuState.FAILED  # DCGM: link down fails
 
 
 @pytest.mark.parametrize("failure", ["call", "field"])
@@ -296,14 +307,78 @@ def test_a_gpu_back_after_a_reset_clears_the_latched_xid(
     fake.post_event(1, XID, 79)
     memory = HealthMemory()
     deadline = time.monotonic() + 5
-    while "xid_79_fallen_off_bus" not in memory.held and time.monotonic() < deadline:
+    while "xid_79_gpu_has_fallen_off_the_bus" not in memory.held and time.monotonic() < deadline:
         verdict, memory = classify(provider.read_all()[1], memory, T0)
-    assert memory.state == GpuState.FAILED and "xid_79_fallen_off_bus" in memory.held
+    assert memory.state == GpuState.FAILED and "xid_79_gpu_has_fallen_off_the_bus" in memory.held
     fake.gpus[1].lost = False  # reset: it answers again (its handle renewed at enumeration)
     clock.t += 31
     r = provider.read_all()[1]
     assert r.recovered and not r.lost
     verdict, memory = classify(r, memory, T0 + 5)
+    assert verdict.state == GpuState.HEALTHY
+
+
+def test_pre_ampere_gpus_report_retired_page_totals(fake: FakeNvml, start: Start) -> None:
+    fake.gpus[0] = FakeGpu(uuid(0), name="Tesla V100-SXM2-32GB", remap=None, retired_pending=0,
+                           retired=(40, 23))  # fmt: skip
+    r = start().read_all()[0]
+    assert (r.retired_pages_sbe, r.retired_pages_dbe, r.retired_pages_pending) == (40, 23, False)
+    assert r.remap_pending is None and r.remap_histogram is None
+    verdict, _ = classify(r, HealthMemory(), T0)
+    assert verdict.state == GpuState.FAILED  # DCGM's limit: 63 retired pages
+    assert {ev.rule for ev in verdict.evidence} == {"retired_pages_limit"}
+
+
+def _latch_xid(provider: NvmlProvider, gpu: int, code: int) -> HealthMemory:
+    """Classify until the XID posted for ``gpu`` reaches its reading; returns the memory."""
+    memory = HealthMemory()
+    deadline = time.monotonic() + 5
+    while not memory.latched() and time.monotonic() < deadline:
+        _, memory = classify(provider.read_all()[gpu], memory, T0)
+    assert memory.state == GpuState.FAILED and memory.latched(), code
+    return memory
+
+
+REPAIRS = {
+    # what a reset or driver reload changes on the GPU, and the signal the classifier names
+    "volatile ECC zeroed": (lambda g: setattr(g, "ecc_dbe", 0), "ecc_uncorrected_volatile"),
+    "energy counter restarted": (lambda g: setattr(g, "energy_mj", 1_000), "energy_mj"),
+    "pending remap applied": (lambda g: setattr(g, "remap", (2, 1, 0, 0)), "remap_pending"),
+}
+
+
+@pytest.mark.parametrize("repair", sorted(REPAIRS))
+def test_a_reset_seen_through_nvml_repairs_a_latched_failure(
+    fake: FakeNvml, start: Start, clock: Clock, repair: str
+) -> None:
+    change, signal = REPAIRS[repair]
+    fake.gpus[1].ecc_dbe, fake.gpus[1].remap = 2, (2, 1, 1, 0)  # a DBE, its row pending remap
+    provider = start()
+    fake.post_event(1, XID, 48)
+    memory = _latch_xid(provider, 1, 48)
+    for second in range(1, 40):  # the slow reads come round too: nothing else repairs it
+        clock.t += 1
+        verdict, memory = classify(provider.read_all()[1], memory, T0 + second)
+        assert verdict.state == GpuState.FAILED
+    change(fake.gpus[1])
+    clock.t += 16  # past the next slow read
+    verdict, memory = classify(provider.read_all()[1], memory, T0 + 60)
+    assert verdict.state != GpuState.FAILED
+    [state_change] = [e for e in verdict.events if e.kind == EventKind.STATE_CHANGE]
+    assert state_change.detail["repaired"] == f"{signal}_went_down"
+
+
+def test_a_pre_ampere_reset_applies_the_pending_page_retirement(
+    fake: FakeNvml, start: Start, clock: Clock
+) -> None:
+    fake.gpus[0] = FakeGpu(uuid(0), name="Tesla V100-SXM2-32GB", remap=None, retired_pending=1,
+                           retired=(3, 1), ecc_dbe=0)  # fmt: skip
+    provider = start()
+    fake.post_event(0, XID, 48)
+    memory = _latch_xid(provider, 0, 48)
+    fake.gpus[0].retired_pending, fake.gpus[0].retired = 0, (3, 2)
+    clock.t += 16
+    verdict, _ = classify(provider.read_all()[0], memory, T0 + 20)
     assert verdict.state == GpuState.HEALTHY
 
 
@@ -366,6 +441,7 @@ def test_probe_reports_versions_every_call_and_its_time(
     monkeypatch.setitem(sys.modules, "pynvml", fake.module())
     assert cli.main(["--probe"]) == 0
     out = json.loads(capsys.readouterr().out)
+    assert out["xid_catalog"] == {"version": CATALOG_VERSION, "source": CATALOG_SOURCE}
     assert out["driver_version"] == "550.54.15" and out["nvml_version"] == "12.550.54.15"
     gpu = out["gpus"][1]
     assert (gpu["uuid"], gpu["driver_version"], gpu["metering"]) == (

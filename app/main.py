@@ -7,14 +7,14 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import replace
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
-from app.auth.deps import key_principal
+from app.auth.deps import key_principal, metrics_reader
 from app.auth.endpoints import router as keys_router
 from app.auth.middleware import AuthenticateFirst
 from app.auth.throttle import FailedAuthThrottle, ThrottleFailedAuth
@@ -52,7 +52,6 @@ INGEST_DRAIN_S = 10.0  # at shutdown, the longest the ingest writers may take to
 
 ROUTERS = [
     health_router,
-    metrics_router,
     keys_router,
     customers_router,
     dashboard.router,
@@ -143,6 +142,7 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     )
     for router in ROUTERS:
         app.include_router(router)
+    app.include_router(metrics_router, dependencies=[Depends(metrics_reader)])
     document_errors(app, served_elsewhere=ingest.document)
     return app
 

@@ -8,7 +8,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcon
 from dataclasses import replace
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi_offline import FastAPIOffline
 from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
@@ -16,7 +16,7 @@ from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import app.models  # noqa: F401 - the composition root registers every table (foreign keys)
-from app.auth.deps import key_principal
+from app.auth.deps import key_principal, metrics_reader
 from app.auth.endpoints import router as keys_router
 from app.auth.middleware import AuthenticateFirst
 from app.auth.principal import Principal
@@ -57,7 +57,6 @@ INGEST_DRAIN_S = 10.0  # at shutdown, the longest the ingest writers may take to
 
 ROUTERS = [
     health_router,
-    metrics_router,
     keys_router,
     customers_router,
     dashboard.router,
@@ -153,6 +152,7 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     )
     for router in ROUTERS:
         app.include_router(router)
+    app.include_router(metrics_router, dependencies=[Depends(metrics_reader)])
     document_errors(app, served_elsewhere=_document_apart)
     return app
 

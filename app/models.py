@@ -1,6 +1,6 @@
 """Every table's model, imported in one place for Alembic and the model/migration check."""
 
-from app.auth.models import ApiKey, KeyKind
+from app.auth.models import ApiKey, KeyKind, SignedOutSession
 from app.balances.models import BalanceEntry
 from app.billing.models import Invoice, InvoiceLineRow, InvoiceNumberCounter, VoucherEntryRow
 from app.budgets.models import Budget, BudgetCrossing
@@ -46,6 +46,7 @@ __all__ = [
     "PricePlan",
     "Rental",
     "ScheduledRun",
+    "SignedOutSession",
     "SlurmAccount",
     "SlurmAction",
     "SlurmJob",

@@ -128,6 +128,19 @@ class Settings(BaseSettings):
     manual_recovery_s: int = Field(
         default=47 * 60, ge=0, description="What-if: downtime a manual failure process costs."
     )
+    public_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^/?#\s]+(/[^?#\s]*)?$",
+        max_length=500,
+        description="The service's address as customers reach it (https://meter.example.com): "
+        "the base of absolute links it hands out (portal links). Unset: those links are paths "
+        "on this site; the Host header is never used.",
+    )
+    metrics_public: bool = Field(
+        default=False,
+        description="Serve GET /metrics without a key (to a scraper on a private network). "
+        "Default: an admin key is required.",
+    )
     provider_name: str = Field(
         default="gpumeter",
         max_length=200,

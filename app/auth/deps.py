@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from app.auth.models import KeyKind
 from app.auth.service import Principal, authenticate, authenticate_cached
 from app.core.db import transaction
-from app.core.deps import DbSession
+from app.core.deps import AppSettings, DbSession
 from app.core.errors import Forbidden, Unauthorized
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer gm_...`")
@@ -98,3 +98,12 @@ Admin = Annotated[Principal, Depends(_require(KeyKind.ADMIN))]
 NodeAgent = Annotated[Principal, Depends(_require(KeyKind.NODE))]
 # A scheduler adapter (gpumeter-slurm): its snapshots, actions and their outcomes; admins too.
 SchedulerAdapter = Annotated[Principal, Depends(_require(KeyKind.ADMIN, KeyKind.SCHEDULER))]
+
+
+async def metrics_reader(
+    request: Request, credentials: BearerCredentials, settings: AppSettings
+) -> None:
+    """``GET /metrics`` takes an admin key unless ``metrics_public`` opens it: its series
+    (queues, failovers per datacenter and model) describe the whole provider."""
+    if not settings.metrics_public:
+        require_kind(await _principal(request, credentials), KeyKind.ADMIN)

@@ -42,3 +42,14 @@ class ApiKey(Timestamped, Base):
         ForeignKey("nodes.id", ondelete="CASCADE"), index=True
     )
     revoked_at: Mapped[datetime | None]
+
+
+class SignedOutSession(Base):
+    """A dashboard session its holder signed out of: refused until it would have expired
+    anyway (``expires_at``), then forgotten, so the table holds at most a session lifetime's
+    sign-outs."""
+
+    __tablename__ = "signed_out_sessions"
+
+    session_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    expires_at: Mapped[datetime] = mapped_column(index=True)

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, delete, exists, select
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from app.auth.models import ApiKey, KeyKind
+from app.auth.models import ApiKey, KeyKind, SignedOutSession
 
 
 def active_key_by_hash(session: Session, key_hash: str) -> ApiKey | None:
@@ -52,3 +54,16 @@ def keys_query(
     if customer_id is not None:
         query = query.where(ApiKey.customer_id == customer_id)
     return query
+
+
+def record_sign_out(
+    session: Session, session_id: uuid.UUID, expires_at: datetime, now: datetime
+) -> None:
+    """Refuse the session from now on; forget the sign-outs whose sessions have expired."""
+    session.execute(delete(SignedOutSession).where(SignedOutSession.expires_at <= now))
+    statement = insert(SignedOutSession).values(session_id=session_id, expires_at=expires_at)
+    session.execute(statement.on_conflict_do_nothing())
+
+
+def signed_out(session: Session, session_id: uuid.UUID) -> bool:
+    return bool(session.scalar(select(exists().where(SignedOutSession.session_id == session_id))))

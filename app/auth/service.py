@@ -68,6 +68,18 @@ def key_active(session: Session, key_id: uuid.UUID) -> bool:
     return key is not None and key.revoked_at is None
 
 
+def sign_out_session(session: Session, session_id: uuid.UUID, expires_at: int) -> None:
+    """End a dashboard session on the server: its cookie is refused from now on, wherever a
+    copy of it is (kept until it would have expired anyway)."""
+    now = datetime.now(UTC)
+    repository.record_sign_out(session, session_id, datetime.fromtimestamp(expires_at, UTC), now)
+
+
+def session_signed_out(session: Session, session_id: uuid.UUID) -> bool:
+    """Read interface: whether the dashboard session was signed out of."""
+    return repository.signed_out(session, session_id)
+
+
 def customer_keys_query(customer_id: uuid.UUID) -> Select[ApiKey]:
     """The customer's API keys (revoked ones too), oldest first."""
     return repository.keys_query(kind=KeyKind.CUSTOMER, customer_id=customer_id)

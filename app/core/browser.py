@@ -70,4 +70,5 @@ def same_origin(request: Request) -> None:
         return
     host = request.headers.get("host", "")
     if origin == "null" or urlsplit(origin).netloc != host:
-        raise HTTPException(403, f"a form from {origin} may not post to {host}: cross-site")
+        # Neither header is echoed back: the answer says what failed, not what was sent.
+        raise HTTPException(403, "a form from another site may not post here: cross-site")

@@ -3,7 +3,8 @@
 Job durations, start delays and webhook deliveries are counted by the process that runs the
 jobs: the service's in-process worker shows them here, a separate ``gpumeter worker`` on its
 ``--metrics-port``. The queue depth is read from the database at each scrape, so every
-process shows the same, whole-queue figure.
+process shows the same, whole-queue figure. The service mounts the route behind an admin key
+unless ``GPUMETER_METRICS_PUBLIC`` opens it (``app.auth.deps.metrics_reader``).
 """
 
 from __future__ import annotations

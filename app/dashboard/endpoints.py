@@ -102,22 +102,26 @@ class PortalLinkCreate(Schema):
 
 
 class PortalLinkRead(Schema):
-    url: str
+    url: str = Field(
+        description="Absolute on GPUMETER_PUBLIC_URL when set, else a path on this site."
+    )
     expires_at: datetime
 
 
 @router.post("/v1/customers/{customer_id}/portal-links", status_code=201)
 def create_portal_link(
     customer_id: uuid.UUID,
-    request: Request,
     session: DbSession,
     admin: Admin,
+    settings: AppSettings,
     body: PortalLinkCreate | None = None,
 ) -> PortalLinkRead:
     """A signed, expiring link that signs the customer into its dashboard (read-only)."""
     get_customer(session, customer_id, admin)
     link = sessions.portal_link(customer_id, (body or PortalLinkCreate()).ttl_s)
-    url = str(request.url_for("open_portal_link", token=link.token))
+    # Absolute only from the configured address: a Host header is the client's to forge.
+    path = f"/dashboard/portal/{link.token}"
+    url = (settings.public_url or "").rstrip("/") + path
     return PortalLinkRead(url=url, expires_at=from_epoch(link.expires_at))
 
 
@@ -294,8 +298,8 @@ def page_principal(
     try:
         principal = current_principal(request, session, credentials)
     except Unauthorized:
-        target = request.url_for("sign_in_form").include_query_params(next=_local(request))
-        raise HTTPException(303, "sign in first", headers={"Location": str(target)}) from None
+        target = "/dashboard/sign-in?" + urlencode({"next": _local(request)})
+        raise HTTPException(303, "sign in first", headers={"Location": target}) from None
     if principal.kind == KeyKind.NODE:
         raise HTTPException(403, "node tokens cannot open the dashboard")
     return principal
@@ -316,15 +320,56 @@ def _safe_next(target: str | None) -> str:
 
 
 @pages.get("/portal/{token}", name="open_portal_link")
-def open_portal_link(token: str, request: Request) -> Response:
+def open_portal_link(token: str, request: Request, session: DbSession) -> Response:
+    """Sign in with the link; a browser signed in to another customer's dashboard (or as an
+    admin) is asked first: another site may have sent it the link of a dashboard not its own."""
+    session_token = _portal_session(request, token)
+    current: Principal | None = getattr(request.state, "principal", None)
+    target = sessions.link_customer(token)
+    if current is not None and current.customer_id != target:
+        return _render(
+            request,
+            "portal_confirm.html",
+            token=token,
+            target=service.customer_name(session, target),
+            current=_who(session, current),
+            signed_in=True,
+        )
+    return _switch_session(request, session_token)
+
+
+@pages.post("/portal/{token}", dependencies=[Depends(same_origin)])
+def confirm_portal_link(token: str, request: Request) -> Response:
+    """The confirmation form's answer: end the open session, sign in with the link."""
+    return _switch_session(request, _portal_session(request, token))
+
+
+def _portal_session(request: Request, token: str) -> str:
     session_token = sessions.session_from_portal(token, request.app.state.engine)
     if session_token is None:
         raise HTTPException(
             401, "this portal link is invalid, expired or revoked; ask for a new one"
         )
+    return session_token
+
+
+def _switch_session(request: Request, session_token: str) -> Response:
+    _end_session(request)
     response = RedirectResponse("/dashboard", status_code=303)
     sessions.set_session_cookie(response, session_token)
     return response
+
+
+def _end_session(request: Request) -> None:
+    claims = sessions.session_claims(request)
+    if claims is not None and "sid" in claims:
+        sessions.sign_out(claims, request.app.state.engine)
+
+
+def _who(session: Session, principal: Principal) -> str:
+    if principal.customer_id is None:
+        return "the provider (an administrator)"
+    return service.customer_name(session, principal.customer_id)
 
 
 @pages.get("/sign-in", name="sign_in_form")
@@ -362,7 +407,9 @@ def sign_in(
 
 
 @pages.post("/sign-out", dependencies=[Depends(same_origin)])
-def sign_out() -> Response:
+def sign_out(request: Request) -> Response:
+    """End the session on the server too: a copy of the cookie stops working."""
+    _end_session(request)
     response = RedirectResponse("/dashboard/sign-in", status_code=303)
     sessions.clear_session_cookie(response)
     return response

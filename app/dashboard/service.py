@@ -36,7 +36,7 @@ from app.core.epoch import epoch
 from app.core.errors import NotFound, Unprocessable, not_found
 from app.customers.models import Customer
 from app.customers.repository import customers_query
-from app.customers.service import get_customer
+from app.customers.service import customer_by_id, get_customer
 from app.dashboard import bands, incidents, rental_labels
 from app.dashboard.formatting import Formatter
 from app.rentals.models import Rental
@@ -251,3 +251,9 @@ def all_customers(session: Session) -> list[Customer]:
 def shift_period(name: str, months: int) -> str:
     index = int(name[:4]) * 12 + int(name[5:]) - 1 + months
     return f"{index // 12:04d}-{index % 12 + 1:02d}"
+
+
+def customer_name(session: Session, customer_id: uuid.UUID | None) -> str:
+    """The customer's name, for pages that name one the viewer may not be signed in to."""
+    customer = None if customer_id is None else customer_by_id(session, customer_id)
+    return "a customer that no longer exists" if customer is None else customer.name

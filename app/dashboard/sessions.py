@@ -1,8 +1,10 @@
 """Dashboard sign-in: portal links and API keys become a signed session cookie.
 
-The cookie is ``HttpOnly; Secure; SameSite=Lax`` and holds a signed session (who, until when).
-``SessionCookieMiddleware`` turns it into ``request.state.principal``, which the API's own
-``current_principal`` honours, so the pages and the JSON API they fetch see the same caller.
+The cookie is ``HttpOnly; Secure; SameSite=Lax`` and holds a signed session (who, until when,
+and its own id). ``SessionCookieMiddleware`` turns it into ``request.state.principal``, which
+the API's own ``current_principal`` honours, so the pages and the JSON API they fetch see the
+same caller. Signing out records the session's id (``app.auth``'s signed-out sessions), so a
+copy of the cookie stops working too.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.auth.models import KeyKind
-from app.auth.service import Principal, key_active
+from app.auth.service import Principal, key_active, session_signed_out, sign_out_session
 from app.core.db import transaction
 from app.core.limits import send_unavailable
 from app.customers.service import portal_revoked_at
@@ -48,14 +51,23 @@ def portal_link(customer_id: uuid.UUID, ttl_s: int = PORTAL_LINK_TTL_S) -> Porta
     return PortalLink(sign(_secret(), Purpose.PORTAL, claims, expires_at), expires_at)
 
 
+def link_customer(token: str) -> uuid.UUID | None:
+    """The customer a genuine, unexpired portal link signs in to."""
+    claims = verify(_secret(), Purpose.PORTAL, token)
+    return None if claims is None else uuid.UUID(claims["cid"])
+
+
 def session_from_portal(token: str, engine: Engine) -> str | None:
     """A session token for a genuine, unexpired, unrevoked portal link; None otherwise.
 
     The session ends when the link would have (or after SESSION_TTL_S, whichever is first) and
     keeps the link's issue time, so revoking the customer's links ends it too."""
     claims = verify(_secret(), Purpose.PORTAL, token)
-    if claims is None or _revoked(engine, uuid.UUID(claims["cid"]), claims.get("iat", 0.0)):
+    if claims is None:
         return None
+    with transaction(engine) as session:
+        if _revoked(session, uuid.UUID(claims["cid"]), claims.get("iat", 0.0)):
+            return None
     # The link's own id stands in for a key id: it tells sessions from different links apart.
     expires_at = min(claims["exp"], int(time.time()) + SESSION_TTL_S)
     return _session(
@@ -92,6 +104,7 @@ def _session(
     expires_at: int,
 ) -> str:
     claims = {
+        "sid": str(uuid.uuid4()),
         "kind": kind.value,
         "kid": key_id,
         "cid": customer_id,
@@ -99,6 +112,19 @@ def _session(
         "iat": issued_at,
     }
     return sign(_secret(), Purpose.SESSION, claims, expires_at)
+
+
+def session_claims(request: Request) -> dict[str, Any] | None:
+    """The claims of the request's genuine, unexpired session cookie (not yet checked against
+    sign-outs and revocations: ``principal_from_claims`` does that)."""
+    token = request.cookies.get(COOKIE_NAME)
+    return None if token is None else verify(_secret(), Purpose.SESSION, token)
+
+
+def sign_out(claims: dict[str, Any], engine: Engine) -> None:
+    """End the session on the server (a copy of its cookie is refused from now on)."""
+    with transaction(engine) as session:
+        sign_out_session(session, uuid.UUID(claims["sid"]), claims["exp"])
 
 
 def set_session_cookie(response: Response, session_token: str) -> None:
@@ -118,27 +144,26 @@ def clear_session_cookie(response: Response) -> None:
 
 
 def principal_from_claims(claims: dict[str, Any], engine: Engine) -> Principal | None:
+    """The session's principal; None once signed out of, or its key or the customer's portal
+    access revoked (a cookie from before sessions had ids is refused: sign in again)."""
     kind = KeyKind(claims["kind"])
-    if kind == KeyKind.NODE:
+    if kind == KeyKind.NODE or "sid" not in claims:
         return None
     key_id = uuid.UUID(claims["kid"])
-    if claims["key"] and not _key_active(engine, key_id):
-        return None
     customer = None if claims["cid"] is None else uuid.UUID(claims["cid"])
-    if customer is not None and _revoked(engine, customer, claims.get("iat", 0.0)):
-        return None
+    with transaction(engine) as session:
+        if session_signed_out(session, uuid.UUID(claims["sid"])):
+            return None
+        if claims["key"] and not key_active(session, key_id):
+            return None
+        if customer is not None and _revoked(session, customer, claims.get("iat", 0.0)):
+            return None
     return Principal(key_id, kind, customer)
 
 
-def _key_active(engine: Engine, key_id: uuid.UUID) -> bool:
-    with transaction(engine) as session:
-        return key_active(session, key_id)
-
-
-def _revoked(engine: Engine, customer_id: uuid.UUID, issued_at: float) -> bool:
+def _revoked(session: Session, customer_id: uuid.UUID, issued_at: float) -> bool:
     """Whether an admin revoked the customer's sessions and links at or after ``issued_at``."""
-    with transaction(engine) as session:
-        revoked_at = portal_revoked_at(session, customer_id)
+    revoked_at = portal_revoked_at(session, customer_id)
     return revoked_at is not None and issued_at <= revoked_at.timestamp()
 
 
@@ -159,9 +184,8 @@ class SessionCookieMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in _COOKIE_METHODS:
             request = Request(scope)
-            token = request.cookies.get(COOKIE_NAME)
-            if token and "authorization" not in request.headers:
-                claims = verify(_secret(), Purpose.SESSION, token)
+            if "authorization" not in request.headers:
+                claims = session_claims(request)
                 if claims is not None:
                     engine = request.app.state.engine
                     try:

@@ -181,6 +181,7 @@ class Demo:
             "GPUMETER_DATABASE_URL": url,
             "GPUMETER_SECRET_KEY": secret,
             "GPUMETER_WEBHOOK_ALLOW_PRIVATE": "true",  # the orchestrator listens on 127.0.0.1
+            "GPUMETER_PUBLIC_URL": self.base,  # the portal link it prints is absolute
             # The demo finalizes last month itself, after backfilling it. The service's
             # scheduled run may tick during the backfill (last month's grace is over): it only
             # drafts, and the demo's run re-drafts from the backfilled telemetry and finalizes.

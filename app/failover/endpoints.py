@@ -5,12 +5,14 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter
 from pydantic import AwareDatetime
+from sqlalchemy.orm import Session
 
 from app.auth.deps import Admin, ConsoleUser
+from app.auth.service import Principal
 from app.core.deps import AppSettings, DbSession
 from app.core.pagination import Page, Paging, paginate
 from app.failover import repository, service
-from app.failover.models import FailoverState
+from app.failover.models import Failover, FailoverState
 from app.failover.schemas import (
     AbandonedBody,
     FailoverRead,
@@ -21,6 +23,7 @@ from app.failover.schemas import (
     SparePoolView,
 )
 from app.failover.service import FailoverSettings
+from app.failover.transitions import preempted_rental_seen_by
 
 router = APIRouter(prefix="/v1/failovers", tags=["failovers"])
 spares = APIRouter(tags=["failovers"])
@@ -36,7 +39,7 @@ def list_failovers(
 ) -> Page[FailoverRead]:
     """Failovers, oldest request first; customers see their own rentals' only."""
     query = repository.failovers_query(caller, rental_id=rental_id, state=state)
-    return paginate(session, query, page, FailoverRead)
+    return paginate(session, query, page, FailoverRead, lambda f: _read(session, f, caller))
 
 
 @router.get("/summary")
@@ -48,7 +51,13 @@ def failover_summary(session: DbSession, _: Admin) -> FailoverSummary:
 
 @router.get("/{failover_id}")
 def read_failover(failover_id: uuid.UUID, session: DbSession, caller: ConsoleUser) -> FailoverRead:
-    return FailoverRead.model_validate(service.get_failover(session, failover_id, caller))
+    return _read(session, service.get_failover(session, failover_id, caller), caller)
+
+
+def _read(session: Session, failover: Failover, caller: Principal) -> FailoverRead:
+    return FailoverRead.of(
+        failover, preempted_rental_seen_by(session, failover, caller.customer_id)
+    )
 
 
 @router.post("/{failover_id}/resumed")
@@ -63,7 +72,7 @@ def resumed(
     recorded and the rental moves to the spare. Calling it again returns the same failover."""
     at = body.resumed_at if body is not None else None
     failover = service.resume(session, failover_id, at, FailoverSettings.of(settings))
-    return FailoverRead.model_validate(failover)
+    return FailoverRead.of(failover, failover.preempted_rental_id)  # an admin sees it
 
 
 @router.post("/{failover_id}/abandoned")
@@ -71,8 +80,8 @@ def abandoned(
     failover_id: uuid.UUID, body: AbandonedBody, session: DbSession, _: Admin, settings: AppSettings
 ) -> FailoverRead:
     """The orchestrator will not move the job: the spare is released."""
-    target = settings.spare_target_percent
-    return FailoverRead.model_validate(service.abandon(session, failover_id, body.reason, target))
+    failover = service.abandon(session, failover_id, body.reason, settings.spare_target_percent)
+    return FailoverRead.of(failover, failover.preempted_rental_id)  # an admin sees it
 
 
 @spares.get("/v1/spare-pool")

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import AwareDatetime, Field
 
 from app.core.schemas import Schema
-from app.failover.models import FailoverState
+from app.failover.models import Failover, FailoverState
 
 
 class FailoverRead(Schema):
@@ -28,7 +28,13 @@ class FailoverRead(Schema):
     resumed_at: datetime | None
     closed_at: datetime | None
     migration_id: int | None
-    preempted_rental_id: uuid.UUID | None
+    spare_preempted: bool = Field(
+        description="The spare was taken from a preemptible rental (ended at the reservation)."
+    )
+    preempted_rental_id: uuid.UUID | None = Field(
+        description="That rental, shown to admins and to the customer that rented it; null to "
+        "anyone else."
+    )
     evidence: list[dict[str, Any]]
     reason: str | None
     trigger: str = Field(
@@ -36,6 +42,17 @@ class FailoverRead(Schema):
         "degraded for too long (degraded_causes say why)."
     )
     degraded_causes: list[str]
+
+    @classmethod
+    def of(cls, failover: Failover, preempted_rental_id: uuid.UUID | None) -> FailoverRead:
+        """The failover, with the preempted rental as its reader may see it."""
+        return cls.model_validate(
+            {
+                **{name: getattr(failover, name) for name in _FAILOVER_COLUMNS},
+                "spare_preempted": failover.preempted_rental_id is not None,
+                "preempted_rental_id": preempted_rental_id,
+            }
+        )
 
 
 class ResumedBody(Schema):
@@ -108,3 +125,10 @@ class SparePoolRead(Schema):
 
 class SparePoolView(Schema):
     pools: list[SparePoolRead]
+
+
+_FAILOVER_COLUMNS = [
+    name
+    for name in FailoverRead.model_fields
+    if name not in ("spare_preempted", "preempted_rental_id")
+]

@@ -13,6 +13,7 @@ from app.events.service import publish
 from app.failover import repository
 from app.failover.models import Failover, FailoverState
 from app.failover.pool import check_pool
+from app.rentals import service as rentals
 
 
 def expire(
@@ -48,14 +49,28 @@ def publish_failover(session: Session, event_type: str, failover: Failover) -> N
     publish(
         session,
         event_type,
-        event_data(failover),
+        event_data(failover, preempted_rental_seen_by(session, failover, failover.customer_id)),
         subject=f"failover/{failover.id}",
         customer_id=failover.customer_id,
     )
 
 
-def event_data(failover: Failover) -> dict[str, Any]:
-    """The Failover API contract's event payload (the same for every failover event)."""
+def preempted_rental_seen_by(
+    session: Session, failover: Failover, customer_id: uuid.UUID | None
+) -> uuid.UUID | None:
+    """The rental the failover preempted, as a reader may see it: an admin (``customer_id``
+    None) or the customer that rented it; to anyone else (the failover's own customer, when
+    the spare was another tenant's preemptible rental) None: no tenant learns another's ids."""
+    rental_id = failover.preempted_rental_id
+    if rental_id is None or customer_id is None:
+        return rental_id
+    owner = rentals.rental_by_id(session, rental_id).customer_id
+    return rental_id if owner == customer_id else None
+
+
+def event_data(failover: Failover, preempted_rental_id: uuid.UUID | None) -> dict[str, Any]:
+    """The Failover API contract's event payload (the same for every failover event);
+    ``preempted_rental_id`` as its reader may see it (``preempted_rental_seen_by``)."""
     return {
         "failover_id": failover.id,
         "rental_id": failover.rental_id,
@@ -72,7 +87,8 @@ def event_data(failover: Failover) -> dict[str, Any]:
         "reserved_until": iso(failover.reserved_until),
         "resumed_at": iso(failover.resumed_at),
         "migration_id": failover.migration_id,
-        "preempted_rental_id": failover.preempted_rental_id,
+        "spare_preempted": failover.preempted_rental_id is not None,
+        "preempted_rental_id": preempted_rental_id,
         "trigger": failover.trigger,
         "degraded_causes": failover.degraded_causes,
         "credited_as": (

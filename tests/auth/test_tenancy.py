@@ -54,7 +54,7 @@ class Case:
 ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/healthz"): Case(Expect.PUBLIC),
     ("GET", "/readyz"): Case(Expect.PUBLIC),
-    ("GET", "/metrics"): Case(Expect.PUBLIC),
+    ("GET", "/metrics"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/keys"): Case(Expect.ADMIN_ONLY, body={"name": "x"}),
     ("GET", "/v1/keys"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/keys/{key_id}/revoke"): Case(Expect.ADMIN_ONLY),

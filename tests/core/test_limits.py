@@ -187,7 +187,14 @@ def test_headers_over_the_size_cap_lose_the_connection(served: tuple[str, int]) 
 
 def test_a_dashboard_session_gets_503_too_when_postgres_is_down() -> None:
     engine = create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x")
-    claims = {"kind": "customer", "kid": str(uuid.uuid4()), "cid": None, "key": True, "iat": 0}
+    claims = {
+        "sid": str(uuid.uuid4()),
+        "kind": "customer",
+        "kid": str(uuid.uuid4()),
+        "cid": None,
+        "key": True,
+        "iat": 0,
+    }
     secret = get_settings().secret_key or ""
     cookie = tokens.sign(secret, tokens.Purpose.SESSION, claims, int(time.time()) + 60)
     with TestClient(create_app(engine)) as client:

@@ -10,6 +10,7 @@ from typing import Any
 from app.core.epoch import from_epoch
 from metering_agent.protocol import MINUTE
 from tests.failover.conftest import PREEMPTIBLE_PRICE, PRICE, Fleet, iso
+from tests.harness import bearer
 
 
 def _period(second: int) -> str:
@@ -115,3 +116,58 @@ def test_a_failover_preempts_a_preemptible_spare_billed_to_that_second(fleet: Fl
     fleet.console.post(f"/v1/failovers/{failover['id']}/resumed", resumed, 200)
     after = fleet.get("/v1/spare-pool")["pools"][0]
     assert (after["spare_gpus"], after["preemptible_gpu_seconds"]) == (0, rented)
+
+
+def test_a_failovers_customer_never_sees_the_preempted_tenants_rental_id(fleet: Fleet) -> None:
+    fleet.node("node-1")
+    fleet.gpu("node-1", "GPU-1")
+    fleet.gpu("node-1", "GPU-2")
+    fleet.gpu("node-1", "S-1", "spare")
+    spot = fleet.console.customer("Spot Co")["id"]
+    owner, fleet.customer_id = fleet.customer_id, spot
+    preemptible = fleet.rental("S-1", preemptible=True)
+    fleet.customer_id = owner
+    rental = fleet.rental("GPU-1", "GPU-2")
+    fleet.fail("GPU-1")
+    [failover] = fleet.failovers()
+    assert failover["preempted_rental_id"] == preemptible  # the admin sees which rental
+
+    def as_customer(customer_id: str) -> dict[str, str]:
+        body = {"name": "console"}
+        return bearer(fleet.console.post(f"/v1/customers/{customer_id}/keys", body)["key"])
+
+    mine = as_customer(owner)
+
+    def read(path: str, headers: dict[str, str]) -> str:
+        response = fleet.client.get(path, headers=headers)
+        assert response.status_code == 200, (path, response.text)
+        return response.text
+
+    period = _period(fleet.t0)
+    for path in (
+        "/v1/failovers",
+        f"/v1/failovers?rental_id={rental}",
+        "/v1/events?limit=500",
+        f"/v1/customers/{owner}/incidents?period={period}",
+        f"/dashboard/incidents?period={period}",
+    ):
+        assert preemptible not in read(path, mine), path
+    one = fleet.client.get(f"/v1/failovers/{failover['id']}", headers=mine).json()
+    assert (one["rental_id"], one["spare_preempted"], one["preempted_rental_id"]) == (
+        rental,
+        True,
+        None,
+    )
+    [listed] = fleet.client.get("/v1/failovers", headers=mine).json()["items"]
+    assert (listed["spare_preempted"], listed["preempted_rental_id"]) == (True, None)
+    [requested] = [
+        e
+        for e in fleet.client.get("/v1/events?limit=500", headers=mine).json()["items"]
+        if e["type"] == "failover.requested"
+    ]
+    assert requested["data"]["spare_preempted"] is True
+    assert requested["data"]["preempted_rental_id"] is None
+    # The preempted tenant learns of its own rental's end, and nothing of the failover's rental.
+    theirs = as_customer(spot)
+    assert fleet.client.get(f"/v1/failovers/{failover['id']}", headers=theirs).status_code == 404
+    assert rental not in read("/v1/events?limit=500", theirs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 import zoneinfo
 from decimal import Decimal
 from typing import Annotated, Any
@@ -27,12 +28,42 @@ def _known_timezone(name: str) -> str:
     return name
 
 
+# Control characters, line and paragraph separators, and invisible format characters: a bidi
+# override (U+202E) makes "gpu-cod.exe" read otherwise, a zero-width space (U+200B) makes two
+# names that look the same differ.
+_HIDDEN = frozenset({"Cc", "Cf", "Zl", "Zp"})
+_JOINERS = frozenset("\u200c\u200d")  # ZWNJ and ZWJ
+
+
+def one_line(text: str) -> str:
+    """Names are one line of visible text: no control, line-separator or invisible format
+    character (Unicode categories Cc, Zl, Zp, Cf). A joiner (ZWNJ, ZWJ) is allowed between two
+    visible non-ASCII characters, where Persian, Indic scripts and emoji sequences need it."""
+    for i, char in enumerate(text):
+        if unicodedata.category(char) in _HIDDEN and not _joins(text, i):
+            name = unicodedata.name(char, "a control character")
+            raise ValueError(
+                f"must be one line of visible text: U+{ord(char):04X} ({name}) at position "
+                f"{i + 1} is a control or invisible format character"
+            )
+    return text
+
+
+def _joins(text: str, i: int) -> bool:
+    if text[i] not in _JOINERS or not 0 < i < len(text) - 1:
+        return False
+    return all(
+        not c.isascii() and unicodedata.category(c) not in _HIDDEN and not c.isspace()
+        for c in (text[i - 1], text[i + 1])
+    )
+
+
 CurrencyCode = Annotated[str, Field(min_length=3, max_length=3), AfterValidator(_known_currency)]
 TimeZoneName = Annotated[str, Field(max_length=64), AfterValidator(_known_timezone)]
 # Hourly prices: exact decimals with at most 10 places; never negative.
 HourlyPrice = Annotated[Decimal, Field(ge=0, le=MAX_AMOUNT, max_digits=28, decimal_places=10)]
 Amount = Annotated[Decimal, Field(gt=0, le=MAX_AMOUNT, max_digits=28, decimal_places=10)]
-Name = Annotated[str, Field(min_length=1, max_length=200)]
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(one_line)]
 
 
 class Schema(BaseModel):

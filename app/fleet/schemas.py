@@ -2,22 +2,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Annotated
 from uuid import UUID
 
-from pydantic import AwareDatetime, Field, model_validator
+from pydantic import AfterValidator, AwareDatetime, Field, model_validator
 
 from app.auth.schemas import IssuedKeyRead
-from app.core.schemas import Schema
+from app.core.schemas import Schema, one_line
 from app.fleet.models import Pool
 
 GpuUuid = str
 _GPU_UUID = Field(min_length=1, max_length=96, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 
 
+OneLine = AfterValidator(one_line)
+
+
 class NodeCreate(Schema):
-    hostname: str = Field(min_length=1, max_length=253)
-    datacenter: str = Field(min_length=1, max_length=100)
-    topology_group: str | None = Field(default=None, max_length=100)
+    hostname: Annotated[str, OneLine] = Field(min_length=1, max_length=253)
+    datacenter: Annotated[str, OneLine] = Field(min_length=1, max_length=100)
+    topology_group: Annotated[str, OneLine] | None = Field(default=None, max_length=100)
 
 
 class NodeRead(Schema):
@@ -36,7 +40,7 @@ class NodeRegistered(Schema):
 class GpuCreate(Schema):
     uuid: GpuUuid = _GPU_UUID
     node_id: UUID
-    model: str = Field(min_length=1, max_length=100)
+    model: Annotated[str, OneLine] = Field(min_length=1, max_length=100)
     pool: Pool = Pool.RENTABLE
 
 

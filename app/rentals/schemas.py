@@ -1,27 +1,19 @@
 from __future__ import annotations
 
-import unicodedata
 import uuid
 from datetime import datetime
 from typing import Annotated, NamedTuple, Self
 
 from pydantic import AfterValidator, AwareDatetime, Field, StringConstraints, model_validator
 
-from app.core.schemas import Schema
+from app.core.schemas import Schema, one_line
 from app.rentals.models import NAME_MAX
-
-
-def _one_line(name: str) -> str:
-    if any(unicodedata.category(c) == "Cc" for c in name):
-        raise ValueError("must be one line of text, without control characters")
-    return name
-
 
 # Surrounding spaces are dropped before the length is checked.
 RentalName = Annotated[
     str,
     StringConstraints(strip_whitespace=True, min_length=1, max_length=NAME_MAX),
-    AfterValidator(_one_line),
+    AfterValidator(one_line),
 ]
 _NAME_HELP = f"What you call the rental (1 to {NAME_MAX} characters, one line); pages show it."
 

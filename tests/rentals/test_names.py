@@ -69,7 +69,7 @@ def test_a_customer_cannot_rename_another_customers_rental(
     [
         ("x" * 101, "String should have at most 100 characters"),
         ("   ", "String should have at least 1 character"),
-        ("first\nsecond", "must be one line of text, without control characters"),
+        ("first\nsecond", "must be one line of visible text: U+000A"),
         (42, "Input should be a valid string"),
     ],
 )

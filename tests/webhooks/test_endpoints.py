@@ -30,22 +30,38 @@ def log(console: Console, endpoint: dict[str, Any]) -> list[dict[str, Any]]:
     return response.json()["items"]
 
 
+REFUSED = "not a global unicast address"
+
+
 @pytest.mark.parametrize(
     ("url", "message"),
     [
         ("ftp://example.com/hook", "URL scheme should be 'http' or 'https'"),
-        ("http://127.0.0.1:8000/hook", "a loopback, private or reserved address"),
-        ("http://10.1.2.3/hook", "a loopback, private or reserved address"),
-        ("http://169.254.169.254/latest/meta-data", "a loopback, private or reserved address"),
-        ("http://[::1]/hook", "a loopback, private or reserved address"),
+        ("http://127.0.0.1:8000/hook", REFUSED),
+        ("http://10.1.2.3/hook", REFUSED),
+        ("http://169.254.169.254/latest/meta-data", REFUSED),
+        ("http://[::1]/hook", REFUSED),
         # IPv6 forms judged by the IPv4 address they embed (NAT64, 6to4, mapped, compatible)
-        ("http://[64:ff9b::a9fe:a9fe]/hook", "a loopback, private or reserved address"),
-        ("http://[64:ff9b::a00:1]/hook", "a loopback, private or reserved address"),
-        ("http://[64:ff9b:1::808:808]/hook", "a loopback, private or reserved address"),
-        ("http://[2002:7f00:1::]/hook", "a loopback, private or reserved address"),
-        ("http://[::ffff:10.0.0.1]/hook", "a loopback, private or reserved address"),
-        ("http://[::a9fe:a9fe]/hook", "a loopback, private or reserved address"),
-        ("http://localhost/hook", "a loopback, private or reserved address"),
+        ("http://[64:ff9b::a9fe:a9fe]/hook", REFUSED),
+        ("http://[64:ff9b::a00:1]/hook", REFUSED),
+        ("http://[64:ff9b:1::808:808]/hook", REFUSED),
+        ("http://[2002:7f00:1::]/hook", REFUSED),
+        ("http://[::ffff:10.0.0.1]/hook", REFUSED),
+        ("http://[::a9fe:a9fe]/hook", REFUSED),
+        ("http://localhost/hook", REFUSED),
+        # Only global unicast: SIIT's IPv4-translated and the IPv4-mapped forms, site-local,
+        # multicast (IPv6 and IPv4, and an IPv4 one inside 6to4), reserved and documentation.
+        ("http://[::ffff:0:808:808]/hook", REFUSED),
+        ("http://[::ffff:8.8.8.8]/hook", REFUSED),
+        ("http://[fec0::1]/hook", REFUSED),
+        ("http://[ff0e::1]/hook", REFUSED),
+        ("http://224.0.0.1/hook", REFUSED),
+        ("http://233.252.0.1/hook", REFUSED),
+        ("http://[2002:e000:1::]/hook", REFUSED),
+        ("http://[4000::1]/hook", REFUSED),
+        ("http://[5f00::1]/hook", REFUSED),
+        ("http://[e000::1]/hook", REFUSED),
+        ("http://[3fff::1]/hook", REFUSED),
         ("http://user:pw@example.com/hook", "credentials in the URL"),
         ("http://no-such-host.invalid/hook", "does not resolve"),
     ],

@@ -3,6 +3,7 @@ moment later (DNS rebinding) cannot redirect it."""
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from datetime import UTC, datetime
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from app.settings import Settings
 from app.webhooks import signing
 from app.webhooks.delivery import Request, send
+from app.webhooks.targets import internal
 from tests.webhooks.receiver import Receiver
 
 NAME = "hooks.rebinding.test"
@@ -40,3 +42,12 @@ def test_a_delivery_goes_to_the_address_that_was_checked(
     assert (outcome.status_code, outcome.error) == (204, None)
     [delivery] = receiver.received
     assert (delivery.message_id, delivery.host) == ("msg_1", f"{NAME}:{receiver.port}")
+
+
+@pytest.mark.parametrize(
+    "address",
+    # public IPv4, IPv6 global unicast, a public IPv4 through NAT64 and inside 6to4
+    ["8.8.8.8", "2001:4860:4860::8888", "2606:4700::1111", "64:ff9b::808:808", "2002:808:808::1"],
+)
+def test_global_unicast_addresses_may_receive_webhooks(address: str) -> None:
+    assert not internal(ipaddress.ip_address(address))

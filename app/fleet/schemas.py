@@ -4,10 +4,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from pydantic import AwareDatetime, Field, model_validator
+from pydantic import Field, model_validator
 
 from app.auth.schemas import IssuedKeyRead
-from app.core.schemas import Schema
+from app.core.schemas import Instant, Schema
 from app.fleet.models import Pool
 
 GpuUuid = str
@@ -48,8 +48,8 @@ class GpuUpdate(Schema):
 
 
 class MaintenanceCreate(Schema):
-    start_at: AwareDatetime
-    end_at: AwareDatetime
+    start_at: Instant
+    end_at: Instant
     reason: str | None = Field(default=None, max_length=500)
 
     @model_validator(mode="after")

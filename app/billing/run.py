@@ -6,13 +6,17 @@ A run is judged at ``now``, which ``as_of`` (API field, ``--as-of``) may set to 
 for re-runs and backfills: grace, vouchers, ``generated_at``/``finalized_at`` follow it; the
 usage rated is the data stored now (late data is what adjustments are for).
 Customers are grouped by billing time zone (each zone has its own calendar month); each group
-loads its rating inputs in a few set-based queries. A customer whose configuration the core
-rejects (no price in effect, a plan in another currency) is reported and skipped; the rest of
-the run goes on. The caller owns the transaction (the CLI and the API: one per run).
+loads its rating inputs in a few set-based queries. Each customer is drafted (and finalized) in
+a savepoint of its own: a customer whose data the run cannot bill (no price in effect, a plan
+in another currency, an amount too large for an invoice, a row the database cannot give back)
+is rolled back alone, reported with its reason, and the rest of the run goes on; when the
+group's read itself fails on one customer's row, each customer of the group is read and drafted
+alone. The caller owns the transaction (the CLI, the API and the scheduled run: one per run).
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
@@ -23,6 +27,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from sqlalchemy import text
+from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
 from app.billing.loader import PERIOD_PATTERN, BillingPeriod, started_period
@@ -30,17 +35,24 @@ from app.billing.models import InvoiceStatus
 from app.billing.service import (
     BillingSettings,
     Draft,
+    DraftBatch,
     check_grace,
     draft_batch,
     finalize_invoice,
     refresh_draft,
 )
-from app.core.errors import Unprocessable, not_found
+from app.core.errors import ApiError, Unprocessable, not_found
 from app.core.memory import rare_collections
 from app.customers.models import Customer
 from app.customers.service import customers_by_zone
 
 Progress = Callable[[int, int], None]  # (customers done, customers in the run)
+log = logging.getLogger(__name__)
+
+# What one customer's data can raise: refused by the core or the service (ApiError), a value the
+# database cannot store or give back (DataError), arithmetic out of range. Anything else (the
+# database gone, a bug) fails the run as a whole.
+CustomerFault = (ApiError, DataError, ArithmeticError, ValueError)
 
 
 class Outcome(StrEnum):
@@ -87,14 +99,17 @@ def run_invoices(
     *,
     config: BillingSettings,
     customer_id: uuid.UUID | None = None,
+    timezone: str | None = None,
     finalize: bool = False,
     force: bool = False,
     progress: Progress | None = None,
 ) -> RunSummary:
+    """Every customer's invoice for ``period`` (only ``customer_id``'s, or only those billed in
+    ``timezone``: the scheduled run's zone-month)."""
     started = time.perf_counter()
     if not re.match(PERIOD_PATTERN, period):
         raise Unprocessable(f"period must be YYYY-MM, got {period!r}", ("body", "period"))
-    zones = _customers_by_zone(session, customer_id)
+    zones = _customers_by_zone(session, customer_id, timezone)
     periods = {zone: started_period(period, zone, now, ("body", "period")) for zone in zones}
     if finalize:  # refuse the whole run up front, not customer by customer
         for zone_period in periods.values():
@@ -105,55 +120,94 @@ def run_invoices(
     # while these tables are still small, and keep scanning them whole as they grow: the run
     # went quadratic. Planning each statement for the tables as they are keeps it linear.
     session.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
+    run = _Run(session, now, config, finalize, force, summary, progress)
     with rare_collections():
         for zone, customers in zones.items():
-            _run_zone(
-                session, customers, periods[zone], now, config, finalize, force, summary, progress
-            )
+            run.zone(customers, periods[zone])
     summary.seconds = time.perf_counter() - started
     return summary
 
 
-def _run_zone(
-    session: Session,
-    customers: Sequence[Customer],
-    period: BillingPeriod,
-    now: datetime,
-    config: BillingSettings,
-    finalize: bool,
-    force: bool,
-    summary: RunSummary,
-    progress: Progress | None,
-) -> None:
-    batch = draft_batch(session, customers, period, now, config)
-    for customer in customers:
-        try:  # a customer the core rejects fails before anything of it is written
-            draft = refresh_draft(session, customer, period, now, batch)
-            outcome = _outcome(draft)
-            if draft is not None and finalize and outcome is Outcome.DRAFTED:
-                finalize_invoice(session, draft, now, config, force=force)
-                outcome = Outcome.FINALIZED
-        except Unprocessable as error:
-            outcome, draft = Outcome.FAILED, None
-            summary.failures[customer.id] = error.items[0]["msg"]
-        summary.counts[outcome] += 1
-        if draft is not None:
-            summary.invoice_ids.append(draft.invoice.id)
-        if progress:
-            progress(summary.done, summary.customers)
+@dataclass(frozen=True)
+class _Run:
+    session: Session
+    now: datetime
+    config: BillingSettings
+    finalize: bool
+    force: bool
+    summary: RunSummary
+    progress: Progress | None
+
+    def zone(self, customers: Sequence[Customer], period: BillingPeriod) -> None:
+        """The zone's customers from one batch read; when the read fails on some customer's
+        row, each customer alone, to bill the others and report whose it was."""
+        try:
+            with self.session.begin_nested():
+                batch = draft_batch(self.session, customers, period, self.now, self.config)
+        except CustomerFault as error:
+            if len(customers) == 1:
+                self._done(customers[0], None, error)
+                return
+            for customer in customers:
+                self.zone([customer], period)
+            return
+        for customer in customers:
+            try:  # a customer that fails is rolled back alone
+                with self.session.begin_nested():
+                    draft = self._bill(customer, period, batch)
+            except CustomerFault as error:
+                self._done(customer, None, error)
+            else:
+                self._done(customer, draft)
+
+    def _bill(self, customer: Customer, period: BillingPeriod, batch: DraftBatch) -> Draft | None:
+        draft = refresh_draft(self.session, customer, period, self.now, batch)
+        if draft is not None and self.finalize and _outcome(draft) is Outcome.DRAFTED:
+            finalize_invoice(self.session, draft, self.now, self.config, force=self.force)
+        return draft
+
+    def _done(
+        self, customer: Customer, draft: Draft | None, error: Exception | None = None
+    ) -> None:
+        summary = self.summary
+        if error is not None:
+            summary.counts[Outcome.FAILED] += 1
+            summary.failures[customer.id] = _reason(error)
+            log.warning(
+                "invoice run skipped a customer",
+                extra={"customer_id": str(customer.id), "reason": summary.failures[customer.id]},
+            )
+        else:
+            summary.counts[_outcome(draft)] += 1
+            if draft is not None:
+                summary.invoice_ids.append(draft.invoice.id)
+        if self.progress:
+            self.progress(summary.done, summary.customers)
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, ApiError):
+        return str(error.items[0]["msg"])
+    if isinstance(error, DataError):  # written (numeric overflow) or read (a year Python lacks)
+        first = str(error.orig).splitlines()[0] if error.orig else "out of range"
+        return f"a value the database cannot store or give back: {first}"
+    return f"{type(error).__name__}: {error}"
 
 
 def _outcome(draft: Draft | None) -> Outcome:
     if draft is None:
         return Outcome.EMPTY
-    return Outcome.DRAFTED if draft.invoice.status == InvoiceStatus.DRAFT else Outcome.UNCHANGED
+    return {
+        InvoiceStatus.DRAFT: Outcome.DRAFTED,
+        InvoiceStatus.FINALIZED: Outcome.FINALIZED if draft.built else Outcome.UNCHANGED,
+    }.get(draft.invoice.status, Outcome.UNCHANGED)
 
 
 def _customers_by_zone(
-    session: Session, customer_id: uuid.UUID | None
+    session: Session, customer_id: uuid.UUID | None, timezone: str | None
 ) -> dict[str, list[Customer]]:
     zones: dict[str, list[Customer]] = defaultdict(list)
-    for customer in customers_by_zone(session, customer_id):
+    for customer in customers_by_zone(session, customer_id, timezone):
         zones[customer.billing_timezone].append(customer)
     if customer_id is not None and not zones:
         raise not_found("customer", customer_id, ("body", "customer_id"))

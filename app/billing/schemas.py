@@ -8,7 +8,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from pydantic import AwareDatetime, Field
+from pydantic import Field
 
 from app.billing.core.evidence import xid_of
 from app.billing.core.lines import CREDIT_KINDS
@@ -21,7 +21,7 @@ from app.billing.models import (
     VoucherEntryRow,
 )
 from app.core.money import round_money
-from app.core.schemas import Amount, Schema
+from app.core.schemas import Amount, Instant, Schema
 
 Period = str  # "YYYY-MM", validated by PERIOD_PATTERN where it is input
 
@@ -131,7 +131,7 @@ class RunCreate(Schema):
     customer_id: uuid.UUID | None = None
     finalize: bool = False
     force: bool = Field(default=False, description="Finalize before the grace time passed.")
-    as_of: AwareDatetime | None = Field(
+    as_of: Instant | None = Field(
         default=None,
         description="Run as of this past time (re-runs, backfills): grace, voucher validity, "
         "generated_at and finalized_at are judged then. Default: now.",
@@ -161,7 +161,7 @@ class VoidBody(Schema):
 
 
 class PaidBody(Schema):
-    paid_at: datetime | None = Field(default=None, description="Default: now.")
+    paid_at: Instant | None = Field(default=None, description="Default: now.")
 
 
 class VoucherGrant(Schema):

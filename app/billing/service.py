@@ -80,7 +80,7 @@ from app.billing.models import (
 from app.billing.schemas import money
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import Conflict, Unprocessable, not_found
-from app.core.money import minor_units, round_money
+from app.core.money import MONEY_LIMIT, display, minor_units, round_money
 from app.customers.models import Customer
 from app.customers.service import existing_customer
 from app.events.service import publish
@@ -532,7 +532,7 @@ def _build(
         if (e.invoice_id != invoice.id or e.kind == EntryKind.ISSUED) and epoch(e.at) <= as_of
     ]
     with core_errors(customer):
-        return build_invoice(
+        built = build_invoice(
             str(invoice.id),
             str(customer.id),
             invoice.currency,
@@ -542,6 +542,19 @@ def _build(
             customer.tax_rate or Decimal(0),
             adjustments,
             balance,
+        )
+        _check_storable(built)
+    return built
+
+
+def _check_storable(built: BuiltInvoice) -> None:
+    """Every amount of the invoice (each line, so each sum of them) fits its columns. Prices
+    are bounded where they enter so one rental always fits, but a customer may hold many."""
+    if (gross := sum(abs(line.amount) for line in built.lines)) >= MONEY_LIMIT:
+        raise ValueError(
+            f"the invoice's amounts ({display(gross, built.currency)} in all) exceed what an "
+            f"invoice holds (below {MONEY_LIMIT:,f}): check the prices and GPU counts of its "
+            "rentals"
         )
 
 

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from app.auth.models import KeyKind
 from app.auth.principal import Principal
 from app.billing.loader import PERIOD_PATTERN
+from app.core.epoch import check_in_range
 from app.core.pagination import MAX_OFFSET, Page, PageParams
 from app.settings import get_settings
 
@@ -148,6 +149,10 @@ def past_time(text: str) -> datetime:
         raise argparse.ArgumentTypeError(f"not an ISO 8601 time: {text!r}") from None
     if value.tzinfo is None:
         raise argparse.ArgumentTypeError(f"give the zone too, e.g. {text}Z")
+    try:
+        check_in_range(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     if value > datetime.now(UTC):
         raise argparse.ArgumentTypeError(f"{text} is in the future")
     return value

@@ -61,6 +61,14 @@ SECONDS_PER_HOUR = 3600
 # BIGINT's 9.2 x 10^18, so no sum of two ledger values can leave the column's range.
 MAX_AMOUNT = Decimal(10) ** 15
 
+# Every invoice amount stored is below this (the ``Money`` columns, Numeric(28, 10), hold 18
+# digits before the point).
+MONEY_LIMIT = Decimal(10) ** 18
+# The highest price per GPU-hour the API takes: a month (745 h with a DST hour) of the largest
+# rental (100,000 GPUs, ``app.rentals``) at it, with tax (below 100 %), is 1.49 x 10^17, so one
+# rental's lines and its invoice's tax always fit ``MONEY_LIMIT`` (a test pins the arithmetic).
+MAX_HOURLY_PRICE = Decimal(10) ** 9
+
 
 class UnknownCurrencyError(ValueError):
     """Raised for a currency code missing from the minor-unit table."""

@@ -7,9 +7,10 @@ import zoneinfo
 from decimal import Decimal
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
-from app.core.money import MAX_AMOUNT, minor_units
+from app.core.epoch import check_in_range
+from app.core.money import MAX_AMOUNT, MAX_HOURLY_PRICE, minor_units
 
 
 def _known_currency(code: str) -> str:
@@ -60,10 +61,13 @@ def _joins(text: str, i: int) -> bool:
 
 CurrencyCode = Annotated[str, Field(min_length=3, max_length=3), AfterValidator(_known_currency)]
 TimeZoneName = Annotated[str, Field(max_length=64), AfterValidator(_known_timezone)]
-# Hourly prices: exact decimals with at most 10 places; never negative.
-HourlyPrice = Annotated[Decimal, Field(ge=0, le=MAX_AMOUNT, max_digits=28, decimal_places=10)]
+# Hourly prices: exact decimals with at most 10 places; never negative; a month of the largest
+# rental at one, with tax, fits an invoice amount (``MAX_HOURLY_PRICE``).
+HourlyPrice = Annotated[Decimal, Field(ge=0, le=MAX_HOURLY_PRICE, max_digits=28, decimal_places=10)]
 Amount = Annotated[Decimal, Field(gt=0, le=MAX_AMOUNT, max_digits=28, decimal_places=10)]
 Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(one_line)]
+# A time the service takes: with its zone, 1970-01-01 to 2199-12-31 in UTC (``app.core.epoch``).
+Instant = Annotated[AwareDatetime, AfterValidator(check_in_range)]
 
 
 class Schema(BaseModel):

@@ -37,17 +37,16 @@ def existing_customer(
     return session.get_one(Customer, customer_id, with_for_update=for_update)
 
 
-def customers_by_zone(session: Session, only_id: uuid.UUID | None = None) -> list[Customer]:
-    """Read interface (invoice runs): every customer (or only ``only_id``), by billing zone."""
+def customers_by_zone(
+    session: Session, only_id: uuid.UUID | None = None, zone: str | None = None
+) -> list[Customer]:
+    """Read interface (invoice runs): every customer (or only ``only_id``, or only those billed
+    in ``zone``), by billing zone."""
     query = select(Customer).order_by(Customer.billing_timezone, Customer.id)
     if only_id is not None:
         query = query.where(Customer.id == only_id)
-    return list(session.scalars(query))
-
-
-def customers_in_zone(session: Session, timezone: str) -> list[Customer]:
-    """Read interface (schedule): the customers billed in ``timezone``."""
-    query = select(Customer).where(Customer.billing_timezone == timezone).order_by(Customer.id)
+    if zone is not None:
+        query = query.where(Customer.billing_timezone == zone)
     return list(session.scalars(query))
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from pydantic import AwareDatetime
 
 from app.auth.deps import ConsoleUser
 from app.core.deps import DbSession
+from app.core.schemas import Instant
 from app.events import service
 from app.events.schemas import EventPage
 
@@ -29,8 +29,8 @@ def list_events(
     type: Annotated[
         list[str], Query(max_length=100, description="Only these event types (repeatable).")
     ] = [],  # noqa: B006 - FastAPI copies query defaults
-    since: Annotated[AwareDatetime | None, Query(description="Inclusive.")] = None,
-    until: Annotated[AwareDatetime | None, Query(description="Exclusive.")] = None,
+    since: Annotated[Instant | None, Query(description="Inclusive.")] = None,
+    until: Annotated[Instant | None, Query(description="Exclusive.")] = None,
 ) -> EventPage:
     """Admins see every event; a customer key sees only its customer's."""
     return service.list_events(

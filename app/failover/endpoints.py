@@ -4,13 +4,13 @@ import uuid
 from datetime import UTC, datetime
 
 from fastapi import APIRouter
-from pydantic import AwareDatetime
 from sqlalchemy.orm import Session
 
 from app.auth.deps import Admin, ConsoleUser
 from app.auth.service import Principal
 from app.core.deps import AppSettings, DbSession
 from app.core.pagination import Page, Paging, paginate
+from app.core.schemas import Instant
 from app.failover import repository, service
 from app.failover.models import Failover, FailoverState
 from app.failover.schemas import (
@@ -89,8 +89,8 @@ def spare_pool(
     session: DbSession,
     _: Admin,
     settings: AppSettings,
-    start: AwareDatetime | None = None,
-    end: AwareDatetime | None = None,
+    start: Instant | None = None,
+    end: Instant | None = None,
 ) -> SparePoolView:
     """Each datacenter and model's hot spares now (available, reserved, preemptibly rented,
     target) and the spare GPU-hours sold preemptibly in [start, end) (default: this UTC

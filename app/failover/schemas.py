@@ -5,9 +5,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from pydantic import AwareDatetime, Field
+from pydantic import Field
 
-from app.core.schemas import Schema
+from app.core.schemas import Instant, Schema
 from app.failover.models import Failover, FailoverState
 
 
@@ -56,7 +56,7 @@ class FailoverRead(Schema):
 
 
 class ResumedBody(Schema):
-    resumed_at: AwareDatetime | None = Field(
+    resumed_at: Instant | None = Field(
         default=None, description="When the job ran on the spare again (default: now)."
     )
 

@@ -5,10 +5,10 @@ from datetime import datetime
 from typing import Annotated
 from uuid import UUID
 
-from pydantic import AfterValidator, AwareDatetime, Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from app.auth.schemas import IssuedKeyRead
-from app.core.schemas import Schema, one_line
+from app.core.schemas import Instant, Schema, one_line
 from app.fleet.models import Pool
 
 GpuUuid = str
@@ -52,8 +52,8 @@ class GpuUpdate(Schema):
 
 
 class MaintenanceCreate(Schema):
-    start_at: AwareDatetime
-    end_at: AwareDatetime
+    start_at: Instant
+    end_at: Instant
     reason: str | None = Field(default=None, max_length=500)
 
     @model_validator(mode="after")

@@ -5,9 +5,17 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated
 
-from pydantic import AwareDatetime, Field, field_validator
+from pydantic import Field, field_validator
 
-from app.core.schemas import Amount, CurrencyCode, HourlyPrice, Name, Schema, not_null
+from app.core.schemas import (
+    Amount,
+    CurrencyCode,
+    HourlyPrice,
+    Instant,
+    Name,
+    Schema,
+    not_null,
+)
 from app.metering.causes import DEGRADED_CAUSES, DegradedCause
 
 
@@ -29,7 +37,7 @@ class PriceCreate(Schema):
         description="Hourly price of a preemptible rental (a hot spare a failover may preempt); "
         "without it the model cannot be rented preemptibly at this price's time.",
     )
-    effective_from: AwareDatetime
+    effective_from: Instant
     customer_id: uuid.UUID | None = Field(
         default=None, description="Set for a customer's contract price (an override)."
     )

@@ -3,11 +3,11 @@ from __future__ import annotations
 import uuid
 
 from fastapi import APIRouter
-from pydantic import AwareDatetime
 
 from app.auth.deps import Admin, ConsoleUser
 from app.core.deps import DbSession, RowId
 from app.core.pagination import Page, Paging, paginate
+from app.core.schemas import Instant
 from app.rentals import repository, service
 from app.rentals.schemas import (
     AssignmentCreate,
@@ -35,8 +35,8 @@ def list_rentals(
     caller: ConsoleUser,
     page: Paging,
     customer_id: uuid.UUID | None = None,
-    active_from: AwareDatetime | None = None,
-    active_to: AwareDatetime | None = None,
+    active_from: Instant | None = None,
+    active_to: Instant | None = None,
 ) -> Page[RentalRead]:
     """Rentals overlapping [active_from, active_to); customers see only their own."""
     query = repository.rentals_query(

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Mapped, mapped_column, relationship
 from app.core.base import Base, Timestamped
 
 NAME_MAX = 100  # characters of a rental's name
+MAX_GPUS = 100_000  # GPUs in one rental (app.core.money.MAX_HOURLY_PRICE counts on it)
 
 
 class Rental(Timestamped, Base):

@@ -4,10 +4,10 @@ import uuid
 from datetime import datetime
 from typing import Annotated, NamedTuple, Self
 
-from pydantic import AfterValidator, AwareDatetime, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, Field, StringConstraints, model_validator
 
-from app.core.schemas import Schema, one_line
-from app.rentals.models import NAME_MAX
+from app.core.schemas import Instant, Schema, one_line
+from app.rentals.models import MAX_GPUS, NAME_MAX
 
 # Surrounding spaces are dropped before the length is checked.
 RentalName = Annotated[
@@ -30,8 +30,8 @@ class Holding(NamedTuple):
 class _Interval(Schema):
     """[start_at, end_at); an open end (None) lasts until ended."""
 
-    start_at: AwareDatetime
-    end_at: AwareDatetime | None = None
+    start_at: Instant
+    end_at: Instant | None = None
 
     @model_validator(mode="after")
     def _end_after_start(self) -> Self:
@@ -47,7 +47,7 @@ class RentalCreate(_Interval):
     name: RentalName | None = Field(default=None, description=_NAME_HELP)
     plan_id: uuid.UUID
     gpu_model: str = Field(min_length=1, max_length=100)
-    gpu_count: int = Field(ge=1, le=100_000)
+    gpu_count: int = Field(ge=1, le=MAX_GPUS)
     preemptible: bool = Field(
         default=False,
         description="Rent idle hot spares at the plan's preemptible price; a failover that "
@@ -62,7 +62,7 @@ class RentalUpdate(Schema):
 
 
 class RentalEnd(Schema):
-    end_at: AwareDatetime
+    end_at: Instant
 
 
 class AssignmentCreate(_Interval):
@@ -70,14 +70,14 @@ class AssignmentCreate(_Interval):
 
 
 class AssignmentEnd(Schema):
-    end_at: AwareDatetime
+    end_at: Instant
 
 
 class MigrationCreate(Schema):
     from_gpu_uuid: str = Field(min_length=1, max_length=96)
     to_gpu_uuid: str = Field(min_length=1, max_length=96)
-    failed_at: AwareDatetime
-    resumed_at: AwareDatetime
+    failed_at: Instant
+    resumed_at: Instant
     reason: str | None = Field(default=None, max_length=500)
 
     @model_validator(mode="after")

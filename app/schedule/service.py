@@ -11,7 +11,6 @@ itself is billing's (``app.billing.run.run_invoices``), idempotent per customer.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -77,17 +76,14 @@ def _work_next(
 
 
 def _run(session: Session, run: ScheduledRun, now: datetime, config: BillingSettings) -> None:
-    customers = customers_service.customers_in_zone(session, run.timezone)
-    counts: Counter[str] = Counter()
-    failures: dict[str, str] = {}
-    for customer in customers:
-        summary = run_invoices(
-            session, run.period, now, config=config, customer_id=customer.id, finalize=run.finalize
-        )
-        counts.update({outcome.value: n for outcome, n in summary.counts.items()})
-        failures.update({str(c): message for c, message in summary.failures.items()})
+    """The zone's month on the invoice runs' own batched path (as the API and the CLI run it)."""
+    summary = run_invoices(
+        session, run.period, now, config=config, timezone=run.timezone, finalize=run.finalize
+    )
     run.status, run.attempts, run.error = RunStatus.SUCCEEDED, run.attempts + 1, None
-    run.customers, run.counts, run.failures = len(customers), dict(counts), failures
+    run.customers = summary.customers
+    run.counts = {outcome.value: n for outcome, n in summary.counts.items()}
+    run.failures = {str(c): message for c, message in summary.failures.items()}
     run.finished_at = now
     log.info("scheduled invoice run", extra={"period": run.period, "timezone": run.timezone})
 

@@ -45,6 +45,17 @@ class Settings(BaseSettings):
     body_read_timeout_s: float = Field(
         default=30.0, gt=0, description="Longest pause while a request body arrives; then 408."
     )
+    body_min_rate: float = Field(
+        default=1024.0,
+        gt=0,
+        description="Bytes a second a request body must average once its first "
+        "body_read_timeout_s have passed; a slower one gets 408.",
+    )
+    body_deadline_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="Longest time a request body may take in all, however it trickles; then 408.",
+    )
     header_timeout_s: float = Field(
         default=10.0, gt=0, description="Longest time for a request's headers to arrive."
     )

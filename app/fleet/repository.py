@@ -195,7 +195,7 @@ def gpu_owners(session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUI
 def lock_gpus(session: Session, gpu_uuids: Collection[str]) -> list[Gpu]:
     """The GPUs, locked in UUID order (two nodes' batches never wait on each other in turn)."""
     query = select(Gpu).where(Gpu.uuid.in_(list(gpu_uuids))).order_by(Gpu.uuid)
-    return list(session.scalars(query.with_for_update()))
+    return list(session.scalars(query.with_for_update().execution_options(populate_existing=True)))
 
 
 def refused_claims(

@@ -186,9 +186,11 @@ class IngestGpus:
         """Retired GPUs and GPUs settled against the node: refused. Any other GPU not the
         node's alone: in dispute (from now, for one of another node, with a ``gpu.uuid_clash``
         event), its reports held from every node until an operator settles the clash."""
+        # Locked first: a clash settled meanwhile is read whole (its refused claims too).
+        locked = repository.lock_gpus(session, gpu_uuids)
         refused = repository.refused_claims(session, node_id, gpu_uuids)
         claims = {}
-        for gpu in repository.lock_gpus(session, gpu_uuids):
+        for gpu in locked:
             if gpu.retired_at is not None:
                 claims[gpu.uuid] = Claim(False, f"GPU {gpu.uuid} was retired by an operator")
             elif gpu.uuid in refused:
@@ -231,7 +233,7 @@ def record_latest(
 def _held_reason(gpu_uuid: str) -> str:
     return (
         f"GPU {gpu_uuid} is claimed by more than one node: held until an operator settles "
-        f"the clash (gpumeter admin gpus settle {gpu_uuid})"
+        f"the clash (gpumeter gpus settle {gpu_uuid})"
     )
 
 

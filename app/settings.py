@@ -45,6 +45,17 @@ class Settings(BaseSettings):
     body_read_timeout_s: float = Field(
         default=30.0, gt=0, description="Longest pause while a request body arrives; then 408."
     )
+    body_min_rate: float = Field(
+        default=1024.0,
+        gt=0,
+        description="Bytes a second a request body must average once its first "
+        "body_read_timeout_s have passed; a slower one gets 408.",
+    )
+    body_deadline_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="Longest time a request body may take in all, however it trickles; then 408.",
+    )
     header_timeout_s: float = Field(
         default=10.0, gt=0, description="Longest time for a request's headers to arrive."
     )
@@ -282,6 +293,13 @@ class Settings(BaseSettings):
         ge=1,
         description="Most GPUs one node may have; a batch that would register more is refused "
         "(403), so a node token cannot flood the fleet with made-up GPUs.",
+    )
+    ingest_hold_max: int = Field(
+        default=50_000,
+        ge=0,
+        description="Most records plus events held per GPU in dispute (two nodes claimed its "
+        "UUID) until an operator settles the clash (about a day of one GPU's 2-s rounds); "
+        "past it they are refused, each answered so.",
     )
     max_budgets_per_customer: int = Field(
         default=50, ge=1, description="Most budgets one customer may have (409 past it)."

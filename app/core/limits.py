@@ -3,7 +3,11 @@
 ``RequestLimits`` is pure ASGI (it never buffers a body):
 - a declared ``Content-Length`` over the limit is refused with 413 before a byte is read, and a
   chunked body is counted as it streams and cut off at the limit;
-- a body that stops arriving for ``body_read_timeout_s`` is answered 408;
+- a body is answered 408 (and its connection closed) when it stops arriving for
+  ``body_read_timeout_s``, when it arrives slower than ``body_min_rate`` bytes a second on
+  average once its first ``body_read_timeout_s`` have passed, or when it is not complete
+  ``body_deadline_s`` after its request got its slot: a body trickled a few bytes at a time,
+  each pause short of the first bound, no longer keeps a slot and a connection for ever;
 - at most ``max_in_flight`` requests per worker run at once, sized to the database pool, so
   every running request can get a connection and a thread: threads can no longer all wait on
   the pool while the pool's connections wait for threads. A request that finds no slot within
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +44,8 @@ class Limits:
     max_in_flight: int
     queue_wait_s: float
     body_read_timeout_s: float
+    body_min_rate: float
+    body_deadline_s: float
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
@@ -47,7 +54,23 @@ class Limits:
             max_in_flight=settings.requests_in_flight,
             queue_wait_s=settings.queue_wait_s,
             body_read_timeout_s=settings.body_read_timeout_s,
+            body_min_rate=settings.body_min_rate,
+            body_deadline_s=settings.body_deadline_s,
         )
+
+    def body_wait(self, elapsed: float, received: int) -> tuple[float, str]:
+        """How long the next piece of a body may take, ``elapsed`` seconds after its request
+        got its slot with ``received`` bytes read, and what to say if it takes longer."""
+        pause = self.body_read_timeout_s
+        by_rate = pause + received / self.body_min_rate - elapsed
+        by_deadline = self.body_deadline_s - elapsed
+        if pause <= by_rate and pause <= by_deadline:
+            return pause, f"the request body stopped arriving for {pause:g} s"
+        if by_rate <= by_deadline:
+            return by_rate, (
+                f"the request body arrived slower than {self.body_min_rate:g} bytes a second"
+            )
+        return by_deadline, f"the request body did not arrive within {self.body_deadline_s:g} s"
 
 
 async def send_error(
@@ -121,6 +144,7 @@ class RequestLimits:
     async def _call_bounded(self, scope: Scope, receive: Receive, send: Send) -> None:
         received = 0
         started = refused = False
+        began = time.monotonic()
 
         async def refuse(status: int, msg: str, kind: str) -> Message:
             # Answer now; the app sees the client gone and whatever it answers is dropped.
@@ -132,11 +156,12 @@ class RequestLimits:
 
         async def bounded_receive() -> Message:
             nonlocal received
+            wait, why = self.limits.body_wait(time.monotonic() - began, received)
             try:
-                async with asyncio.timeout(self.limits.body_read_timeout_s):
+                async with asyncio.timeout(max(0.0, wait)):
                     message = await receive()
             except TimeoutError:
-                return await refuse(408, "the request body did not arrive in time", "timeout")
+                return await refuse(408, why, "timeout")
             received += len(message.get("body", b""))
             if received > self.limits.max_body_bytes:
                 return await refuse(413, self._too_large(), "payload_too_large")

@@ -221,7 +221,7 @@ def test_requests_the_server_cancels_are_answered_503_not_500() -> None:
     sent: dict[str, list[Message]] = {"running": [], "queued": []}
 
     async def scenario() -> None:
-        limits = RequestLimits(endless, Limits(1024, 1, 60.0, 1.0))
+        limits = RequestLimits(endless, Limits(1024, 1, 60.0, 1.0, 1024.0, 120.0))
         scope = {"type": "http", "path": "/v1/ingest", "headers": []}
 
         def request(name: str) -> asyncio.Task[None]:

@@ -129,7 +129,7 @@ def create_app(engine: Engine | None = None, *, worker: bool | None = None) -> F
     dashboard.install(app)
     # Outermost first on the way in: size and concurrency limits, then the key, then a POST's
     # Idempotency-Key (its transaction lent to the endpoint), then the app.
-    app.add_middleware(IdempotentPosts, owner=_tenant)
+    app.add_middleware(IdempotentPosts, owner=_tenant, ttl_s=settings.idempotency_key_ttl_s)
     app.add_middleware(AuthenticateFirst)
     app.add_middleware(RequestLimits)
     app.add_middleware(SecurityHeaders)  # on every answer, the limits' 503s and 413s too

@@ -2,12 +2,12 @@
 
 A POST that carries ``Idempotency-Key: <1-255 visible ASCII characters>`` is run once per key
 and caller: its answer (status, body, headers) is stored with the request's fingerprint
-(method, path and query, SHA-256 of the body: of its JSON content, keys sorted), and a retry of the same request with the same
-key, within ``GPUMETER_IDEMPOTENCY_KEY_TTL_S``, gets that answer again (with
-``Idempotent-Replayed: true``) and creates nothing. The same key with another request is a 422;
-while the first request is still running, a second with its key is a 409. Keys are scoped by
-the caller's tenant (``owner``: a customer, the operator's admin keys, a node), so one tenant's
-key never finds another's answer.
+(method, path and query, SHA-256 of the body: of its JSON content, keys sorted), and a retry of
+the same request with the same key, within ``GPUMETER_IDEMPOTENCY_KEY_TTL_S``, gets that answer
+again (with ``Idempotent-Replayed: true``) and creates nothing. The same key with another
+request is a 422; while the first request is still running, a second with its key is a 409.
+Keys are scoped by the caller's tenant (``owner``: a customer, the operator's admin keys, a
+node), so one tenant's key never finds another's answer.
 
 One transaction: this middleware opens the request's transaction before the app runs, takes a
 transaction-scoped advisory lock on (owner, key) (the in-flight guard: a second request's
@@ -60,7 +60,7 @@ from app.core.db import begun_session, transaction
 from app.core.deps import OPENED_TRANSACTION, OpenedTransaction
 from app.core.errors import ApiError, Conflict, Unprocessable, database_unavailable
 from app.core.limits import send_api_error
-from app.settings import Settings, get_settings
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +157,10 @@ class Answer:
 class IdempotentPosts:
     """The middleware (see the module doc); ``owner`` names the caller's tenant."""
 
-    def __init__(self, app: ASGIApp, owner: Owner, ttl_s: int | None = None) -> None:
+    def __init__(self, app: ASGIApp, owner: Owner, ttl_s: int) -> None:
         self.app = app
         self.owner = owner
-        self.ttl = timedelta(seconds=ttl_s or get_settings().idempotency_key_ttl_s)
+        self.ttl = timedelta(seconds=ttl_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = Headers(scope=scope).get(HEADER) if scope["type"] == "http" else None

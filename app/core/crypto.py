@@ -1,4 +1,5 @@
-"""Secrets kept encrypted at rest (webhook signing secrets): Fernet tokens (the
+"""Secrets kept encrypted at rest (webhook signing secrets, the answers kept for idempotency
+keys, which may show a new API key): Fernet tokens (the
 ``cryptography`` library: AES-128-CBC with an HMAC-SHA256, a version and a time), under a
 ``MultiFernet`` of the configured keys, so a rotation is adding a key.
 
@@ -17,7 +18,7 @@ from typing import Any
 from cryptography.fernet import Fernet, MultiFernet
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
-from sqlalchemy import String
+from sqlalchemy import LargeBinary, String
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
@@ -66,3 +67,16 @@ class EncryptedString(TypeDecorator[str]):
 
     def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
         return None if value is None else decrypt(value)
+
+
+class EncryptedBytes(TypeDecorator[bytes]):
+    """A binary column stored as a Fernet token: plain in Python, encrypted in the database."""
+
+    impl = LargeBinary
+    cache_ok = True
+
+    def process_bind_param(self, value: bytes | None, dialect: Dialect) -> bytes | None:
+        return None if value is None else box().encrypt(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> bytes | None:
+        return None if value is None else box().decrypt(bytes(value))

@@ -2,12 +2,12 @@
 
 A POST that carries ``Idempotency-Key: <1-255 visible ASCII characters>`` is run once per key
 and caller: its answer (status, body, headers) is stored with the request's fingerprint
-(method, path and query, SHA-256 of the body: of its JSON content, keys sorted), and a retry of the same request with the same
-key, within ``GPUMETER_IDEMPOTENCY_KEY_TTL_S``, gets that answer again (with
-``Idempotent-Replayed: true``) and creates nothing. The same key with another request is a 422;
-while the first request is still running, a second with its key is a 409. Keys are scoped by
-the caller's tenant (``owner``: a customer, the operator's admin keys, a node), so one tenant's
-key never finds another's answer.
+(method, path and query, SHA-256 of the body: of its JSON content, keys sorted), and a retry of
+the same request with the same key, within ``GPUMETER_IDEMPOTENCY_KEY_TTL_S``, gets that answer
+again (with ``Idempotent-Replayed: true``) and creates nothing. The same key with another
+request is a 422; while the first request is still running, a second with its key is a 409.
+Keys are scoped by the caller's tenant (``owner``: a customer, the operator's admin keys, a
+node), so one tenant's key never finds another's answer.
 
 One transaction: this middleware opens the request's transaction before the app runs, takes a
 transaction-scoped advisory lock on (owner, key) (the in-flight guard: a second request's
@@ -35,6 +35,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import procrastinate
+from cryptography.fernet import InvalidToken
 from procrastinate import job_context
 from sqlalchemy import (
     Engine,
@@ -56,6 +57,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.base import Base
+from app.core.crypto import EncryptedBytes
 from app.core.db import begun_session, transaction
 from app.core.deps import OPENED_TRANSACTION, OpenedTransaction
 from app.core.errors import ApiError, Conflict, Unprocessable, database_unavailable
@@ -92,7 +94,8 @@ class IdempotencyKey(Base):
     body_sha256: Mapped[bytes] = mapped_column(LargeBinary)
     status: Mapped[int] = mapped_column(SmallInteger)
     headers: Mapped[list[list[str]]] = mapped_column(JSONB)
-    body: Mapped[bytes] = mapped_column(LargeBinary)
+    # Encrypted at rest: an answer may show a secret once (a new API key, a signing secret).
+    body: Mapped[bytes] = mapped_column(EncryptedBytes)
     created_at: Mapped[datetime] = mapped_column(server_default=func.now(), index=True)
 
 
@@ -223,36 +226,50 @@ class IdempotentPosts:
         the key was first used for another request."""
         session = begun_session(engine)
         try:
-            locked = session.scalar(_TRY_LOCK, {"key": f"idempotency:{owner}:{key}"})
-            if not locked:
+            if not session.scalar(_TRY_LOCK, {"key": f"idempotency:{owner}:{key}"}):
                 raise Conflict(
                     f"a request with this {HEADER} is still running; retry once it has "
                     "answered, to get its answer",
                     _LOC,
                 )
-            stored = session.scalar(
-                select(IdempotencyKey).where(
-                    IdempotencyKey.owner == owner,
-                    IdempotencyKey.key == key,
-                    IdempotencyKey.created_at > func.now() - self.ttl,
-                )
-            )
+            stored = self._stored(session, owner, key)
         except BaseException:
             session.close()
             raise
         if stored is None:
             return session
         session.close()
-        first = Fingerprint(stored.method, stored.path, stored.body_sha256)
-        if first != fingerprint:
-            raise Unprocessable(
-                f"this {HEADER} was first used for {first.method} {first.path} with "
-                + ("another body" if first.path == fingerprint.path else "its own body")
-                + f": a retry must repeat that request exactly; a new request needs a new "
-                f"{HEADER}",
-                _LOC,
+        return _replay(stored, fingerprint)
+
+    def _stored(self, session: Session, owner: str, key: str) -> IdempotencyKey | None:
+        """The key's unexpired answer, if any; 409 if no encryption key reads it any more."""
+        try:
+            return session.scalar(
+                select(IdempotencyKey).where(
+                    IdempotencyKey.owner == owner,
+                    IdempotencyKey.key == key,
+                    IdempotencyKey.created_at > func.now() - self.ttl,
+                )
             )
-        return Answer.of(stored)
+        except InvalidToken:
+            raise Conflict(
+                f"this {HEADER}'s first answer can no longer be read (the key that encrypted it "
+                "was retired), so it is neither replayed nor run again; send a new key",
+                _LOC,
+            ) from None
+
+
+def _replay(stored: IdempotencyKey, fingerprint: Fingerprint) -> Answer:
+    """The stored answer, if the retry is the request it answered; else 422 naming that."""
+    first = Fingerprint(stored.method, stored.path, stored.body_sha256)
+    if first != fingerprint:
+        raise Unprocessable(
+            f"this {HEADER} was first used for {first.method} {first.path} with "
+            + ("another body" if first.path == fingerprint.path else "its own body")
+            + f": a retry must repeat that request exactly; a new request needs a new {HEADER}",
+            _LOC,
+        )
+    return Answer.of(stored)
 
 
 _TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(hashtextextended(:key, 0))")

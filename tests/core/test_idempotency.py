@@ -11,12 +11,14 @@ from typing import Any
 
 import httpx
 import pytest
+from cryptography.fernet import Fernet
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
 from app.core.db import transaction
 from app.core.idempotency import HEADER, purge_expired
+from app.settings import get_settings
 from tests.harness import Console, bearer, wait_for
 
 TOP_UP = {"amount": "25.50", "reason": "bank transfer 2026-11-02"}
@@ -245,3 +247,30 @@ def test_every_post_but_ingest_and_stripes_documents_the_header(app: FastAPI) ->
     assert set(posts) - with_header == {"/v1/ingest", "/v1/stripe/webhook"}
     assert "/v1/rentals/{rental_id}/migrations" in with_header
     assert "/v1/invoices/runs" in with_header
+
+
+def test_a_kept_answer_is_encrypted_at_rest(
+    console: Console, db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new API key is shown once: its answer, kept for the retry, is stored encrypted. Once
+    the encryption key that wrote it is retired, the retry is a 409, never a new key."""
+    acme = console.customer("Acme")
+    path = f"/v1/customers/{acme['id']}/keys"
+    first = post(console, path, {"name": "ci"}, "new-key-1")
+    assert first.status_code == 201
+    secret = first.json()["key"]
+    with db.connect() as connection:
+        stored = connection.scalar(text("SELECT body FROM idempotency_keys"))
+    assert secret.encode() not in stored and b'"name"' not in stored
+    assert post(console, path, {"name": "ci"}, "new-key-1").json()["key"] == secret
+    monkeypatch.setenv("GPUMETER_ENCRYPTION_KEYS", json.dumps([Fernet.generate_key().decode()]))
+    get_settings.cache_clear()
+    try:
+        retired = post(console, path, {"name": "ci"}, "new-key-1")
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+    assert retired.status_code == 409
+    assert "can no longer be read" in retired.json()["detail"][0]["msg"]
+    keys = console.client.get(path, headers=console.headers).json()["items"]
+    assert len(keys) == 1

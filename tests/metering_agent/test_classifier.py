@@ -238,7 +238,8 @@ def test_recover_clears_latched_failure() -> None:
 def test_each_repair_signal_going_down_clears_the_latch(signal: str) -> None:
     before = healthy(energy_mj=9_000_000, ecc_corrected_volatile=4, ecc_uncorrected_volatile=2,
                      remap_pending=True, retired_pages_pending=True, xids=[48])  # fmt: skip
-    after = replace(before, xids=[], **{signal: 0})
+    after = replace(before, xids=[])
+    setattr(after, signal, 0)
     verdicts, memory = run(before, replace(before, xids=[]), after)
     assert [v.state for v in verdicts][:2] == [F, F]
     assert "xid_48_gpu_ecc_dbe" not in memory.latched()

@@ -3,6 +3,7 @@ catalog code is walked in test_xid_catalog.py)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -198,6 +199,16 @@ def test_nvlink5_xid_follows_the_drivers_recovery_action() -> None:
     verdicts, memory = run(healthy(xids=[149], recovery_action=None), healthy(recovery_action=None))
     assert [v.state for v in verdicts] == [F, F], "no recovery action to read: failed"
     assert "xid_149_nvlink_netir_error" in memory.latched()
+
+
+def test_a_burst_of_xids_is_one_piece_of_evidence_each_and_fits_the_services_bound() -> None:
+    codes = [79] * 5 + list(range(140, 173)) + [999, 1000]
+    [verdict], _ = run(healthy(xids=codes))
+    assert [ev.rule for ev in verdict.evidence].count("xid_79_gpu_has_fallen_off_the_bus") == 1
+    [change] = [e for e in verdict.events if e.kind == EventKind.STATE_CHANGE]
+    shown = len(change.detail["evidence"])
+    assert shown + change.detail["evidence_omitted"] == len(verdict.evidence)
+    assert len(json.dumps(change.detail).encode()) <= 8192  # DETAIL_MAX_BYTES, service side
 
 
 def test_power_cap_is_not_a_slowdown() -> None:

@@ -113,6 +113,30 @@ def test_a_restart_keeps_the_failure_until_the_gpu_is_reset(tmp_path: Path) -> N
     assert set(states(spool, 1)) == set(states(spool, 2)) == {"healthy"}
 
 
+@dataclass
+class NodeMissing(Node):
+    """The failed GPU does not enumerate for the first ``missing`` readings after a restart."""
+
+    missing: int = 0
+
+    def read_all(self) -> list[GpuReading]:
+        readings = super().read_all()
+        if self.missing > 0:
+            self.missing -= 1
+            return readings[1:]
+        return readings
+
+
+def test_a_gpu_unreadable_after_the_restart_keeps_its_latch(tmp_path: Path) -> None:
+    clock = FakeClock()
+    node = fail_gpu_0(tmp_path, clock)
+    missing = NodeMissing(energy=node.energy, missing=3)
+    run_agent(tmp_path, missing, 2, clock=clock)
+    assert GPUS[0].uuid in json.loads((tmp_path / "latch.json").read_text())["gpus"]
+    spool = run_agent(tmp_path, missing, 4, clock=clock)
+    assert set(states(spool, 0)) == {"failed"}
+
+
 def test_a_node_reboot_is_the_repair(tmp_path: Path) -> None:
     clock = FakeClock()
     node = fail_gpu_0(tmp_path, clock)

@@ -63,8 +63,9 @@ class SimulatedGpu:
         self.info, self.model, self._rng = info, model, rng
         self._util = rng.uniform(0, 100)
         # As a GPU's counter, it never goes down while the "driver" stays loaded, agent restarts
-        # included (it would read as a reset): it starts at max power times the wall clock.
-        self._energy_mj = rng.randrange(10**9) + int(time.time() * model.max_w * 1000)
+        # included (it would read as a reset): it starts at max power times the wall clock, and
+        # nothing random (an unseeded restart would start lower).
+        self._energy_mj = int(time.time() * model.max_w * 1000)
         self._reset()
 
     def _reset(self) -> None:

@@ -61,6 +61,7 @@ from metering_agent.xid_catalog import CATALOG, CATALOG_VERSION, XidEntry
 from metering_agent.xid_catalog import Verdict as XidVerdict
 
 DEGRADED_HOLD_S = 60
+EVIDENCE_MAX = 12  # pieces of evidence in one state change (the rest are counted)
 LATCHED = None  # a held rule's "until": held until the GPU is seen repaired
 
 # Per-second counter increases that count as a burst / storm.
@@ -328,7 +329,6 @@ def xid_detail(entry: XidEntry) -> dict[str, Any]:
         "description": entry.description,
         "nvidia_action": entry.action.value or None,
         "verdict": entry.verdict.value,
-        "catalog": CATALOG_VERSION,
     }
 
 
@@ -336,7 +336,7 @@ def _xid(code: int, r: GpuReading) -> tuple[Evidence | None, int | None]:
     """The evidence an XID adds (None for the customer's) and how long it holds."""
     entry = CATALOG.get(code)
     if entry is None:
-        detail = {"description": "not in NVIDIA's XID catalog", "catalog": CATALOG_VERSION}
+        detail = {"description": f"not in the agent's XID catalog ({CATALOG_VERSION})"}
         return Evidence(f"xid_{code}_unknown", D, "xid_unknown", code, detail), DEGRADED_HOLD_S
     detail = xid_detail(entry)
     match entry.verdict:
@@ -360,6 +360,8 @@ def classify(r: GpuReading, memory: HealthMemory, now: int) -> tuple[Verdict, He
     events: list[HealthEvent] = []
 
     def fire(evidence: Evidence, hold_s: int | None) -> None:
+        if any(ev.rule == evidence.rule for ev in firing):
+            return  # the same XID twice in a second is one piece of evidence
         firing.append(evidence)
         if hold_s is LATCHED:
             held[evidence.rule] = (evidence, LATCHED)
@@ -406,8 +408,10 @@ def classify(r: GpuReading, memory: HealthMemory, now: int) -> tuple[Verdict, He
         detail = {
             "from": memory.state.value,
             "causes": sorted({ev.cause for ev in evidence}),
-            "evidence": [_evidence_json(ev) for ev in evidence],
+            "evidence": [_evidence_json(ev) for ev in evidence[:EVIDENCE_MAX]],
         }
+        if len(evidence) > EVIDENCE_MAX:  # the service bounds an event's detail (8 KiB)
+            detail["evidence_omitted"] = len(evidence) - EVIDENCE_MAX
         if repaired:
             detail["repaired"] = repaired
         cause = evidence[0].rule if evidence else "cleared"

@@ -50,6 +50,15 @@ def build_parser() -> argparse.ArgumentParser:
         " exit; exit code 2 when NVML is not found",
     )
 
+    p.add_argument(
+        "--clear-latch",
+        action="append",
+        metavar="GPU_UUID",
+        help="with the agent stopped: mark this GPU (repeatable, or 'all') repaired in the"
+        " --spool-dir's latch, for a repair the agent cannot see; prints what was cleared and"
+        " exits (1 when a GPU was not latched)",
+    )
+
     sim = p.add_argument_group("simulator (instead of NVML)")
     sim.add_argument("--simulate", type=int, metavar="N", help="simulate N GPUs")
     sim.add_argument("--faults", type=Path, help="fault script (JSON; YAML with PyYAML)")
@@ -125,6 +134,13 @@ def _probe() -> int:
     return 0
 
 
+def _clear_latch(spool_dir: Path, uuids: list[str]) -> int:
+    cleared = LatchStore(spool_dir).clear(uuids)
+    missing = [] if "all" in uuids else [uuid for uuid in uuids if uuid not in cleared]
+    print(json.dumps({"cleared": cleared, "not_latched": missing}))
+    return 1 if missing else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -132,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.probe:
             return _probe()
+        if args.clear_latch:
+            if not args.spool_dir:
+                parser.error("--clear-latch needs --spool-dir (the stopped agent's)")
+            return _clear_latch(args.spool_dir, args.clear_latch)
         if not (args.server and args.spool_dir and (args.token or args.token_file)):
             parser.error("--server, --token/--token-file and --spool-dir are required")
         if not args.upload_interval > 0:

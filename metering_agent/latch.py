@@ -15,6 +15,11 @@ Written whole or not at all (``spool.write_atomic``): on a latch change at once,
 latch is held at most every ``SAVE_EVERY_S`` (the readings move every second). A file that cannot
 be read is moved aside, logged, and the agent starts without latches (a failed GPU shows healthy
 until its next error: reported, never silent).
+
+A repair the agent cannot see (a GPU reset with persistence mode on that moves none of the
+signals, a board swapped for one with the same UUID is not possible) is told to it by the
+operator: ``gpumeter-agent --clear-latch UUID --spool-dir DIR`` with the agent stopped; the next
+start reports the GPU repaired (``repaired: operator_cleared``).
 """
 
 from __future__ import annotations
@@ -83,6 +88,21 @@ class LatchStore:
             log.info("latch_restored", gpu_uuid=uuid, state=memory.state, rules=sorted(memory.held))
         return memories
 
+    def clear(self, uuids: list[str]) -> list[str]:
+        """Mark these GPUs (or ``all``) repaired by the operator, the agent being stopped;
+        returns those that were latched."""
+        try:
+            data = json.loads(self.path.read_bytes())
+        except FileNotFoundError:
+            return []
+        latched = [uuid for uuid, entry in data["gpus"].items() if entry["held"]]
+        targets = latched if "all" in uuids else [uuid for uuid in uuids if uuid in latched]
+        for uuid in targets:
+            data["gpus"][uuid].update(held=[], repaired="operator_cleared")
+            log.info("latch_cleared", gpu_uuid=uuid, by="operator")
+        write_atomic(self.path, json.dumps(data).encode())
+        return targets
+
     def update(self, memories: Mapping[str, HealthMemory]) -> None:
         """Persist the latched findings when they changed, or their readings when due."""
         gpus = {uuid: _entry(m) for uuid, m in memories.items() if m.latched()}
@@ -129,4 +149,5 @@ def _memory(entry: dict[str, Any]) -> HealthMemory:
         )  # fmt: skip
         held[ev.rule] = (ev, LATCHED)
     counters = {str(k): int(v) for k, v in entry["counters"].items()}
-    return HealthMemory(GpuState(entry["state"]), counters, held)
+    repaired = entry.get("repaired")
+    return HealthMemory(GpuState(entry["state"]), counters, held, repaired=repaired)

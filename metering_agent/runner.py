@@ -149,7 +149,9 @@ class Runner:
         if self._latches is None:
             return
         try:
-            self._latches.update({uuid: track.memory for uuid, track in self._tracks.items()})
+            # A GPU restored but not read yet (unreadable at start) keeps its latch.
+            memories = {**self._restored, **{u: t.memory for u, t in self._tracks.items()}}
+            self._latches.update(memories)
         except OSError as e:  # retried next tick; until then a restart forgets the newest latch
             log.error("latch_save_failed", error=repr(e))
 

@@ -120,7 +120,7 @@ DECISIONS: dict[int, tuple[Verdict, str]] = {
 }
 
 # Stable cause names for degrading codes (the service migrates on chosen causes).
-CAUSES: dict[int, str] = {
+CODE_CAUSES: dict[int, str] = {
     94: "contained_ecc",
     **dict.fromkeys((144, 145, 146, 147, 148, 149, 150, 166, 170), "nvlink_error"),
     159: "c2c_error",
@@ -147,7 +147,7 @@ class XidEntry:
     @property
     def cause(self) -> str:
         """The stable cause name its evidence carries (the customer's codes carry none)."""
-        return CAUSES.get(self.code, "xid_failure")
+        return CODE_CAUSES.get(self.code, "xid_failure")
 
 
 # code|mnemonic|description|applies to A100,H100,B100,GB200 (Y/N)|immediate action|driver

@@ -7,6 +7,7 @@ optional prefix and the index, so a restarted agent reports the same GPUs.
 from __future__ import annotations
 
 import random
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,7 +62,10 @@ class SimulatedGpu:
     def __init__(self, info: GpuInfo, model: Model, rng: random.Random) -> None:
         self.info, self.model, self._rng = info, model, rng
         self._util = rng.uniform(0, 100)
-        self._energy_mj = rng.randrange(10**9)
+        # As a GPU's counter, it never goes down while the "driver" stays loaded, agent restarts
+        # included (it would read as a reset): it starts at max power times the wall clock, and
+        # nothing random (an unseeded restart would start lower).
+        self._energy_mj = int(time.time() * model.max_w * 1000)
         self._reset()
 
     def _reset(self) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from app.core.local_service import free_port
 from app.core.processes import wait_until
+from metering_agent.nvml.simulated import sim_uuid
 from metering_agent.spool import parse_entries
 from tests.metering_agent.agent_helpers import (
     Sink,
@@ -69,6 +70,43 @@ def test_sigkill_then_restart_loses_and_duplicates_nothing(tmp_path: Path, sink:
     spans = assert_no_overlap(sink.all_records())
     assert len(spans) == 4, "same GPUs (stable UUIDs) after the restart"
     assert len({(g, s) for g, s, _ in received}) == len(received), "one end per (gpu, start)"
+
+
+def test_a_failure_survives_sigkill_and_restart_until_the_gpu_is_repaired(
+    tmp_path: Path, sink: Sink
+) -> None:
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps([
+        {"at": 1, "gpu": 0, "fault": "xid", "xid": 119},  # GSP timeout: reset the GPU
+        {"at": 1, "gpu": 1, "fault": "xid", "xid": 13},  # the customer's own fault
+    ]))  # fmt: skip
+    spool, models = tmp_path / "spool", "H100 80GB HBM3,A100-SXM4-80GB,L40S"
+    gpu = [sim_uuid("test-node", i) for i in range(3)]
+    agent = start_agent(
+        sink, spool, "--simulate", "3", "--gpu-models", models, "--faults", str(faults)
+    )
+
+    def failed_seen() -> bool:
+        return any(r["gpu_uuid"] == gpu[0] and r["state"] == "failed" for r in sink.all_records())
+
+    assert wait_until(failed_seen, 30)
+    agent.kill()
+    agent.communicate(timeout=10)
+    killed_at = time.time()
+    assert json.loads((spool / "latch.json").read_text())["gpus"].keys() == {gpu[0]}
+
+    # The restarted agent has no fault script: nothing on the node says the GPU was reset.
+    restarted = start_agent(
+        sink, spool, "--simulate", "3", "--gpu-models", models, "--duration", "4"
+    )
+    _, stderr = restarted.communicate(timeout=30)
+    assert restarted.returncode == 0, stderr
+    after = [r for r in sink.all_records() if r["start"] >= killed_at]
+    assert {r["state"] for r in after if r["gpu_uuid"] == gpu[0]} == {"failed"}
+    assert {r["state"] for r in after if r["gpu_uuid"] != gpu[0]} == {"healthy"}
+    changes = [e for e in sink.events() if e["kind"] == "state_change" and e["gpu_uuid"] == gpu[0]]
+    assert [e["state"] for e in changes] == ["failed"], "the restart reports no change"
+    assert "latch_restored" in {line["event"] for line in log_events(stderr)}
 
 
 def test_sigterm_flushes_open_records_and_exits_0(tmp_path: Path, sink: Sink) -> None:

@@ -3,6 +3,7 @@ catalog code is walked in test_xid_catalog.py)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -200,6 +201,16 @@ def test_nvlink5_xid_follows_the_drivers_recovery_action() -> None:
     assert "xid_149_nvlink_netir_error" in memory.latched()
 
 
+def test_a_burst_of_xids_is_one_piece_of_evidence_each_and_fits_the_services_bound() -> None:
+    codes = [79] * 5 + list(range(140, 173)) + [999, 1000]
+    [verdict], _ = run(healthy(xids=codes))
+    assert [ev.rule for ev in verdict.evidence].count("xid_79_gpu_has_fallen_off_the_bus") == 1
+    [change] = [e for e in verdict.events if e.kind == EventKind.STATE_CHANGE]
+    shown = len(change.detail["evidence"])
+    assert shown + change.detail["evidence_omitted"] == len(verdict.evidence)
+    assert len(json.dumps(change.detail).encode()) <= 8192  # DETAIL_MAX_BYTES, service side
+
+
 def test_power_cap_is_not_a_slowdown() -> None:
     [verdict], _ = run(healthy(clock_event_reasons=CLOCKS_EVENT_SW_POWER_CAP))
     assert verdict.state == H
@@ -238,7 +249,8 @@ def test_recover_clears_latched_failure() -> None:
 def test_each_repair_signal_going_down_clears_the_latch(signal: str) -> None:
     before = healthy(energy_mj=9_000_000, ecc_corrected_volatile=4, ecc_uncorrected_volatile=2,
                      remap_pending=True, retired_pages_pending=True, xids=[48])  # fmt: skip
-    after = replace(before, xids=[], **{signal: 0})
+    after = replace(before, xids=[])
+    setattr(after, signal, 0)
     verdicts, memory = run(before, replace(before, xids=[]), after)
     assert [v.state for v in verdicts][:2] == [F, F]
     assert "xid_48_gpu_ecc_dbe" not in memory.latched()

@@ -9,6 +9,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
+from metering_agent import cli
 from metering_agent.latch import LatchStore
 from metering_agent.metrics import Metrics
 from metering_agent.nvml.provider import GpuInfo, GpuReading
@@ -111,6 +114,45 @@ def test_a_restart_keeps_the_failure_until_the_gpu_is_reset(tmp_path: Path) -> N
     assert (repaired["state"], repaired["detail"]["repaired"]) == ("healthy", "energy_mj_went_down")
     assert json.loads((tmp_path / "latch.json").read_text())["gpus"] == {}
     assert set(states(spool, 1)) == set(states(spool, 2)) == {"healthy"}
+
+
+@dataclass
+class NodeMissing(Node):
+    """The failed GPU does not enumerate for the first ``missing`` readings after a restart."""
+
+    missing: int = 0
+
+    def read_all(self) -> list[GpuReading]:
+        readings = super().read_all()
+        if self.missing > 0:
+            self.missing -= 1
+            return readings[1:]
+        return readings
+
+
+def test_a_gpu_unreadable_after_the_restart_keeps_its_latch(tmp_path: Path) -> None:
+    clock = FakeClock()
+    node = fail_gpu_0(tmp_path, clock)
+    missing = NodeMissing(energy=node.energy, missing=3)
+    run_agent(tmp_path, missing, 2, clock=clock)
+    assert GPUS[0].uuid in json.loads((tmp_path / "latch.json").read_text())["gpus"]
+    spool = run_agent(tmp_path, missing, 4, clock=clock)
+    assert set(states(spool, 0)) == {"failed"}
+
+
+def test_the_operator_clears_a_repair_the_agent_cannot_see(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = FakeClock()
+    node = fail_gpu_0(tmp_path, clock)
+    assert cli.main(["--clear-latch", GPUS[1].uuid, "--spool-dir", str(tmp_path)]) == 1
+    assert json.loads(capsys.readouterr().out) == {"cleared": [], "not_latched": [GPUS[1].uuid]}
+    assert cli.main(["--clear-latch", GPUS[0].uuid, "--spool-dir", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["cleared"] == [GPUS[0].uuid]
+    spool = run_agent(tmp_path, node, 3, clock=clock)
+    assert states(spool, 0)[-3:] == ["healthy"] * 3
+    repaired = changes(spool, 0)[-1]
+    assert (repaired["state"], repaired["detail"]["repaired"]) == ("healthy", "operator_cleared")
 
 
 def test_a_node_reboot_is_the_repair(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ credits the migration window and the job's other GPU, to the cent."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from decimal import Decimal
 
@@ -19,7 +18,12 @@ from app.core.processes import stop_child
 from app.demo.orchestrator import Orchestrator
 from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
 from tests.e2e.conftest import Fleet
-from tests.e2e.test_failover import loop_fleet as loop_fleet  # the service may call 127.0.0.1
+
+# The service allowed to call the orchestrator on 127.0.0.1, the API client, the orchestrator
+# (resuming RESUME_AFTER_S = 3 s after each request).
+from tests.e2e.test_failover import api as api
+from tests.e2e.test_failover import loop_fleet as loop_fleet
+from tests.e2e.test_failover import orchestrator as orchestrator
 from tests.harness import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -28,24 +32,7 @@ NODE = "deg-node"
 PRICE = "36.00"  # per GPU-hour: one cent a second
 AFTER_S = 6  # the plan moves a GPU throttled this long
 FAULT_AT_S = 3
-RESUME_AFTER_S = 2
 PROMISE_S = 30  # degraded for the plan's time -> running on the spare
-
-
-@pytest.fixture
-def api(loop_fleet: Fleet) -> Iterator[Api]:
-    client = Api(loop_fleet.service.url, loop_fleet.admin)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def orchestrator(api: Api) -> Iterator[Orchestrator]:
-    orchestrator = Orchestrator(api, RESUME_AFTER_S)
-    orchestrator.start()
-    orchestrator.register()
-    yield orchestrator
-    orchestrator.stop()
 
 
 def _second(moment: str) -> int:

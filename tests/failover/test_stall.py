@@ -40,14 +40,14 @@ def _failed_job(fleet: Fleet, credit_stall: bool = True) -> tuple[str, str]:
     globex = fleet.rental("GPU-3")
     fleet.customer_id = acme_customer
     t0 = fleet.t0
-    xid = {"code": 79, "detail": {"message": "GPU has fallen off the bus"}}
+    xid: dict[str, Any] = {"code": 79, "detail": {"message": "GPU has fallen off the bus"}}
     change = event(
         "GPU-1", t0 + 30, "state_change", state="failed", rule="xid_79_fallen_off_bus", **xid
     )
     agent = fleet.agents["node-1"]
     agent.post(
         [rec("GPU-1", t0, t0 + 30), rec("GPU-1", t0 + 30, t0 + 60, "failed")],
-        [event("GPU-1", t0 + 30, **xid), change],
+        [event("GPU-1", t0 + 30, "xid", **xid), change],
     )
     [failover] = fleet.failovers(rental_id=acme)
     path = f"/v1/failovers/{failover['id']}/resumed"

@@ -86,6 +86,8 @@ def test_the_other_gpu_of_a_failed_job_is_credited_until_it_resumes(fleet: Fleet
     assert stall["evidence"]["reason"] == f"failover {failover_id}"
     html = fleet.client.get(f"/v1/invoices/{invoice_id}/html", headers=fleet.console.headers).text
     assert "Stalled-job credit" in html
+    # 40 GPU-seconds credited, for one incident: GPU-1's (GPU-2's wait is part of it).
+    assert "0.01 GPU-hours credited for 1 incident" in html
     assert f"job stalled by GPU-1: migrated from GPU-1 to S-1: failover {failover_id}" in html
 
     [incident] = fleet.get(f"/v1/customers/{fleet.customer_id}/incidents?period={_period(t0)}")[

@@ -1,5 +1,6 @@
 """The failure loop end to end: fault -> the service sees ``failed`` -> ``failover.requested``
-webhook -> the orchestrator's resume -> the exact credit on the invoice.
+webhook -> the orchestrator's resume -> the exact credit on the invoice; and the same loop for
+GPUs degraded past their plan's time (issue 42).
 
 Real processes: ``gpumeter serve`` (with its job-queue worker, which delivers the webhooks)
 on a fresh database, and ``--nodes`` ``gpumeter-agent --simulate`` processes whose fault
@@ -7,6 +8,8 @@ scripts fail ``--failures`` rented GPUs (fatal XIDs, uncorrectable ECC), spread 
 ``--spread`` seconds. The orchestrator (``app.demo.orchestrator``) receives the signed webhooks
 on 127.0.0.1 and answers each ``failover.requested`` ``--resume-after`` seconds later with
 ``POST /v1/failovers/{id}/resumed``. Every rental is one GPU; the other GPUs are spares.
+``--degraded`` more rented GPUs are degraded for good instead (thermal slowdown, power brake,
+NVLink down), on a plan that migrates a GPU degraded ``--degraded-after`` seconds by them.
 
 Measured per failure, from the first failed second the agent reported (the GPU's timeline: the
 simulated fault takes effect at the agent's next 1 Hz sample, labelled with that second):
@@ -14,6 +17,9 @@ simulated fault takes effect at the agent's next 1 Hz sample, labelled with that
 - request: until the orchestrator received ``failover.requested`` (its clock, same machine).
 Credited: the credit lines' seconds on each rental's draft invoice against the exact
 expectation, resumed second minus first failed second.
+Degraded, from the second the plan's time was up (first degraded second + ``--degraded-after``):
+- degraded_resume: until the job ran on the spare (the orchestrator's resumed second; promise:
+  p99 <= 30 s). Its credit is the migration window, resumed second minus the second decided.
 
 Prints progress on stderr and one final JSON line on stdout. Creates and drops its own
 database on the server of GPUMETER_DATABASE_URL (default postgresql://postgres@127.0.0.1/postgres).
@@ -52,6 +58,7 @@ from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
 
 BIN = Path(sys.executable).parent
 TARGETS = {"detection_p99_s": 3.0, "request_p99_s": 5.0}
+DEGRADED_TARGETS = {"degraded_resume_p99_s": 30.0}
 FIRST_FAULT_S = 12.0  # after the agents start: every GPU has reported by then
 FAULTS = [  # cycled: each fails the GPU for good (fatal XIDs hold for 5 min, a lost GPU stays)
     {"fault": "xid", "xid": 79},
@@ -60,6 +67,12 @@ FAULTS = [  # cycled: each fails the GPU for good (fatal XIDs hold for 5 min, a 
     {"fault": "xid", "xid": 95},
     {"fault": "xid", "xid": 119},
 ]
+DEGRADED_FAULTS = [  # cycled: each degrades the GPU for the rest of the run
+    {"fault": "thermal_slowdown", "duration": 3600},
+    {"fault": "power_brake", "duration": 3600},
+    {"fault": "nvlink_down", "count": 1},
+]
+DEGRADED_CAUSES = ["thermal_slowdown", "power_brake", "nvlink_down"]
 SETTLE_S = 60.0  # after the last fault: its webhook and its resume (bounds a slow run)
 
 
@@ -70,6 +83,7 @@ class Failure:
     gpu: str
     at: float  # seconds after its agent started
     rental_id: str = ""
+    degraded: bool = False  # degraded for good (moved by the plan's policy), not failed
 
 
 def say(message: str) -> None:
@@ -85,17 +99,21 @@ def percentile(values: list[float], share: float) -> float | None:
     return round(ordered[int(rank) - 1], 3)
 
 
-def plan_faults(nodes: list[str], failures: int, spread_s: float) -> list[Failure]:
-    """``failures`` rented GPUs, round robin over the nodes, failing one after another."""
-    step = spread_s / max(1, failures - 1)
+def plan_faults(nodes: list[str], failures: int, degraded: int, spread_s: float) -> list[Failure]:
+    """``failures + degraded`` rented GPUs, round robin over the nodes, faulting one after
+    another; every ``total // degraded``-th one is degraded, not failed."""
+    total = failures + degraded
+    step = spread_s / max(1, total - 1)
+    every = total // degraded if degraded else 0
     return [
         Failure(
             nodes[k % len(nodes)],
             k // len(nodes),
             sim_uuid(nodes[k % len(nodes)], k // len(nodes)),
             FIRST_FAULT_S + k * step,
+            degraded=bool(every) and k % every == every - 1 and k // every < degraded,
         )
-        for k in range(failures)
+        for k in range(total)
     ]
 
 
@@ -103,7 +121,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace, directory: Path, stack: ExitStack) -> None:
         self.args, self.directory, self.stack = args, directory, stack
         self.nodes = [f"bench-{n}" for n in range(args.nodes)]
-        self.failures = plan_faults(self.nodes, args.failures, args.spread)
+        self.failures = plan_faults(self.nodes, args.failures, args.degraded, args.spread)
         if max(f.index for f in self.failures) + 1 >= args.gpus_per_node:
             raise SystemExit("too few GPUs per node for the failures and their spares")
 
@@ -165,9 +183,17 @@ class Bench:
         """Nodes, GPUs (the failing ones rented, one rental each; the rest spares), a plan,
         a customer; the node tokens."""
         price = {"gpu_model": DEFAULT_MODEL, "price_per_hour": self.args.price}
+        policy = {
+            "migrate_degraded_after_s": self.args.degraded_after,
+            "migrate_degraded_causes": DEGRADED_CAUSES,
+        }
         plan = api.post(
             "/v1/plans",
-            {"name": "bench", "prices": [{**price, "effective_from": "2026-01-01T00:00:00Z"}]},
+            {
+                "name": "bench",
+                "prices": [{**price, "effective_from": "2026-01-01T00:00:00Z"}],
+                **policy,
+            },
         )
         customer = api.post("/v1/customers", {"name": "Bench AI"})
         rented = {f.gpu for f in self.failures}
@@ -201,7 +227,7 @@ class Bench:
         agents = []
         for n, node in enumerate(self.nodes):
             steps = [
-                {"at": f.at, "gpu": f.index, **FAULTS[k % len(FAULTS)]}
+                {"at": f.at, "gpu": f.index, **_fault(k, f)}
                 for k, f in enumerate(self.failures)
                 if f.node == node
             ]
@@ -230,11 +256,15 @@ class Bench:
         credited = _credited_seconds(api)
         detection: list[float] = []
         request: list[float] = []
+        degraded: list[float] = []
         rows: list[dict[str, Any]] = []
         for f in self.failures:
-            failed_s = _first_failed_second(api, f.gpu, ended)
+            failed_s = _first_second(api, f.gpu, ended, "degraded" if f.degraded else "failed")
             if failed_s is None:
                 rows.append({"gpu": f.gpu, "failed": None})
+                continue
+            if f.degraded:
+                rows.append(self._degraded_row(f, failed_s, requested, resumes, credited, degraded))
                 continue
             if f.gpu in seen_failed:
                 detection.append(seen_failed[f.gpu] - failed_s)
@@ -244,12 +274,33 @@ class Bench:
                 request.append(arrival.arrived_at - failed_s)
             expected = None if resume is None else resume.resumed_at - failed_s
             rows.append({"gpu": f.gpu, "expected_s": expected, "credited_s": credited[f.rental_id]})
-        return self._result(detection, request, rows, orchestrator)
+        return self._result(detection, request, degraded, rows, orchestrator)
+
+    def _degraded_row(
+        self,
+        f: Failure,
+        degraded_s: int,
+        requested: dict[str, Any],
+        resumes: dict[str, Any],
+        credited: dict[str, int],
+        latencies: list[float],
+    ) -> dict[str, Any]:
+        """A degraded GPU's row: its credit (the migration window) against the expectation;
+        the time from due to running on the spare appended to ``latencies``."""
+        arrival = requested.get(f.gpu)
+        resume = resumes.get(str(arrival.data["failover_id"])) if arrival else None
+        if arrival is None or resume is None:
+            return {"gpu": f.gpu, "expected_s": None, "credited_s": credited[f.rental_id]}
+        latencies.append(resume.resumed_at - (degraded_s + self.args.degraded_after))
+        decided = int(datetime.fromisoformat(arrival.data["failed_at"]).timestamp())
+        expected = resume.resumed_at - decided
+        return {"gpu": f.gpu, "expected_s": expected, "credited_s": credited[f.rental_id]}
 
     def _result(
         self,
         detection: list[float],
         request: list[float],
+        degraded: list[float],
         rows: list[dict[str, Any]],
         orchestrator: Orchestrator,
     ) -> dict[str, Any]:
@@ -261,17 +312,29 @@ class Bench:
             "detection_p99_s": percentile(detection, 0.99),
             "request_p50_s": percentile(request, 0.5),
             "request_p99_s": percentile(request, 0.99),
+            "degraded_resume_p50_s": percentile(degraded, 0.5),
+            "degraded_resume_p99_s": percentile(degraded, 0.99),
         }
+        failed = len(self.failures) - self.args.degraded
+        targets = {**TARGETS, **(DEGRADED_TARGETS if self.args.degraded else {})}
+        counts = {
+            **dict.fromkeys(TARGETS, failed),
+            **dict.fromkeys(DEGRADED_TARGETS, self.args.degraded),
+        }
+        measured = {"detection_p99_s": detection, "request_p99_s": request,
+                    "degraded_resume_p99_s": degraded}  # fmt: skip
         passed = {
             name: figures[name] is not None
-            and len(values) == len(self.failures)
+            and len(measured[name]) == counts[name]
             and figures[name] <= limit  # type: ignore[operator]
-            for (name, limit), values in zip(TARGETS.items(), (detection, request), strict=True)
+            for name, limit in targets.items()
         }
         passed["credited_exact"] = exact == len(self.failures)
         return {
             "bench": "failover",
-            "failures": len(self.failures),
+            "failures": failed,
+            "degraded": self.args.degraded,
+            "degraded_after_s": self.args.degraded_after,
             "failed_seen": len(detection),
             "requested": len(request),
             "resumed": len(orchestrator.resumed()),
@@ -281,7 +344,7 @@ class Bench:
             "expected_credited_s": expected,
             "rentals_credited_exactly": exact,
             "errors": orchestrator.errors[:5],
-            "targets": {**TARGETS, "credited_exact": True},
+            "targets": {**targets, "credited_exact": True},
             "pass": passed,
             "ok": all(passed.values()),
             "loadavg_1m": round(os.getloadavg()[0], 2),
@@ -304,10 +367,15 @@ def _first_event_times(orchestrator: Orchestrator, event_type: str, key: str) ->
     return first
 
 
-def _first_failed_second(api: Api, gpu: str, until: int) -> int | None:
+def _fault(k: int, f: Failure) -> dict[str, Any]:
+    faults = DEGRADED_FAULTS if f.degraded else FAULTS
+    return faults[k % len(faults)]
+
+
+def _first_second(api: Api, gpu: str, until: int, state: str) -> int | None:
+    """The GPU's first second in ``state`` (failed or degraded) in the last hour."""
     timeline = api.get(f"/v1/gpus/{gpu}/timeline", start=until - 3600, end=until + 1)
-    failed = [s["start_s"] for s in timeline["segments"] if s["state"] == "failed"]
-    return min(failed, default=None)
+    return min((s["start_s"] for s in timeline["segments"] if s["state"] == state), default=None)
 
 
 def _credited_seconds(api: Api) -> dict[str, int]:
@@ -325,6 +393,10 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=4, help="agent processes")
     parser.add_argument("--gpus-per-node", type=int, default=32)
     parser.add_argument("--failures", type=int, default=52)
+    parser.add_argument("--degraded", type=int, default=8, help="rented GPUs degraded for good")
+    parser.add_argument(
+        "--degraded-after", type=int, default=10, help="the plan moves a GPU degraded this long"
+    )
     parser.add_argument("--spread", type=float, default=70.0, help="seconds the faults span")
     parser.add_argument("--resume-after", type=float, default=5.0, help="orchestrator's delay")
     parser.add_argument("--upload-interval", type=float, default=2.0)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 
-from app.billing.core.lines import CREDIT_KINDS
+from app.billing.core.lines import CREDIT_KINDS, LineKind
 from app.billing.schemas import InvoiceLineRead
 
 KIND_LABELS = {
@@ -81,13 +81,16 @@ class CreditsSummary:
 def credits_summary(lines: Iterable[InvoiceLineRead]) -> CreditsSummary:
     """Credited seconds and incidents: credit lines of one rental on one GPU that touch (a
     failure and the migration window after it; one incident split at a price change) are
-    one incident."""
+    one incident. A stall credit is the other GPUs' share of the incident of the GPU that
+    stalled the job: its seconds count, it is no incident of its own."""
     credits = sorted(
         (x for x in lines if x.kind in CREDIT_KINDS and x.start_at and x.end_at),
         key=lambda x: (str(x.rental_id), x.gpu_uuid or "", x.start_at),
     )
     incidents, last = 0, None
     for x in credits:
+        if x.kind == LineKind.STALL_CREDIT:
+            continue
         key = (x.rental_id, x.gpu_uuid)
         if last is None or last[0] != key or last[1] != x.start_at:
             incidents += 1

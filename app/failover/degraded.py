@@ -118,6 +118,7 @@ def _migrate_if_due(
     evidence = [
         {
             **(run.evidence or {}),
+            "kind": "degraded",  # a Slurm drain reason reads "degraded <rule>"
             "degraded_since": from_epoch(since).isoformat(),
             "due_at": from_epoch(since + policy.after_s).isoformat(),
             "after_s": policy.after_s,

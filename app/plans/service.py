@@ -45,6 +45,7 @@ def create_plan(session: Session, data: PlanCreate) -> PricePlan:
         **data.model_dump(exclude={"prices", *_JSON_FIELDS}),
         **data.model_dump(include=_JSON_FIELDS, mode="json"),
     )
+    _require_causes(plan)
     session.add(plan)
     try:
         session.flush()
@@ -66,8 +67,20 @@ def update_plan(session: Session, plan: PricePlan, data: PlanUpdate) -> PricePla
             raise Conflict(f"price plan {holder} is already named {data.name!r}", ("body", "name"))
     for field in changes:
         setattr(plan, field, changes[field] if field in _JSON_FIELDS else getattr(data, field))
+    _require_causes(plan)
     session.flush()
     return plan
+
+
+def _require_causes(plan: PricePlan) -> None:
+    """A spare policy for degraded GPUs names the causes it moves them for (none would never
+    move one, which a plan says with ``migrate_degraded_after_s: null``)."""
+    if plan.migrate_degraded_after_s is not None and not plan.migrate_degraded_causes:
+        raise Unprocessable(
+            "migrate_degraded_after_s needs migrate_degraded_causes: the degraded causes "
+            f"that move a GPU, some of {sorted(c.value for c in DegradedCause)}",
+            ("body", "migrate_degraded_causes"),
+        )
 
 
 def add_price(

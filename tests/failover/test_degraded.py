@@ -159,6 +159,13 @@ def test_a_policy_names_known_causes_only(fleet: Fleet) -> None:
         },
     )
     assert plan["migrate_degraded_causes"] == ["nvlink_slow", "thermal_slowdown"]
+    for body in (
+        {"name": "no causes", "migrate_degraded_after_s": 30},
+        {"name": "empty", "migrate_degraded_after_s": 30, "migrate_degraded_causes": []},
+    ):
+        error = fleet.console.post("/v1/plans", body, 422)["detail"][0]
+        assert error["loc"] == ["body", "migrate_degraded_causes"]
+        assert "thermal_slowdown" in error["msg"]
     assert plan["credit_stall"] is True
     off = fleet.client.patch(
         f"/v1/plans/{plan['id']}",

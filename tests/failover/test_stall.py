@@ -40,14 +40,14 @@ def _failed_job(fleet: Fleet, credit_stall: bool = True) -> tuple[str, str]:
     globex = fleet.rental("GPU-3")
     fleet.customer_id = acme_customer
     t0 = fleet.t0
-    xid = {"code": 79, "detail": {"message": "GPU has fallen off the bus"}}
+    xid: dict[str, Any] = {"code": 79, "detail": {"message": "GPU has fallen off the bus"}}
     change = event(
         "GPU-1", t0 + 30, "state_change", state="failed", rule="xid_79_fallen_off_bus", **xid
     )
     agent = fleet.agents["node-1"]
     agent.post(
         [rec("GPU-1", t0, t0 + 30), rec("GPU-1", t0 + 30, t0 + 60, "failed")],
-        [event("GPU-1", t0 + 30, **xid), change],
+        [event("GPU-1", t0 + 30, "xid", **xid), change],
     )
     [failover] = fleet.failovers(rental_id=acme)
     path = f"/v1/failovers/{failover['id']}/resumed"
@@ -86,6 +86,8 @@ def test_the_other_gpu_of_a_failed_job_is_credited_until_it_resumes(fleet: Fleet
     assert stall["evidence"]["reason"] == f"failover {failover_id}"
     html = fleet.client.get(f"/v1/invoices/{invoice_id}/html", headers=fleet.console.headers).text
     assert "Stalled-job credit" in html
+    # 40 GPU-seconds credited, for one incident: GPU-1's (GPU-2's wait is part of it).
+    assert "0.01 GPU-hours credited for 1 incident" in html
     assert f"job stalled by GPU-1: migrated from GPU-1 to S-1: failover {failover_id}" in html
 
     [incident] = fleet.get(f"/v1/customers/{fleet.customer_id}/incidents?period={_period(t0)}")[

@@ -123,7 +123,8 @@ def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
             session, {a.node for job in snapshot.jobs for a in job.allocation}
         ),
     )
-    for job in snapshot.jobs:
+    # Ends first: a GPU a job let go at t may be the one another job took at t.
+    for job in sorted(snapshot.jobs, key=lambda j: (not _letting_go(j), j.job_id)):
         _observe(session, context, known.get(job.job_id), job)
     for row in repository.locked_jobs(session, snapshot.cluster, snapshot.forgotten).values():
         if row.rental_id is not None and row.ended_at is None:
@@ -141,6 +142,10 @@ def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
         problems=context.problems,
         missing=missing,
     )
+
+
+def _letting_go(job: JobObservation) -> bool:
+    return ended(job) or job.state not in RUNNING_STATES or bool(job.runs)
 
 
 def _observe(session: Session, ctx: _Snapshot, row: SlurmJob | None, job: JobObservation) -> None:
@@ -280,7 +285,10 @@ def _follow_run(
             changed = True
     for gpu_uuid in sorted(gpus - held.keys()):
         since = start if new_run else ctx.now
-        rentals.assign_gpu(session, rental, AssignmentCreate(gpu_uuid=gpu_uuid, start_at=since))
+        try:
+            rentals.assign_gpu(session, rental, AssignmentCreate(gpu_uuid=gpu_uuid, start_at=since))
+        except ApiError as refused:  # the GPU still held by another job, as gpumeter knows
+            raise _Unattributable("rental_refused", str(refused)) from None
         changed = True
     row.run_start_at, row.nodes = start, [a.node for a in job.allocation]
     return changed

@@ -86,13 +86,26 @@ def _provider(fleet: Fleet) -> tuple[Api, str]:
     return api, api.post("/v1/keys/scheduler", {"name": "gpumeter-slurm"})["key"]
 
 
-def _adapter(fleet: Fleet, slurm: LocalSlurm, key: str) -> subprocess.Popen[bytes]:
-    with (fleet.tmp / f"adapter-{time.time():.0f}.log").open("ab") as log:
-        return subprocess.Popen(
+@pytest.fixture
+def adapters(fleet: Fleet) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The adapter processes a test starts, each stopped by its PID if still running."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        stop_child(process, "gpumeter-slurm")
+
+
+def _adapter(
+    fleet: Fleet, slurm: LocalSlurm, key: str, started: list[subprocess.Popen[bytes]]
+) -> subprocess.Popen[bytes]:
+    with (fleet.tmp / f"adapter-{len(started)}.log").open("ab") as log:
+        process = subprocess.Popen(
             [str(BIN / "gpumeter-slurm"), "--server", fleet.service.url, "--token", key,
              "--cluster", CLUSTER, "--slurm-conf", str(slurm.conf), "--poll-interval", "0.5"],
             stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
+    started.append(process)
+    return process
 
 
 class Workload:
@@ -164,10 +177,10 @@ def _s(moment: str | None) -> int | None:
 
 
 def test_every_jobs_assignments_are_accountings_runs_to_the_second(
-    fleet: Fleet, cluster: LocalSlurm
+    fleet: Fleet, cluster: LocalSlurm, adapters: list[subprocess.Popen[bytes]]
 ) -> None:
     api, key = _provider(fleet)
-    adapter = _adapter(fleet, cluster, key)
+    adapter = _adapter(fleet, cluster, key, adapters)
     work = Workload(cluster)
     acme, beta, gamma = CUSTOMERS
     # Long jobs first: some to cancel, some to be preempted, two to time out.
@@ -195,14 +208,14 @@ def test_every_jobs_assignments_are_accountings_runs_to_the_second(
     wait_for(lambda: not work.active(), "the bulk done", WORKLOAD_TIMEOUT_S)
     # Eight GPUs' worth of jobs running, attributed; the adapter away for longer than
     # MinJobAge while they end.
-    away = [j for i in range(6) for j in work.batch((acme, beta, gamma)[i % 3], 6)]
-    away += work.batch(gamma, 6, nodes=2)
+    away = work.batch(gamma, 6, nodes=2)  # first: the single jobs would pack the nodes
+    away += [j for i in range(6) for j in work.batch((acme, beta, gamma)[i % 3], 6)]
     wait_for(lambda: work.running(away), "the last jobs running", 60)
     wait_for(lambda: _attributed(api, away), "the last jobs attributed", 30)
     assert stop_child(adapter, "gpumeter-slurm") == 0
     wait_for(lambda: not work.active(), "the last jobs done", 30)
     time.sleep(ADAPTER_AWAY_S)  # the outage itself, past MinJobAge: nothing to wait for
-    adapter = _adapter(fleet, cluster, key)
+    adapter = _adapter(fleet, cluster, key, adapters)
     for session in work.interactive:  # one GPU on one node each
         assert session.wait(timeout=30) == 0
 

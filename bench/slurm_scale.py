@@ -2,13 +2,15 @@
 adapter, and how many bytes the adapter posts.
 
 The table is the recorded 22.05 ``squeue --json`` record (tests/slurm/fixtures), scaled: one
-GPU per job on 8-GPU nodes, ``--jobs`` of them, a mapped account per hundred jobs. Round 0
-attributes them all (a cold start); each later round replays a round's changes: ``--churn``
-of the jobs end and as many new ones start on the freed GPUs, the rest are unchanged. Per
-round, measured in this process on a fresh database (GPUMETER_DATABASE_URL's server):
-- adapter CPU: parsing squeue's JSON and building and serialising what it posts;
-- service CPU: ``record_snapshot`` in its own transaction (this process's CPU; Postgres's is
-  not counted) and its wall time;
+GPU per job on 8-GPU nodes, ``--jobs`` of them, a mapped account per hundred jobs. The real
+adapter (``app.slurm.adapter``) runs round after round over it, its calls to the service
+answered in this process. Round 0 attributes every job (a cold start); each later round
+replays a round's changes: ``--churn`` of the jobs end and as many new ones start on the freed
+GPUs, the rest are unchanged (the adapter posts the changes only; the whole listing every
+30th round). Per round, on a fresh database (GPUMETER_DATABASE_URL's server):
+- adapter CPU: parsing squeue's JSON, finding what changed, building what it posts;
+- service CPU: validating the snapshot and ``record_snapshot`` in its own transaction (this
+  process's CPU; Postgres's is not counted), and its wall time;
 - bytes posted.
 Goal: <= 100 ms of service CPU per steady round at 10,000 jobs.
 
@@ -28,19 +30,21 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import Any, cast
 
 from failover import say  # bench/ is this script's directory
 
 import app.models  # noqa: F401 - registers every table, so foreign keys resolve
 from app import wiring
+from app.core.console_client import Api
 from app.core.db import get_engine, transaction
 from app.core.scratch_db import scratch_database, server_from_environment
 from app.customers.models import Customer
 from app.fleet.models import Gpu, Node
 from app.plans.models import PlanPrice, PricePlan
+from app.slurm.adapter import Adapter, AdapterConfig
 from app.slurm.models import SlurmAccount
-from app.slurm.scheduler import parse_job
+from app.slurm.scheduler import Slurm, SlurmRefused
 from app.slurm.schemas import Snapshot
 from app.slurm.service import record_snapshot
 
@@ -114,28 +118,69 @@ def rounds(args: argparse.Namespace, start: int) -> Iterator[tuple[int, list[dic
         current = kept + fresh
 
 
-def measure(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    engine = get_engine(url)
-    start = int(time.time()) - 600
-    figures = []
-    for r, records in rounds(args, start):
-        document = json.dumps({"jobs": records})
-        cpu = time.process_time()
-        jobs = [parse_job(job).observation for job in json.loads(document)["jobs"]]
-        snapshot = Snapshot(cluster="bench", taken_at=start + r + 1, jobs=jobs)
-        body = snapshot.model_dump_json().encode()
-        adapter_ms = (time.process_time() - cpu) * 1000
-        received = Snapshot.model_validate_json(body)
+class ReplayedSlurm(Slurm):
+    """Slurm answering from the replayed table: squeue's JSON of this round; no accounting
+    (the jobs end in the table itself), no nodes or reservation to keep."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.squeue = ""
+
+    def run(self, *command: str) -> str:
+        if command[0] == "sacct":
+            raise SlurmRefused("sacct: Slurm accounting storage is disabled")
+        return self.squeue if command[0] == "squeue" else ""
+
+
+class InProcessApi:
+    """The adapter's calls, answered by the service's functions in this process: each
+    snapshot in its own transaction, its CPU and wall time and the bytes it took kept."""
+
+    def __init__(self, url: str) -> None:
+        self.engine = get_engine(url)
+        self.service_cpu_s = self.service_wall_s = 0.0
+        self.bytes_posted = 0
+        self.problems: list[str] = []
+        self.attributed = 0
+
+    def get(self, path: str, **_: Any) -> dict[str, Any]:
+        return {"items": []} if path.endswith("/actions") else {"spare_nodes": []}
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        sent = json.dumps(body).encode()
+        self.bytes_posted += len(sent)
         cpu, wall = time.process_time(), time.monotonic()
-        with transaction(engine) as session:
-            result = record_snapshot(session, received)
-        service_ms = (time.process_time() - cpu) * 1000
+        snapshot = Snapshot.model_validate_json(sent)
+        with transaction(self.engine) as session:
+            result = record_snapshot(session, snapshot)
+        self.service_cpu_s += time.process_time() - cpu
+        self.service_wall_s += time.monotonic() - wall
+        self.problems += [p.detail[:200] for p in result.problems]
+        self.attributed += result.attributed
+        return result.model_dump(mode="json")
+
+
+def measure(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The real adapter's rounds over the replayed table; the adapter's CPU is the round's
+    less the service's (both run in this process)."""
+    slurm, api = ReplayedSlurm(), InProcessApi(url)
+    adapter = Adapter(cast(Api, api), slurm, AdapterConfig("bench", poll_s=1.0))
+    figures = []
+    for r, records in rounds(args, int(time.time()) - 600):
+        slurm.squeue = json.dumps({"jobs": records, "errors": []})
+        api.service_cpu_s = api.service_wall_s = 0.0
+        api.bytes_posted, api.problems, api.attributed = 0, [], 0
+        cpu = time.process_time()
+        adapter.round()
+        adapter.rounds += 1
+        round_cpu_s = time.process_time() - cpu
         figures.append({
-            "round": r, "jobs": len(jobs), "attributed": result.attributed,
-            "problems": [p.detail[:200] for p in result.problems][:3],
-            "adapter_cpu_ms": round(adapter_ms, 1), "service_cpu_ms": round(service_ms, 1),
-            "service_wall_ms": round((time.monotonic() - wall) * 1000, 1),
-            "bytes_posted": len(body),
+            "round": r, "jobs": len(records), "attributed": api.attributed,
+            "problems": api.problems[:3],
+            "adapter_cpu_ms": round((round_cpu_s - api.service_cpu_s) * 1000, 1),
+            "service_cpu_ms": round(api.service_cpu_s * 1000, 1),
+            "service_wall_ms": round(api.service_wall_s * 1000, 1),
+            "bytes_posted": api.bytes_posted,
         })  # fmt: skip
         say(json.dumps(figures[-1]))
     return figures

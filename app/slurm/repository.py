@@ -93,6 +93,24 @@ def open_jobs_missing(session: Session, cluster: str, seen: Collection[int]) -> 
     )
 
 
+def open_job_ids(session: Session, cluster: str, job_ids: Collection[int]) -> list[int]:
+    """Attributed jobs not yet ended among these."""
+    if not job_ids:
+        return []
+    return list(
+        session.scalars(
+            select(SlurmJob.job_id)
+            .where(
+                SlurmJob.cluster == cluster,
+                SlurmJob.rental_id.is_not(None),
+                SlurmJob.ended_at.is_(None),
+                SlurmJob.job_id.in_(job_ids),
+            )
+            .order_by(SlurmJob.job_id)
+        )
+    )
+
+
 def open_job_ids_missing(session: Session, cluster: str, seen: Collection[int]) -> list[int]:
     """Attributed jobs not yet ended that a snapshot did not list."""
     return list(

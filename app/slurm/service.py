@@ -142,6 +142,8 @@ def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
     if snapshot.complete:
         for row in repository.open_jobs_missing(session, snapshot.cluster, ids):
             _vanished(session, context, row)
+    elif snapshot.delta:
+        missing = repository.open_job_ids(session, snapshot.cluster, snapshot.gone)
     else:
         missing = repository.open_job_ids_missing(session, snapshot.cluster, ids)
     return SnapshotResult(

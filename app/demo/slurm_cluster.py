@@ -9,6 +9,12 @@ munge (``auth/none``), no accounting database: ``squeue --json --states=all`` ke
 for ``MinJobAge``. Every daemon runs in the foreground (``-D``) as our child and is stopped by
 its PID; ``stop`` cancels the jobs first, so no job step outlives the cluster.
 
+With ``accounts`` given, the cluster is shaped as a provider runs it: slurmdbd on a MariaDB of
+its own (``mariadb-install-db`` into ``directory``, ``mariadbd`` on a free port),
+``AccountingStorageEnforce=associations,limits`` (a job naming an account root is not
+associated with is refused at submission), those accounts, a ``normal`` QOS and an ``urgent``
+one that preempts it (``PreemptMode=REQUEUE``), and ``sacct`` keeping every run.
+
 The slurmd spool directories, where each job step opens a Unix socket, live in a short
 directory of their own under /tmp, not under ``directory``: a socket's path may have at most
 108 bytes, and a test's directory under a CI run's TMPDIR is longer ("Unix socket path ... is
@@ -29,18 +35,24 @@ from pathlib import Path
 from app.core.local_service import free_port
 from app.core.processes import stop_child
 
+CLUSTER_NAME = "gpumeter"
 WORKER_PARTITION = "gpu"
 SPARE_RESERVATION = "gpumeter_spares"
 START_TIMEOUT_S = 30.0
 JOBS_GONE_TIMEOUT_S = 30.0
 
 
+URGENT_QOS = "urgent"  # preempts the default QOS's jobs, which are requeued
+ACCOUNTING_COMMANDS = ("slurmdbd", "sacctmgr", "sacct", "mariadbd", "mariadb-install-db")
+
+
 class SlurmNotInstalled(RuntimeError):
     pass
 
 
-def installed() -> bool:
-    return all(shutil.which(name) for name in ("slurmctld", "slurmd", "scontrol", "squeue"))
+def installed(*, accounting: bool = False) -> bool:
+    commands = ("slurmctld", "slurmd", "scontrol", "squeue")
+    return all(shutil.which(name) for name in commands + (ACCOUNTING_COMMANDS * accounting))
 
 
 @dataclass
@@ -49,9 +61,13 @@ class LocalSlurm:
     workers: list[str]
     spares: list[str]
     gpus: int = 2
+    accounts: list[str] = field(default_factory=list)  # with slurmdbd and MariaDB if any
+    min_job_age_s: int = 3600
     controller: subprocess.Popen[bytes] | None = None
     daemons: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     spool: Path | None = None  # the slurmd spools' short directory, while the cluster runs
+    db_port: int = 0
+    dbd_port: int = 0
 
     @property
     def nodes(self) -> list[str]:
@@ -68,12 +84,17 @@ class LocalSlurm:
     # --- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        if not installed():
-            raise SlurmNotInstalled("Slurm is not installed: apt-get install slurm-wlm")
+        if not installed(accounting=bool(self.accounts)):
+            raise SlurmNotInstalled(
+                "Slurm is not installed: apt-get install slurm-wlm"
+                + (" slurmdbd mariadb-server" if self.accounts else "")
+            )
         self._write_config()
+        if self.accounts:
+            self._start_accounting()
         self.start_controller()
         for node in self.nodes:
-            self.daemons[node] = self._daemon(
+            self.daemons[f"slurmd-{node}"] = self._daemon(
                 f"slurmd-{node}", ["slurmd", "-f", str(self.conf), "-N", node, "-D"]
             )
         self.wait_for(lambda: self.idle_nodes() >= set(self.nodes), "every node idle")
@@ -102,9 +123,13 @@ class LocalSlurm:
                 self.wait_for(lambda: not self.squeue_ids(), "every job gone", JOBS_GONE_TIMEOUT_S)
         finally:
             for name, daemon in self.daemons.items():
-                stop_child(daemon, f"slurmd-{name}")
-            self.daemons.clear()
+                if name.startswith("slurmd-"):
+                    stop_child(daemon, name)
             self.stop_controller()
+            for name in ("slurmdbd", "mariadbd"):  # the database last: slurmdbd flushes to it
+                if name in self.daemons:
+                    stop_child(self.daemons[name], name)
+            self.daemons.clear()
             if self.spool is not None:
                 shutil.rmtree(self.spool, ignore_errors=True)
                 self.spool = None
@@ -178,6 +203,67 @@ class LocalSlurm:
                 )
             time.sleep(0.2)
 
+    # --- accounting: MariaDB and slurmdbd ----------------------------------------------------
+
+    def _start_accounting(self) -> None:
+        """MariaDB in ``directory``, slurmdbd on it, then the cluster, accounts and QOS."""
+        assert self.spool is not None
+        data, socket = self.directory / "mysql", self.spool / "mysql.sock"
+        self.run(
+            "mariadb-install-db", "--no-defaults", f"--datadir={data}", "--user=root",
+            "--auth-root-authentication-method=normal", "--skip-test-db",
+        )  # fmt: skip
+        self.daemons["mariadbd"] = self._daemon(
+            "mariadbd",
+            ["mariadbd", "--no-defaults", f"--datadir={data}", f"--socket={socket}",
+             f"--port={self.db_port}", "--bind-address=127.0.0.1", "--user=root",
+             "--skip-name-resolve", "--skip-log-bin", "--innodb-buffer-pool-size=32M",
+             f"--pid-file={self.directory / 'mariadbd.pid'}"],
+        )  # fmt: skip
+        sql = "CREATE USER 'slurm'@'127.0.0.1'; GRANT ALL ON *.* TO 'slurm'@'127.0.0.1';"
+        client = ("mariadb", "--no-defaults", f"--socket={socket}", "-uroot")
+        self.wait_for(lambda: self.scontrol_ok(*client, "-e", "SELECT 1"), "MariaDB answering")
+        self.run(*client, "-e", sql)
+        self.daemons["slurmdbd"] = self._daemon("slurmdbd", ["slurmdbd", "-D"])
+        self.wait_for(lambda: self.scontrol_ok("sacctmgr", "-n", "list", "cluster"), "slurmdbd")
+        every = ",".join(self.accounts)
+        for command in (
+            ("add", "cluster", CLUSTER_NAME),
+            ("add", "account", every, f"Cluster={CLUSTER_NAME}"),
+            ("add", "qos", URGENT_QOS, "Priority=1000", "Preempt=normal", "PreemptMode=requeue"),
+            ("add", "user", "root", f"Account={every}", f"DefaultAccount={self.accounts[0]}"),
+            ("modify", "user", "root", "set", f"QOS=normal,{URGENT_QOS}"),
+        ):
+            self.run("sacctmgr", "-i", *command)
+
+    def _accounting_config(self) -> str:
+        if not self.accounts:
+            return "AccountingStorageType=accounting_storage/none\nJobCompType=jobcomp/none"
+        dbd = self.directory / "slurmdbd.conf"
+        dbd.write_text(f"""\
+AuthType=auth/none
+DbdHost=localhost
+DbdPort={self.dbd_port}
+SlurmUser=root
+StorageType=accounting_storage/mysql
+StorageHost=127.0.0.1
+StoragePort={self.db_port}
+StorageUser=slurm
+StorageLoc=slurm_acct_db
+PidFile={self.directory}/slurmdbd.pid
+LogFile={self.directory}/slurmdbd.log
+""")
+        dbd.chmod(0o600)  # slurmdbd refuses a config others may read
+        return f"""\
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort={self.dbd_port}
+AccountingStorageEnforce=associations,limits
+AccountingStorageTRES=gres/gpu
+PriorityType=priority/multifactor
+PreemptType=preempt/qos
+PreemptMode=REQUEUE"""
+
     # --- set-up -----------------------------------------------------------------------------
 
     def _daemon(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
@@ -197,8 +283,10 @@ class LocalSlurm:
             f"Gres=gpu:{self.gpus} State=UNKNOWN"
             for node in self.nodes
         )
+        self.db_port, self.dbd_port = free_port(), free_port()
+        accounting = self._accounting_config()
         self.conf.write_text(f"""\
-ClusterName=gpumeter
+ClusterName={CLUSTER_NAME}
 SlurmctldHost=localhost
 SlurmctldPort={free_port()}
 AuthType=auth/none
@@ -219,11 +307,10 @@ GresTypes=gpu
 MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
-MinJobAge=3600
+MinJobAge={self.min_job_age_s}
 JobRequeue=1
 KillWait=2
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+{accounting}
 JobAcctGatherType=jobacct_gather/none
 {nodes}
 PartitionName={WORKER_PARTITION} Nodes={",".join(self.nodes)} Default=YES State=UP

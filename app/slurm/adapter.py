@@ -52,6 +52,7 @@ from app.slurm.schemas import (
 log = logging.getLogger(__name__)
 SETTLE_S = 3.0  # how long a round waits for a requeued job to finish its last run
 SETTLE_POLL_S = 0.2
+FULL_EVERY = 30  # rounds: the whole listing again (unchanged jobs' last-seen second moves on)
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ class Adapter:
         self._placed: set[int] = set()
         # Each job's (restarts, state) last round: accounting is read for the jobs that change.
         self._seen: dict[int, tuple[int, str]] = {}
+        # What the service was last sent, job by job: later rounds send only what differs.
+        self._posted: dict[int, JobObservation] | None = None
         self.accounting = config.accounting  # False once sacct says accounting is disabled
 
     def run(self, stop: threading.Event) -> None:
@@ -105,34 +108,48 @@ class Adapter:
     # --- attribution ------------------------------------------------------------------------
 
     def _send_snapshot(self, jobs: list[SlurmJob]) -> None:
-        """squeue's jobs, with accounting's runs for those that were requeued or ended since
-        the last round; then the attributed jobs slurmctld no longer lists, from accounting."""
+        """What changed since the last round (the whole listing on the first round and every
+        ``FULL_EVERY`` rounds), with accounting's runs for the jobs requeued or ended since;
+        then the attributed jobs slurmctld no longer lists, from accounting."""
         changed = [
             job.job_id for job in jobs
             if self._seen.get(job.job_id) != (job.restarts, job.state)
             and (job.restarts > 0 or ended(job.observation))
         ]  # fmt: skip
         accounted = self._accounting(changed)
-        observations = [
-            job.observation.model_copy(update={"runs": accounted[job.job_id].runs})
+        observations = {
+            job.job_id: job.observation.model_copy(update={"runs": accounted[job.job_id].runs})
             if job.job_id in accounted
             else job.observation
             for job in jobs
-        ]
-        missing = self._post(observations, complete=not self.accounting)
+        }
+        if self._posted is None or self.rounds % FULL_EVERY == 0:
+            missing = self._post(list(observations.values()), delta=False)
+        else:
+            posted = self._posted
+            news = [o for job_id, o in observations.items() if posted.get(job_id) != o]
+            gone = [job_id for job_id in posted if job_id not in observations]
+            missing = self._post(news, delta=True, gone=gone)
+        self._posted = observations
         self._seen = {job.job_id: (job.restarts, job.state) for job in jobs}
         if missing:
             found = self._accounting(missing)
             forgotten = [job_id for job_id in missing if job_id not in found]
-            self._post(list(found.values()), complete=False, forgotten=forgotten)
+            self._post(list(found.values()), delta=True, forgotten=forgotten)
 
     def _post(
-        self, jobs: list[JobObservation], *, complete: bool, forgotten: list[int] | None = None
+        self,
+        jobs: list[JobObservation],
+        *,
+        delta: bool,
+        gone: list[int] | None = None,
+        forgotten: list[int] | None = None,
     ) -> list[int]:
-        """Send the snapshot; the attributed jobs it did not list (when incomplete)."""
+        """Send the snapshot; the attributed jobs it says are missing (to read from accounting,
+        or to report as forgotten when accounting does not know them either)."""
         snapshot = Snapshot(
-            cluster=self.config.cluster, taken_at=int(time.time()), jobs=jobs,
-            complete=complete, forgotten=forgotten or [],
+            cluster=self.config.cluster, taken_at=int(time.time()), jobs=jobs, complete=False,
+            delta=delta, gone=gone or [], forgotten=forgotten or [],
         )  # fmt: skip
         result = self.api.post("/v1/slurm/snapshots", snapshot.model_dump(mode="json"))
         for problem in result["problems"]:

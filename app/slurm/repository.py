@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Collection
+from datetime import datetime, timedelta
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -34,16 +35,45 @@ def upsert_account(
     return session.get_one(SlurmAccount, account, populate_existing=True)
 
 
+def jobs(session: Session, cluster: str, job_ids: Collection[int]) -> dict[int, SlurmJob]:
+    """The cluster's known jobs among these, as they are now (not locked)."""
+    rows = session.scalars(
+        select(SlurmJob).where(SlurmJob.cluster == cluster, SlurmJob.job_id.in_(job_ids))
+    )
+    return {row.job_id: row for row in rows}
+
+
 def locked_jobs(session: Session, cluster: str, job_ids: Collection[int]) -> dict[int, SlurmJob]:
     """The cluster's known jobs among these, locked in job order (two snapshots of one cluster
-    take them one after the other, never crosswise)."""
+    take them one after the other, never crosswise), read again under the lock."""
+    if not job_ids:
+        return {}
     rows = session.scalars(
         select(SlurmJob)
         .where(SlurmJob.cluster == cluster, SlurmJob.job_id.in_(job_ids))
         .order_by(SlurmJob.job_id)
         .with_for_update()
+        .execution_options(populate_existing=True)
     )
     return {row.job_id: row for row in rows}
+
+
+def touch_seen(
+    session: Session, cluster: str, job_ids: Collection[int], now: datetime, step: timedelta
+) -> None:
+    """Open jobs among these, last seen ``step`` or longer before ``now``, seen at ``now``."""
+    if job_ids:
+        session.execute(
+            update(SlurmJob)
+            .where(
+                SlurmJob.cluster == cluster,
+                SlurmJob.job_id.in_(job_ids),
+                SlurmJob.ended_at.is_(None),
+                SlurmJob.last_seen_at <= now - step,
+            )
+            .values(last_seen_at=now)
+            .execution_options(synchronize_session=False)
+        )
 
 
 def open_jobs_missing(session: Session, cluster: str, seen: Collection[int]) -> list[SlurmJob]:
@@ -59,6 +89,24 @@ def open_jobs_missing(session: Session, cluster: str, seen: Collection[int]) -> 
             )
             .order_by(SlurmJob.job_id)
             .with_for_update()
+        )
+    )
+
+
+def open_job_ids(session: Session, cluster: str, job_ids: Collection[int]) -> list[int]:
+    """Attributed jobs not yet ended among these."""
+    if not job_ids:
+        return []
+    return list(
+        session.scalars(
+            select(SlurmJob.job_id)
+            .where(
+                SlurmJob.cluster == cluster,
+                SlurmJob.rental_id.is_not(None),
+                SlurmJob.ended_at.is_(None),
+                SlurmJob.job_id.in_(job_ids),
+            )
+            .order_by(SlurmJob.job_id)
         )
     )
 

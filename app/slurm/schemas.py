@@ -108,6 +108,12 @@ class Snapshot(Schema):
         "adapter that reads accounting sends false, and the missing jobs' records from "
         "accounting next (``SnapshotResult.missing``)",
     )
+    delta: bool = Field(
+        default=False,
+        description="only the jobs whose record changed since the adapter's last snapshot, "
+        "and ``gone``: the jobs slurmctld stopped listing since then",
+    )
+    gone: list[int] = Field(default_factory=list, max_length=MAX_JOBS)
     forgotten: list[int] = Field(
         default_factory=list,
         max_length=MAX_JOBS,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from sqlalchemy.orm import Session
@@ -60,6 +60,9 @@ from app.slurm.schemas import (
 log = logging.getLogger(__name__)
 
 REASON_LENGTH = 500
+# An unchanged job's last-seen second moves on this often (not each round: 10,000 row writes
+# a second); a job that vanishes from every record is ended at most this early, and reported.
+LAST_SEEN_STEP = timedelta(seconds=30)
 
 
 # --- account mappings -------------------------------------------------------------------------
@@ -113,17 +116,24 @@ class _Unattributable(Exception):
 
 
 def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
+    """Most of a round's jobs are as they were: they are read, not locked, and only their
+    last-seen second is moved on (every ``LAST_SEEN_STEP_S``, in one statement); the jobs that
+    changed are locked and attributed."""
     ids = [job.job_id for job in snapshot.jobs]
-    known = repository.locked_jobs(session, snapshot.cluster, ids)
+    now = from_epoch(snapshot.taken_at)
+    seen = repository.jobs(session, snapshot.cluster, ids)
+    changed = [job for job in snapshot.jobs if _changed(seen.get(job.job_id), job)]
+    repository.touch_seen(session, snapshot.cluster, list(seen), now, LAST_SEEN_STEP)
+    known = repository.locked_jobs(session, snapshot.cluster, [job.job_id for job in changed])
     context = _Snapshot(
         cluster=snapshot.cluster,
-        now=from_epoch(snapshot.taken_at),
-        accounts=repository.accounts(session, {job.account for job in snapshot.jobs}),
-        nodes=fleet.gpus_of_nodes(
-            session, {a.node for job in snapshot.jobs for a in job.allocation}
-        ),
+        now=now,
+        accounts=repository.accounts(session, {job.account for job in changed}),
+        nodes=fleet.gpus_of_nodes(session, {a.node for job in changed for a in job.allocation}),
+        unchanged=len(snapshot.jobs) - len(changed),
     )
-    for job in snapshot.jobs:
+    # Ends first: a GPU a job let go at t may be the one another job took at t.
+    for job in sorted(changed, key=lambda j: (not _letting_go(j), j.job_id)):
         _observe(session, context, known.get(job.job_id), job)
     for row in repository.locked_jobs(session, snapshot.cluster, snapshot.forgotten).values():
         if row.rental_id is not None and row.ended_at is None:
@@ -132,6 +142,8 @@ def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
     if snapshot.complete:
         for row in repository.open_jobs_missing(session, snapshot.cluster, ids):
             _vanished(session, context, row)
+    elif snapshot.delta:
+        missing = repository.open_job_ids(session, snapshot.cluster, snapshot.gone)
     else:
         missing = repository.open_job_ids_missing(session, snapshot.cluster, ids)
     return SnapshotResult(
@@ -141,6 +153,26 @@ def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
         problems=context.problems,
         missing=missing,
     )
+
+
+def _changed(row: SlurmJob | None, job: JobObservation) -> bool:
+    """Whether the record says anything the job's row does not: a run, a state, a restart, an
+    end, a node; or the job is still to be attributed."""
+    if row is None:
+        return bool(job.allocation) and job.start_time is not None
+    if row.ended_at is not None:
+        return False
+    if row.rental_id is None or row.problem is not None or job.runs or ended(job):
+        return True
+    if (row.state, row.restarts) != (job.state, job.restarts):
+        return True
+    start = None if job.start_time is None else from_epoch(job.start_time)
+    running = job.state in RUNNING_STATES
+    return running and (row.run_start_at != start or row.nodes != [a.node for a in job.allocation])
+
+
+def _letting_go(job: JobObservation) -> bool:
+    return ended(job) or job.state not in RUNNING_STATES or bool(job.runs)
 
 
 def _observe(session: Session, ctx: _Snapshot, row: SlurmJob | None, job: JobObservation) -> None:
@@ -280,7 +312,10 @@ def _follow_run(
             changed = True
     for gpu_uuid in sorted(gpus - held.keys()):
         since = start if new_run else ctx.now
-        rentals.assign_gpu(session, rental, AssignmentCreate(gpu_uuid=gpu_uuid, start_at=since))
+        try:
+            rentals.assign_gpu(session, rental, AssignmentCreate(gpu_uuid=gpu_uuid, start_at=since))
+        except ApiError as refused:  # the GPU still held by another job, as gpumeter knows
+            raise _Unattributable("rental_refused", str(refused)) from None
         changed = True
     row.run_start_at, row.nodes = start, [a.node for a in job.allocation]
     return changed

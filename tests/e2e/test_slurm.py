@@ -175,13 +175,14 @@ def run_the_failure_loop(
     assert slurm.node_reason("n1").startswith(f"gpumeter: GPU 0 ({gpu('n1', 0)}) xid 79")
     rerun = job_record(slurm, job_id)
     assert (rerun.state, rerun.restarts, rerun.nodes) == ("RUNNING", 1, ["n2", "n3"])
+    assert rerun.partition == "gpu" and rerun.placed_by_failover  # its own partition
     assert rerun.observation.start_time is not None
     failed_s, resumed_s = _s(failover["failed_at"]), _s(failover["resumed_at"])
     assert resumed_s == rerun.observation.start_time
     assert failover["spare_gpu_uuid"] in (gpu("n3", 0), gpu("n3", 1))
 
-    # The repaired GPU: n1 resumed, a hot spare now (the site had none left), out of "gpu".
-    wait_for_node(slurm, "n1", "IDLE")
+    # The repaired GPU: n1 resumed, a hot spare now (the site had none left), held.
+    wait_for_node(slurm, "n1", "IDLE+RESERVED")  # resumed, and held as the spare
     wait_for(lambda: slurm.reserved_nodes() == ["n1"], "n1 a spare, held by the reservation", 30)
     pools = {g["uuid"]: g["pool"] for g in api.get("/v1/gpus", limit=100)["items"]}
     assert [pools[gpu("n1", i)] for i in (0, 1)] == ["spare", "spare"]

@@ -1,0 +1,268 @@
+"""A provider-shaped Slurm under a workload: slurmctld, slurmdbd on MariaDB with enforced
+associations, four ``slurmd -N`` workers and a hot spare (two GPUs each), three accounts mapped
+to three customers and one mapped to none; the real service, agents and adapter (on a
+scheduler key). Over 200 jobs: an array, single- and multi-node batch jobs, interactive
+``salloc``/``srun``, ``--no-requeue``, jobs preempted (requeued) by a higher-priority QOS,
+cancellations, a time limit, and jobs that end while the adapter is stopped for longer than
+MinJobAge. For every job, gpumeter's assignments are accounting's runs (``sacct -D``) to the
+second, GPU for GPU; every job of the unmapped account is a reported problem.
+
+Slurm, slurmdbd and MariaDB come from Debian's packages (``.ci/run`` installs them); without
+them this test skips, except in CI, where it fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.core.console_client import Api
+from app.core.epoch import epoch
+from app.core.processes import stop_child
+from app.demo.slurm_cluster import URGENT_QOS, LocalSlurm, installed
+from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
+from tests.e2e.conftest import BIN, Fleet
+from tests.harness import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("slurm")]
+
+CLUSTER = "provider"
+WORKERS, SPARES = ["n1", "n2", "n3", "n4"], ["n5"]
+CUSTOMERS = {"acme-ml": "Acme AI", "beta-lab": "Beta Labs", "gamma-ai": "Gamma AI"}
+UNMAPPED = "physics-lab"
+MIN_JOB_AGE_S = 5
+ADAPTER_AWAY_S = 15  # longer than MinJobAge
+WORKLOAD_TIMEOUT_S = 420
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalSlurm]:
+    if not installed(accounting=True):
+        if os.environ.get("CI") == "true":
+            pytest.fail("Slurm is not installed; .ci/run installs slurm-wlm slurmdbd mariadb")
+        pytest.skip("apt-get install slurm-wlm slurmdbd mariadb-server (CI installs them)")
+    directory = tmp_path / "slurm"
+    directory.mkdir()
+    accounts = [*CUSTOMERS, UNMAPPED]
+    slurm = LocalSlurm(directory, WORKERS, SPARES, accounts=accounts, min_job_age_s=MIN_JOB_AGE_S)
+    slurm.start()
+    try:
+        yield slurm
+    finally:
+        slurm.stop()
+
+
+def gpu(node: str, index: int) -> str:
+    return sim_uuid(node, index, node)
+
+
+def _provider(fleet: Fleet) -> tuple[Api, str]:
+    """Five nodes (n5's GPUs hot spares) with agents, a plan, three customers mapped to
+    their accounts; the adapter's scheduler key."""
+    api = Api(fleet.service.url, fleet.admin)
+    for node in WORKERS + SPARES:
+        created = api.post("/v1/nodes", {"hostname": node, "datacenter": "e2e",
+                                         "topology_group": "nvl-1"})  # fmt: skip
+        pool = "spare" if node in SPARES else "rentable"
+        for i in range(2):
+            api.post("/v1/gpus", {"uuid": gpu(node, i), "node_id": created["node"]["id"],
+                                  "model": DEFAULT_MODEL, "pool": pool})  # fmt: skip
+        fleet.agent(node, created["token"]["key"], "--simulate", "2")
+    prices = [{"gpu_model": DEFAULT_MODEL, "price_per_hour": "36.00",
+               "effective_from": "2026-01-01T00:00:00Z"}]  # fmt: skip
+    plan = api.post("/v1/plans", {"name": "per second", "prices": prices})
+    for account, name in CUSTOMERS.items():
+        customer = api.post("/v1/customers", {"name": name, "currency": "USD"})
+        mapping = {"customer_id": customer["id"], "plan_id": plan["id"]}
+        api.call("PUT", f"/v1/slurm/accounts/{account}", mapping)
+    return api, api.post("/v1/keys/scheduler", {"name": "gpumeter-slurm"})["key"]
+
+
+@pytest.fixture
+def adapters(fleet: Fleet) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """The adapter processes a test starts, each stopped by its PID if still running."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        stop_child(process, "gpumeter-slurm")
+
+
+def _adapter(
+    fleet: Fleet, slurm: LocalSlurm, key: str, started: list[subprocess.Popen[bytes]]
+) -> subprocess.Popen[bytes]:
+    with (fleet.tmp / f"adapter-{len(started)}.log").open("ab") as log:
+        process = subprocess.Popen(
+            [str(BIN / "gpumeter-slurm"), "--server", fleet.service.url, "--token", key,
+             "--cluster", CLUSTER, "--slurm-conf", str(slurm.conf), "--poll-interval", "0.5"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    started.append(process)
+    return process
+
+
+class Workload:
+    """Jobs submitted, each with the GPUs it holds on each of its nodes (one unless said)."""
+
+    def __init__(self, slurm: LocalSlurm) -> None:
+        self.slurm = slurm
+        self.gpus_per_node: dict[int, int] = {}
+        self.interactive: list[subprocess.Popen[bytes]] = []
+
+    def batch(self, account: str, seconds: int, *, nodes: int = 1, gpus: int = 1,
+              options: tuple[str, ...] = ()) -> list[int]:  # fmt: skip
+        out = self.slurm.run(
+            "sbatch", "--parsable", f"--nodes={nodes}", f"--gres=gpu:{gpus}",
+            f"--account={account}", "--output=/dev/null", f"--chdir={self.slurm.directory}",
+            *options, "--wrap", f"sleep {seconds}",
+        )  # fmt: skip
+        job_id = int(out.strip().split(";")[0])
+        self.gpus_per_node[job_id] = gpus  # an array's tasks (other ids) hold one GPU each
+        return [job_id]
+
+    def salloc(self, account: str, seconds: int) -> None:
+        """An interactive job: salloc runs srun in it, and waits."""
+        argv = ["salloc", "--nodes=1", "--gres=gpu:1", f"--account={account}",
+                "srun", "sleep", str(seconds)]  # fmt: skip
+        quiet = subprocess.DEVNULL
+        session = subprocess.Popen(argv, env=self.slurm.env, stdout=quiet, stderr=quiet)
+        self.interactive.append(session)
+
+    def active(self) -> list[str]:
+        return self.slurm.run("squeue", "-h", "-t", "PD,R,CG,CF,S", "-o", "%i").split()
+
+    def running(self, job_ids: list[int]) -> bool:
+        states = self.slurm.run("squeue", "-h", "-o", "%i %t").split()
+        running = {states[i] for i in range(0, len(states), 2) if states[i + 1] == "R"}
+        return all(str(job_id) in running for job_id in job_ids)
+
+
+def _accounting(slurm: LocalSlurm) -> dict[int, list[dict[str, Any]]]:
+    """sacct -D's records of every job (an array's tasks each their own), by job id."""
+    document = json.loads(slurm.run("sacct", "--json", "-D", "-X", "-a", "-S", "2020-01-01"))
+    runs: dict[int, list[dict[str, Any]]] = {}
+    for record in document["jobs"]:
+        runs.setdefault(int(record["job_id"]), []).append(record)
+    return runs
+
+
+def _expected(records: list[dict[str, Any]], gpus: int, slurm: LocalSlurm) -> list[tuple]:
+    """(node, start, end) for each GPU of each run that lasted a second or more."""
+    expected = []
+    for record in records:
+        start, end = int(record["time"]["start"]), int(record["time"]["end"])
+        if start and end > start:
+            nodes = slurm.run("scontrol", "show", "hostnames", record["nodes"]).split()
+            expected += [(node, start, end) for node in nodes for _ in range(gpus)]
+    return sorted(expected)
+
+
+def _assigned(api: Api, rental_id: str) -> list[tuple]:
+    rental = api.get(f"/v1/rentals/{rental_id}")
+    return sorted(
+        (a["gpu_uuid"].split("-")[1], _s(a["start_at"]), _s(a["end_at"]))
+        for a in rental["assignments"]
+    )
+
+
+def _s(moment: str | None) -> int | None:
+    return None if moment is None else epoch(datetime.fromisoformat(moment))
+
+
+def test_every_jobs_assignments_are_accountings_runs_to_the_second(
+    fleet: Fleet, cluster: LocalSlurm, adapters: list[subprocess.Popen[bytes]]
+) -> None:
+    api, key = _provider(fleet)
+    adapter = _adapter(fleet, cluster, key, adapters)
+    work = Workload(cluster)
+    acme, beta, gamma = CUSTOMERS
+    # Long jobs first: some to cancel, some to be preempted, two to time out.
+    cancelled = [*work.batch(beta, 300), *work.batch(gamma, 300)]
+    preempted = work.batch(acme, 20, nodes=2, gpus=2) + work.batch(beta, 20, gpus=2)
+    timed_out = work.batch(gamma, 1000, options=("--time=1",))  # with the above: 7 GPUs
+    wait_for(lambda: work.running(cancelled + preempted), "the long jobs running", 60)
+    cluster.run("scancel", *map(str, cancelled))
+    urgent = ("--qos", URGENT_QOS)
+    for account in CUSTOMERS:  # four nodes' worth: every preemptable job is requeued
+        work.batch(account, 4, nodes=1, gpus=2, options=urgent)
+    work.batch(acme, 4, nodes=1, gpus=2, options=urgent)
+    # The bulk: an array, single and multi-node jobs, --no-requeue, the unmapped account.
+    work.batch(acme, 3, options=("--array=0-79",))
+    for i in range(60):
+        work.batch((beta, gamma)[i % 2], 3 + i % 3, gpus=1 + i % 2)
+    for i in range(16):
+        work.batch((acme, gamma)[i % 2], 4, nodes=2, gpus=2)
+    for _ in range(10):
+        work.batch(beta, 3, options=("--no-requeue",))
+    for _ in range(10):
+        work.batch(UNMAPPED, 3)
+    for i in range(8):
+        work.salloc((acme, beta)[i % 2], 4)
+    wait_for(lambda: not work.active(), "the bulk done", WORKLOAD_TIMEOUT_S)
+    # Eight GPUs' worth of jobs running, attributed; the adapter away for longer than
+    # MinJobAge while they end.
+    away = work.batch(gamma, 6, nodes=2)  # first: the single jobs would pack the nodes
+    away += [j for i in range(6) for j in work.batch((acme, beta, gamma)[i % 3], 6)]
+    wait_for(lambda: work.running(away), "the last jobs running", 60)
+    wait_for(lambda: _attributed(api, away), "the last jobs attributed", 30)
+    assert stop_child(adapter, "gpumeter-slurm") == 0
+    wait_for(lambda: not work.active(), "the last jobs done", 30)
+    time.sleep(ADAPTER_AWAY_S)  # the outage itself, past MinJobAge: nothing to wait for
+    adapter = _adapter(fleet, cluster, key, adapters)
+    for session in work.interactive:  # one GPU on one node each
+        assert session.wait(timeout=30) == 0
+
+    accounting = _accounting(cluster)
+    mapped = {j for j, records in accounting.items() if records[0]["account"] in CUSTOMERS}
+
+    def caught_up() -> bool:
+        rows = {r["job_id"]: r for r in _jobs(api)}
+        return all(rows.get(j, {}).get("ended_at") for j in mapped if _ran(accounting[j]))
+
+    wait_for(caught_up, "every mapped job's end attributed", 60)
+    assert stop_child(adapter, "gpumeter-slurm") == 0
+    rows = {r["job_id"]: r for r in _jobs(api)}
+    checked = 0
+    for job_id in sorted(mapped):
+        expected = _expected(accounting[job_id], work.gpus_per_node.get(job_id, 1), cluster)
+        if not expected:
+            assert job_id not in rows or rows[job_id]["rental_id"] is None
+            continue
+        assert rows[job_id]["rental_id"], rows[job_id]
+        assert _assigned(api, rows[job_id]["rental_id"]) == expected, (job_id, rows[job_id])
+        checked += 1
+    unmapped = [j for j in accounting if j not in mapped]
+    problems = Counter(r["problem"].split(":")[0] for r in rows.values() if r["problem"])
+    assert {rows[j]["problem"].split(":")[0] for j in unmapped} == {"unknown_account"}
+    requeued = [j for j in preempted if len(accounting[j]) > 1]
+    assert requeued, "no job was preempted and requeued"
+    assert all(accounting[j][-1]["state"]["current"] == "TIMEOUT" for j in timed_out)
+    assert len(accounting) >= 200 and all(j in accounting for j in away)
+    assert sum(1 for records in accounting.values() if records[0]["account"] in CUSTOMERS) > 150
+    print(json.dumps({"jobs": len(accounting), "assignments_checked_jobs": checked,
+                      "requeued": len(requeued), "problems": dict(problems)}))  # fmt: skip
+
+
+def _attributed(api: Api, job_ids: list[int]) -> bool:
+    rows = {r["job_id"]: r for r in _jobs(api)}
+    return all(rows.get(j, {}).get("rental_id") for j in job_ids)
+
+
+def _ran(records: list[dict[str, Any]]) -> bool:
+    return any(int(r["time"]["end"]) > int(r["time"]["start"]) > 0 for r in records)
+
+
+def _jobs(api: Api) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    offset = 0
+    while page := api.get("/v1/slurm/jobs", cluster=CLUSTER, limit=500, offset=offset)["items"]:
+        rows += page
+        offset += len(page)
+    return rows

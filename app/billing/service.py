@@ -591,7 +591,7 @@ def _build(
 def _check_storable(built: BuiltInvoice) -> None:
     """Every amount of the invoice (each line, so each sum of them) fits its columns. Prices
     are bounded where they enter so one rental always fits, but a customer may hold many."""
-    if (gross := sum(abs(line.amount) for line in built.lines)) >= MONEY_LIMIT:
+    if (gross := sum((abs(line.amount) for line in built.lines), Decimal(0))) >= MONEY_LIMIT:
         raise ValueError(
             f"the invoice's amounts ({display(gross, built.currency)} in all) exceed what an "
             f"invoice holds (below {MONEY_LIMIT:,f}): check the prices and GPU counts of its "

@@ -230,7 +230,10 @@ class _VoucherFacts:
 
     def on_invoice(self, invoice: Invoice, entries: list[VoucherEntryRow]) -> str:
         if invoice.status is InvoiceStatus.VOID:
-            return "A void invoice applies nothing; vouchers it had used were given back."
+            return (
+                "A void invoice applies nothing: the vouchers it had used were given back, and "
+                "what was left of those it earned was taken back (its replacement earns them)."
+            )
         draft = invoice.status is InvoiceStatus.DRAFT
         when = invoice.generated_at if draft else invoice.finalized_at
         assert when is not None  # a finalized or paid invoice has its finalization time

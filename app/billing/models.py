@@ -63,9 +63,11 @@ class Invoice(Timestamped, Base):
     )
     number: Mapped[str | None] = mapped_column(String(32), unique=True)
     tax_rate: Mapped[Decimal] = mapped_column(Numeric(7, 6))
-    subtotal: Mapped[Decimal]  # every line but tax
+    subtotal: Mapped[Decimal]  # every line but tax and the prepaid balance
     tax: Mapped[Decimal]
-    total: Mapped[Decimal]  # the sum of all lines
+    # The sum of all lines, the prepaid balance's too: the amount due (what Stripe collects).
+    # The API's ``total`` is subtotal + tax (before the prepaid balance), as Stripe's is.
+    total: Mapped[Decimal]
     generated_at: Mapped[datetime]
     finalized_at: Mapped[datetime | None]
     due_at: Mapped[datetime | None]  # finalization + the customer's payment terms

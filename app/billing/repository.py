@@ -244,6 +244,16 @@ def customer_gpus(
     return list(session.scalars(select(intervals.c.gpu_uuid).distinct()))
 
 
+def void_invoices(session: Session, customer_id: uuid.UUID) -> dict[uuid.UUID, str]:
+    """The customer's void invoices: id -> period."""
+    rows = session.execute(
+        select(Invoice.id, Invoice.period).where(
+            Invoice.customer_id == customer_id, Invoice.status == InvoiceStatus.VOID
+        )
+    )
+    return {invoice_id: period for invoice_id, period in rows}
+
+
 def applied_entries(session: Session, invoice_id: uuid.UUID) -> Sequence[VoucherEntryRow]:
     return session.scalars(
         select(VoucherEntryRow).where(

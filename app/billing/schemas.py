@@ -87,10 +87,17 @@ class InvoiceSummary(Schema):
     timezone: str
     currency: str
     status: InvoiceStatus
-    subtotal: str
+    subtotal: str = Field(description="Usage, cap, corrections and vouchers: before tax.")
     tax_rate: str
     tax: str
-    total: str
+    total: str = Field(
+        description="Subtotal + tax: the invoice's total, before the prepaid balance (Stripe's "
+        "total)."
+    )
+    amount_due: str = Field(
+        description="What is left to pay: the total less the prepaid balance applied (Stripe's "
+        "amount_due); what Stripe collects."
+    )
     generated_at: datetime
     finalized_at: datetime | None
     due_at: datetime | None = Field(description="Finalization + the customer's payment terms.")
@@ -104,13 +111,15 @@ class InvoiceSummary(Schema):
     @classmethod
     def of(cls, invoice: Invoice) -> InvoiceSummary:
         currency = invoice.currency
-        fields = {name: getattr(invoice, name) for name in cls.model_fields if name != "lines"}
+        computed = ("lines", "amount_due")
+        fields = {name: getattr(invoice, name) for name in cls.model_fields if name not in computed}
         return cls(
             **{
                 **fields,
                 "subtotal": money(invoice.subtotal, currency),
                 "tax": money(invoice.tax, currency),
-                "total": money(invoice.total, currency),
+                "total": money(invoice.subtotal + invoice.tax, currency),
+                "amount_due": money(invoice.total, currency),
                 "tax_rate": plain(invoice.tax_rate),
             }
         )

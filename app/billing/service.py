@@ -38,8 +38,10 @@ Choices (documented where the design left room):
   transaction ends; finalization takes exactly that amount, once (keyed by the invoice), and
   voiding gives it back.
 * Voiding returns the vouchers the invoice consumed as new vouchers with the same expiry
-  (the ledger stays append-only); tier vouchers it issued stay, and re-finalizing the period
-  cannot issue them twice (their ids are per rental and period).
+  (the ledger stays append-only) and takes back what is left of the tier vouchers it earned;
+  the replacement earns them again at its finalization, less what was spent of them
+  (``vouchers.take_back``, ``vouchers.earned_again``), so a replacement never applies the
+  voided invoice's own voucher to itself.
 """
 
 from __future__ import annotations
@@ -65,9 +67,11 @@ from app.billing.core.rating import RatedRental, rate_rentals
 from app.billing.core.vouchers import (
     EntryKind,
     VoucherEntry,
+    earned_again,
     issue_tier_vouchers,
     issue_voucher,
     open_vouchers,
+    take_back,
 )
 from app.billing.loader import BillingPeriod, PeriodInputs, load_inputs
 from app.billing.models import (
@@ -241,7 +245,7 @@ def finalize_invoice(
     invoice.due_at = now + timedelta(days=customer.days_until_due)
     session.flush()
     span = (epoch(invoice.period_start), epoch(invoice.period_end))
-    tier = issue_tier_vouchers(draft.rated, span, epoch(now))
+    tier = _earned(session, invoice, issue_tier_vouchers(draft.rated, span, epoch(now)))
     entries = [*built.voucher_applications, *built.voucher_expirations, *tier]
     repository.insert_entries(session, [_entry_row(e, invoice) for e in entries])
     if prepaid := _sum_of(built, LineKind.PREPAID_BALANCE):
@@ -253,6 +257,26 @@ def finalize_invoice(
         _publish_voucher(session, voucher, invoice.currency)
     _issue_credit_notes(session, invoice, built, now)
     return invoice
+
+
+def _earned(session: Session, invoice: Invoice, tier: list[VoucherEntry]) -> list[VoucherEntry]:
+    """The tier vouchers the invoice earns: when it replaces a voided invoice of its period,
+    those again, less what was spent of the voided one's (``vouchers.earned_again``)."""
+    void_ids = repository.void_invoices(session, invoice.customer_id) if tier else {}
+    if not any(period == invoice.period for period in void_ids.values()):
+        return tier
+    entries = ledger(
+        repository.voucher_entries(session, [invoice.customer_id])[invoice.customer_id]
+    )
+    voided = [
+        e
+        for e in entries
+        if e.kind is EntryKind.ISSUED
+        and e.source == "tier"
+        and e.invoice_id is not None
+        and void_ids.get(uuid.UUID(e.invoice_id)) == invoice.period
+    ]
+    return earned_again(tier, voided, entries, {str(i) for i in void_ids}, str(invoice.id))
 
 
 def _issue_credit_notes(
@@ -378,11 +402,27 @@ def void_invoice(session: Session, invoice: Invoice, now: datetime, reason: str)
         for e in applied
     ]
     repository.insert_entries(session, returned)
+    _take_back_earned(session, invoice, now)
     customer = existing_customer(session, invoice.customer_id)
     assert invoice.number is not None  # a finalized invoice is numbered
     balances_service.return_from_invoice(session, customer, invoice.id, invoice.number)
     _publish(session, "invoice.voided", invoice, reason=reason)
     return invoice
+
+
+def _take_back_earned(session: Session, invoice: Invoice, now: datetime) -> None:
+    """What is left of the vouchers a voided invoice earned (and of their reissues) is taken
+    back: its replacement earns them again at finalization (``vouchers.take_back``)."""
+    rows = repository.voucher_entries(session, [invoice.customer_id])[invoice.customer_id]
+    entries = ledger(rows)
+    earned = [
+        e
+        for e in entries
+        if e.kind is EntryKind.ISSUED and e.source == "tier" and e.invoice_id == str(invoice.id)
+    ]
+    reason = f"earned by voided invoice {invoice.number}: its replacement earns it again"
+    revoked = take_back(earned, entries, epoch(now), str(invoice.id), reason)
+    repository.insert_entries(session, [_entry_row(e, invoice) for e in revoked])
 
 
 def mark_invoice_paid(session: Session, invoice: Invoice, paid_at: datetime) -> Invoice:
@@ -472,7 +512,8 @@ def _publish(session: Session, event_type: str, invoice: Invoice, **extra: str) 
         "currency": invoice.currency,
         "subtotal": money(invoice.subtotal, invoice.currency),
         "tax": money(invoice.tax, invoice.currency),
-        "total": money(invoice.total, invoice.currency),
+        "total": money(invoice.subtotal + invoice.tax, invoice.currency),
+        "amount_due": money(invoice.total, invoice.currency),
         **{name: at.isoformat() for name, at in stamps.items() if at is not None},
         **extra,
     }
@@ -550,7 +591,7 @@ def _build(
 def _check_storable(built: BuiltInvoice) -> None:
     """Every amount of the invoice (each line, so each sum of them) fits its columns. Prices
     are bounded where they enter so one rental always fits, but a customer may hold many."""
-    if (gross := sum(abs(line.amount) for line in built.lines)) >= MONEY_LIMIT:
+    if (gross := sum((abs(line.amount) for line in built.lines), Decimal(0))) >= MONEY_LIMIT:
         raise ValueError(
             f"the invoice's amounts ({display(gross, built.currency)} in all) exceed what an "
             f"invoice holds (below {MONEY_LIMIT:,f}): check the prices and GPU counts of its "

@@ -101,6 +101,24 @@ def add_output(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_yes(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--yes", action="store_true", help=f"{what} without asking (for scripts)")
+
+
+def confirmed(args: argparse.Namespace, question: str) -> bool:
+    """``--yes``, or the operator's "y" to ``question`` at a terminal; without a terminal (a
+    script) nothing is asked and the answer is no, with a word on how to say yes."""
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        print(
+            f"{question} Not confirmed: pass --yes to confirm without a terminal.", file=sys.stderr
+        )
+        return False
+    print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
 def add_paging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--limit",

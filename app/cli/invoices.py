@@ -16,7 +16,9 @@ from app.cli.common import (
     Group,
     add_output,
     add_paging,
+    add_yes,
     command,
+    confirmed,
     field_of,
     group,
     identifier,
@@ -72,6 +74,7 @@ INVOICE_COLUMNS = [
     Column("PERIOD", lambda i: i.period),
     Column("STATUS", lambda i: i.status.value),
     Column("TOTAL", lambda i: _money(i.total, i), right=True),
+    Column("AMOUNT DUE", lambda i: _money(i.amount_due, i), right=True),
     Column("DUE", lambda i: i.due_at),
 ]
 
@@ -123,6 +126,7 @@ def print_invoice(invoice: InvoiceRead, as_json: bool) -> None:
             ("subtotal", _money(invoice.subtotal, invoice)),
             ("tax", f"{_money(invoice.tax, invoice)} ({percent(invoice.tax_rate)})"),
             ("total", _money(invoice.total, invoice)),
+            ("amount due", f"{_money(invoice.amount_due, invoice)} (total less prepaid balance)"),
         ]
     )
     print()
@@ -159,6 +163,17 @@ def cmd_invoices_void(args: argparse.Namespace) -> int:
     from app.billing.service import get_invoice, void_invoice
     from app.wiring import install as install_subscribers
 
+    with transaction(args) as session:
+        shown = InvoiceRead.of(get_invoice(session, args.invoice_id, OPERATOR))
+    question = (
+        f"Void invoice {shown.number or '(draft)'} of customer {shown.customer_id} for "
+        f"{shown.period} (amount due {_money(shown.amount_due, shown)})? Its number stays "
+        "used, the vouchers it used come back, those it earned and nobody spent are taken "
+        "back, and a run of the period drafts a replacement."
+    )
+    if not confirmed(args, question):
+        print("not voided", file=sys.stderr)
+        return 1
     install_subscribers()  # voiding queues the Stripe mirror, webhooks
     with transaction(args) as session:
         invoice = get_invoice(session, args.invoice_id, OPERATOR, lock=True)
@@ -204,6 +219,7 @@ def add_invoices(commands: Group) -> None:
         required=True,
         help="why, kept with the invoice",
     )
+    add_yes(void, "void")
     for one in (shown, finalize, void):
         one.add_argument("invoice_id", type=identifier("an invoice"), help="the invoice's id")
         add_output(one)

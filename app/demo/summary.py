@@ -57,11 +57,14 @@ class PeriodSummary:
 
 
 def summarise(invoices: list[dict[str, Any]], period: str) -> PeriodSummary:
+    """The period's live invoices: a void one was replaced (or bills nothing), so counting it
+    would bill its usage twice."""
+    live = [i for i in invoices if i["status"] != "void"]
     return PeriodSummary(
         period=period,
-        statuses=[i["status"] for i in invoices],
-        lines=[line for i in invoices for line in i["lines"]],
-        totals=sum((Decimal(i["total"]) for i in invoices), Decimal(0)),
+        statuses=[i["status"] for i in live],
+        lines=[line for i in live for line in i["lines"]],
+        totals=sum((Decimal(i["total"]) for i in live), Decimal(0)),
     )
 
 

@@ -3,21 +3,30 @@ returned on void, never below zero, balance.low when it falls below the threshol
 
 from __future__ import annotations
 
+import html
+import io
 import re
 import uuid
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 import pytest
+from pypdf import PdfReader
 from sqlalchemy import Engine
 
 from app.balances import service
+from app.billing import service as billing_service
+from app.billing.html import Seller, invoice_document
+from app.billing.schemas import InvoiceRead
+from app.cli.common import OPERATOR
 from app.core.db import transaction
 from app.core.errors import Conflict
 from app.customers.models import Customer
+from app.dashboard.pdf import render as render_pdf
 from app.settings import get_settings
 from tests.billing.world import get, write_telemetry
-from tests.harness import Console, bearer
+from tests.harness import Console, Ran, bearer
 
 pytestmark = pytest.mark.usefixtures("trial")
 
@@ -100,10 +109,11 @@ def test_balance_pays_after_vouchers_and_tax_once(console: Console, db: Engine) 
         ("tax", "0.95"),  # 19 % of 5.00: the voucher lowered the taxable amount, the balance not
         ("prepaid_balance", "-5.95"),
     ]
-    assert (invoice["subtotal"], invoice["tax"], invoice["total"]) == ("5.00", "0.95", "0.00")
+    totals = ("subtotal", "tax", "total", "amount_due")
+    assert tuple(invoice[k] for k in totals) == ("5.00", "0.95", "5.95", "0.00")
     assert balance(console, acme["id"])["balance"] == "4.05"
     again = finalize_october(console)  # the run again: finalized invoices are never touched
-    assert again["total"] == "0.00"
+    assert again["amount_due"] == "0.00"
     assert [e["kind"] for e in entries(console, acme["id"])] == ["applied", "trial"]
     assert balance(console, acme["id"])["balance"] == "4.05"
 
@@ -114,7 +124,7 @@ def test_balance_smaller_than_the_invoice_pays_part_and_reaches_zero(
     acme = october(console, db, hours=10)  # 20.00 + 3.80 tax = 23.80; 10.00 paid in advance
     invoice = finalize_october(console)
     assert kinds(invoice)[-2:] == [("tax", "3.80"), ("prepaid_balance", "-10.00")]
-    assert invoice["total"] == "13.80"
+    assert (invoice["total"], invoice["amount_due"]) == ("23.80", "13.80")
     assert balance(console, acme["id"])["balance"] == "0.00"
     [low] = [e for e in events(console) if e["type"] == "balance.low"]
     assert low["customer_id"] == acme["id"]
@@ -196,3 +206,39 @@ def test_amounts_and_the_balance_stay_within_a_bigint_of_cents(console: Console)
     )
     entry = console.post(path, {"amount": "5.00", "reason": "still works"})
     assert entry["balance"] == "600000000000015.00"
+
+
+def test_total_is_before_the_prepaid_balance_and_amount_due_after_it_everywhere(
+    console: Console, db: Engine, gpumeter: Callable[..., Ran]
+) -> None:
+    """As Stripe names them: total = subtotal + tax; amount due = total less the prepaid
+    balance. The API (list, invoice, amount-due), the CLI (list, show) and the invoice document
+    (HTML and PDF) say the same two figures under the same two names."""
+    october(console, db, hours=10)  # 20.00 + 3.80 tax = 23.80; 10.00 paid in advance
+    invoice = finalize_october(console)
+    figures = ("subtotal", "tax", "total", "amount_due")
+    assert tuple(invoice[k] for k in figures) == ("20.00", "3.80", "23.80", "13.80")
+    [listed] = get(console, "/v1/invoices")["items"]
+    assert tuple(listed[k] for k in figures) == ("20.00", "3.80", "23.80", "13.80")
+    due = get(console, f"/v1/invoices/{invoice['id']}/amount-due")
+    steps = {step["key"]: step["amount"] for step in due["steps"]}
+    assert (steps["total"], steps["prepaid"], steps["amount_due"]) == ("23.80", "-10.00", "13.80")
+    assert due["amount_due"] == "13.80"
+
+    rows = gpumeter("invoices", "list").out.splitlines()
+    assert re.split(r"\s{2,}", rows[0])[5:7] == ["TOTAL", "AMOUNT DUE"]
+    assert re.split(r"\s{2,}", rows[1])[5:7] == ["23.80 USD", "13.80 USD"]
+    shown = gpumeter("invoices", "show", invoice["id"]).out.splitlines()
+    assert "total       23.80 USD" in shown
+    assert "amount due  13.80 USD (total less prepaid balance)" in shown
+
+    with transaction(db) as session:
+        row = billing_service.get_invoice(session, uuid.UUID(invoice["id"]), OPERATOR)
+        customer = session.get_one(Customer, row.customer_id)
+        names = billing_service.rental_names(session, row)
+        document = invoice_document(InvoiceRead.of(row), customer, Seller.of(get_settings()), names)
+    page = console.client.get(f"/v1/invoices/{invoice['id']}/html", headers=console.headers)
+    pdf = "".join(p.extract_text() for p in PdfReader(io.BytesIO(render_pdf(document))).pages)
+    for text in (html.unescape(re.sub(r"<[^>]+>", "", page.text)), pdf):
+        flat = re.sub(r"\s+", "", text)
+        assert "Total$23.80Prepaidbalanceapplied-$10.00Amountdue$13.80" in flat

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from app.billing import run as billing_run
+from app.billing import service as billing_service
 from app.core.money import MAX_HOURLY_PRICE, MONEY_LIMIT
 from app.rentals.models import MAX_GPUS
 from app.schedule.service import tick
@@ -87,10 +89,8 @@ def test_the_scheduled_run_bills_a_zone_in_one_batch_and_reports_the_bad_custome
     console: Console, db: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     customers = _october_of_three(console, db, "price")
-    from app.billing import run as billing_run
-
     batches: list[int] = []
-    real = billing_run.draft_batch
+    real = billing_service.draft_batch
 
     def counted(session: Any, zone_customers: Any, *args: Any) -> Any:
         batches.append(len(zone_customers))

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from sqlalchemy import Engine
 
 from tests.billing.world import get, october_with_failure
@@ -84,17 +87,18 @@ def test_invoices_list_show_finalize_and_void_as_the_api_does(
 
     listed = gpumeter("invoices", "list")
     assert listed.code == 0, listed.err
-    assert listed.out.split()[:7] == [
+    assert re.split(r"\s{2,}", listed.out.splitlines()[0].strip()) == [
         "ID",
         "NUMBER",
         "CUSTOMER",
         "PERIOD",
         "STATUS",
         "TOTAL",
+        "AMOUNT DUE",
         "DUE",
     ]
     assert listed.rows() == [
-        [draft["id"], "-", customer_id, "2026-10", "draft", "2202.20 USD", "-"]
+        [draft["id"], "-", customer_id, "2026-10", "draft", "2202.20 USD", "2202.20 USD", "-"]
     ]
     as_json = gpumeter("invoices", "list", "--json")
     assert json.loads(as_json.out) == get(console, "/v1/invoices")
@@ -104,8 +108,8 @@ def test_invoices_list_show_finalize_and_void_as_the_api_does(
     shown = gpumeter("invoices", "show", draft["id"])
     assert shown.code == 0, shown.err
     header, lines = shown.out.split("\n\n")
-    assert "total      2202.20 USD" in header.splitlines()
-    assert "tax        351.61 USD (19 %)" in header.splitlines()
+    assert "total       2202.20 USD" in header.splitlines()
+    assert "tax         351.61 USD (19 %)" in header.splitlines()
     assert [row[:2] + row[-3:] for row in Ran(0, lines, "").rows()] == [
         ["0", "GPU time", "2678400", "2.49", "1852.56"],
         ["1", "Failure credit", "2820", "2.49", "-1.95"],
@@ -131,12 +135,12 @@ def test_invoices_list_show_finalize_and_void_as_the_api_does(
     assert (again.code, again.out) == (2, "")
     assert again.err == "gpumeter invoices finalize: invoice GM-2026-000001 is already finalized\n"
 
-    voided = gpumeter("invoices", "void", draft["id"], "--reason", "wrong rate")
+    voided = gpumeter("invoices", "void", draft["id"], "--reason", "wrong rate", "--yes")
     assert voided.code == 0, voided.err
-    assert "status     void" in voided.out.splitlines()
+    assert "status      void" in voided.out.splitlines()
     invoice = get(console, f"/v1/invoices/{draft['id']}")
     assert (invoice["status"], invoice["void_reason"]) == ("void", "wrong rate")
-    twice = gpumeter("invoices", "void", draft["id"], "--reason", "again")
+    twice = gpumeter("invoices", "void", draft["id"], "--reason", "again", "--yes")
     assert (twice.code, twice.err) == (
         2,
         "gpumeter invoices void: only a finalized invoice can be voided; this one is void\n",
@@ -162,3 +166,36 @@ def test_invoice_commands_refuse_unknown_ids_and_bad_arguments(
     assert (
         "argument --status: give one of draft, finalized, paid, void, not 'open'" in bad_status.err
     )
+
+
+class _Terminal(io.StringIO):
+    """An operator's terminal typing ``answer``."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_invoices_void_asks_for_confirmation_or_yes(
+    console: Console, db: Engine, gpumeter: Callable[..., Ran], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    october_with_failure(console, db)
+    run = gpumeter("invoices", "run", "--period", "2026-10", "--finalize")
+    assert run.code == 0, run.err
+    [invoice] = get(console, "/v1/invoices")["items"]
+    void = ("invoices", "void", invoice["id"], "--reason", "wrong rate")
+
+    scripted = gpumeter(*void)  # no terminal and no --yes: nothing is voided
+    assert (scripted.code, scripted.out) == (1, "")
+    assert f"Void invoice GM-2026-000001 of customer {invoice['customer_id']} for 2026-10 " in (
+        scripted.err
+    )
+    assert "(amount due 2202.20 USD)" in scripted.err
+    assert "pass --yes to confirm" in scripted.err and scripted.err.endswith("not voided\n")
+    monkeypatch.setattr("sys.stdin", _Terminal("n\n"))
+    declined = gpumeter(*void)
+    assert declined.code == 1 and "[y/N]" in declined.err
+    assert get(console, f"/v1/invoices/{invoice['id']}")["status"] == "finalized"
+
+    monkeypatch.setattr("sys.stdin", _Terminal("y\n"))
+    assert gpumeter(*void).code == 0
+    assert get(console, f"/v1/invoices/{invoice['id']}")["status"] == "void"

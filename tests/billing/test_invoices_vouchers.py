@@ -72,11 +72,14 @@ def test_vouchers_over_october_and_november(
 
     console.post(f"/v1/invoices/{november['id']}/void", {"reason": "duplicate"}, 200)
     entries, balance = _ledger(console, customer)
-    assert balance == "2037.55"  # what November consumed comes back, as new vouchers
+    # What November consumed comes back, as new vouchers; the 259.96 it earned (unspent) is
+    # taken back: 304.51 + 1500.00 + 233.04 - 259.96.
+    assert balance == "1777.59"
     assert [e for e in entries if e[2] == "reissue"] == [
         ("issued", "1500.00", "reissue"),
         ("issued", "233.04", "reissue"),
     ]
+    assert [e for e in entries if e[0] == "revoked"] == [("revoked", "259.96", "tier")]
 
 
 def test_a_voucher_granted_after_the_period_reaches_its_invoice(

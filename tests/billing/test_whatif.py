@@ -1,4 +1,5 @@
 from decimal import Decimal
+from pathlib import Path
 
 from app.billing.core.domain import Assignment, Migration, RatingInputs
 from app.billing.core.whatif import what_if
@@ -55,3 +56,41 @@ def test_short_incident_is_billed_at_least_the_manual_recovery_time() -> None:
     assert row.without_credits.amount == Decimal("1792.80") + Decimal("1.51")
     # 600 s x 2.49 / 3600 = 0.415 -> 0.42 (half-up); the 30-s window 0.02075 -> 0.02.
     assert row.with_credits.amount == Decimal("1792.80") - Decimal("0.42") - Decimal("0.02")
+
+
+def _fully_credited_session() -> RatingInputs:
+    """The README's worked example: 3.60/h (0.001 $/s), 60-s increment, 1-h minimum per
+    session. GPU A fails for its whole 10-minute session; the rental goes on on GPU B for 2 h."""
+    plan = usd_plan("3.60", increment_s=60, minimum_s=3600)
+    assignments = [Assignment("r1", "A", 0, 600), Assignment("r1", "B", 600, 7800)]
+    segments = {"A": [failed("A", 0, 600)], "B": [healthy("B", 600, 7800)]}
+    return RatingInputs([rental(plan)], assignments, segments, {}, [], MONTH)
+
+
+def test_a_session_none_of_whose_seconds_was_billed_bills_no_minimum() -> None:
+    """With credits, A bills nothing (no minimum): 7.20 for B's 2 h. Without automatic credits
+    A's 600 s are billed and raised to its 1-h minimum: 3.60 + 7.20 = 10.80. The columns then
+    differ by 3.60, more than the 0.60 of downtime (elsewhere they differ by the downtime)."""
+    for manual_recovery_s in (0, 2820):  # A's top-up to 2,820 s counts towards the minimum
+        table = what_if(_fully_credited_session(), manual_recovery_s=manual_recovery_s)
+        for row in table.rows:
+            assert (row.with_credits.amount, row.with_credits.billed_s) == (
+                Decimal("7.20"),
+                7200,
+            )
+            assert (row.without_credits.amount, row.without_credits.billed_s) == (
+                Decimal("10.80"),
+                10800,
+            )
+            assert row.difference == Decimal("3.60") > Decimal("0.60")
+
+
+def test_the_readme_states_the_no_minimum_rule_with_its_worked_example() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    rules = readme[readme.index("## Billing rules") : readme.index("## Development")]
+    assert "**A session none of whose seconds was billed bills nothing: no minimum**" in rules
+    [row] = {
+        (r.with_credits.amount, r.without_credits.amount, r.difference)
+        for r in what_if(_fully_credited_session()).rows
+    }
+    assert "with credits **{}**, without **{}**: they differ by **{}**".format(*row) in rules

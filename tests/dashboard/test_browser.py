@@ -174,7 +174,7 @@ def test_customer_journey(server: str, browser: Browser, console: Console, seede
     shoot(page, "invoices")
     page.get_by_role("link", name=seeded.invoice["number"]).click()
     expect(page.locator('[data-api="steps.amount_due"]')).to_have_text(
-        euros(seeded.invoice["total"])
+        euros(seeded.invoice["amount_due"])
     )
     shoot(page, "invoice")
     at_phone_width_nothing_is_cut_off(page, "table.lines td")
@@ -182,7 +182,7 @@ def test_customer_journey(server: str, browser: Browser, console: Console, seede
         page.get_by_role("link", name="Download PDF").click()
     pdf = PdfReader(io.BytesIO(Path(download.value.path()).read_bytes()))
     text = "\n".join(p.extract_text() for p in pdf.pages)
-    assert seeded.invoice["number"] in text and euros(seeded.invoice["total"]) in text
+    assert seeded.invoice["number"] in text and euros(seeded.invoice["amount_due"]) in text
     download.value.save_as(SHOTS / "invoice.pdf")
 
     page.get_by_role("link", name="What-if").click()

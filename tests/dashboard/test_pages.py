@@ -179,7 +179,7 @@ def test_invoice_page_and_pdf_show_the_invoice_total(client: TestClient, seeded:
     inv = seeded.invoice
     headers = bearer(seeded.acme.key)
     html = client.get(f"/dashboard/invoices/{inv['id']}", headers=headers).text
-    total = f"€{Decimal(inv['total']):,.2f}"
+    total = f"€{Decimal(inv['amount_due']):,.2f}"
     assert f'data-api="steps.amount_due">{total}<' in html and inv["number"] in html
     response = client.get(f"/dashboard/invoices/{inv['id']}/pdf", headers=headers)
     assert response.headers["content-type"] == "application/pdf"

@@ -81,6 +81,7 @@ def test_invoice_lifecycle_and_migration_are_events_with_their_facts(
         "subtotal": final["subtotal"],
         "tax": final["tax"],
         "total": final["total"],
+        "amount_due": final["amount_due"],
         "finalized_at": "2026-11-05T12:00:00+00:00",
     }
     assert isinstance(finalized["data"]["total"], str)  # money is never a float

@@ -8,6 +8,8 @@ API:
     apply_vouchers(open_vouchers, amount_due, as_of, invoice_id) -> (applications, expirations)
     balance(entries) -> Decimal
     usable(open_vouchers, as_of) -> Decimal
+    take_back(earned, entries, at, invoice_id, reason) -> list[VoucherEntry]
+    earned_again(tier, voided, entries, void_invoice_ids, invoice_id) -> list[VoucherEntry]
 
 Rules:
 * Amounts in entries are always positive; a voucher's remaining balance is
@@ -24,10 +26,20 @@ Rules:
   dated at their expiry (never later than ``as_of``, so never in the future); the rest apply
   oldest expiry first (then by id), each taking min(remaining, amount still due), never
   taking the amount due below zero.
+* Void and replacement: voiding an invoice takes back what is left of the vouchers it earned
+  (and of their reissues: a consumed voucher that a void returned, ``reissue:<invoice>:<id>``)
+  as ``revoked`` entries; what was spent of them stays spent. The replacement invoice of the
+  same period earns its tier vouchers again at its finalization, less what was spent of the
+  voided invoice's (applied to invoices that are not void), under the id
+  ``tier:<rental>:<period start>:<invoice>``: the customer never holds a period's tier voucher
+  twice, nor loses what the replacement earns. When the replacement earns less than was spent
+  already, it issues nothing and the customer keeps the difference (a voucher is never
+  negative; billing operations may correct it on a later invoice).
 """
 
+import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
@@ -43,6 +55,7 @@ class EntryKind(StrEnum):
     ISSUED = "issued"
     APPLIED = "applied"
     EXPIRED = "expired"
+    REVOKED = "revoked"  # taken back by voiding the invoice that earned it
 
 
 @dataclass(frozen=True)
@@ -173,3 +186,73 @@ def balance(entries: Iterable[VoucherEntry]) -> Decimal:
 def usable(vouchers: Iterable[OpenVoucher], as_of: int) -> Decimal:
     """What is left of the vouchers not expired at ``as_of`` (what an invoice could take)."""
     return sum((v.remaining for v in vouchers if v.expires_at > as_of), Decimal(0))
+
+
+def family(voucher_id: str, entries: Iterable[VoucherEntry]) -> list[VoucherEntry]:
+    """The entries of a voucher and of those reissued from it (their ids end in ``:<id>``)."""
+    return [
+        e for e in entries if e.voucher_id == voucher_id or e.voucher_id.endswith(f":{voucher_id}")
+    ]
+
+
+def take_back(
+    earned: Iterable[VoucherEntry],
+    entries: Sequence[VoucherEntry],
+    at: int,
+    invoice_id: str,
+    reason: str,
+) -> list[VoucherEntry]:
+    """``revoked`` entries for what is left of the ``earned`` vouchers and their reissues."""
+    related = [e for voucher in earned for e in family(voucher.voucher_id, entries)]
+    return [
+        VoucherEntry(
+            EntryKind.REVOKED,
+            v.voucher_id,
+            v.customer_id,
+            v.remaining,
+            at,
+            reason=reason,
+            invoice_id=invoice_id,
+        )
+        for v in open_vouchers(related)
+    ]
+
+
+def earned_again(
+    tier: Iterable[VoucherEntry],
+    voided: Sequence[VoucherEntry],
+    entries: Sequence[VoucherEntry],
+    void_invoice_ids: Collection[str],
+    invoice_id: str,
+) -> list[VoucherEntry]:
+    """A replacement invoice's ``tier`` vouchers: those whose rental and period a voided
+    invoice earned (``voided``, its issued tier entries) under an id of this invoice, less
+    what was spent of the voided ones on invoices that are not void; none left, none issued."""
+    again = []
+    for voucher in tier:
+        before = [
+            v
+            for v in voided
+            if v.voucher_id.startswith(f"{voucher.voucher_id}:")
+            or v.voucher_id == voucher.voucher_id
+        ]
+        if not before:
+            again.append(voucher)
+            continue
+        spent = sum(
+            (
+                e.amount
+                for v in before
+                for e in family(v.voucher_id, entries)
+                if e.kind is EntryKind.APPLIED and e.invoice_id not in void_invoice_ids
+            ),
+            Decimal(0),
+        )
+        if (amount := voucher.amount - spent) > 0:
+            used = f", less {spent.normalize():f} used of the voided invoice's" if spent else ""
+            reason = voucher.reason + used
+            voucher_id = f"{voucher.voucher_id}:{invoice_id}"
+            again.append(
+                dataclasses.replace(voucher, voucher_id=voucher_id, amount=amount, reason=reason)
+            )
+    return again

@@ -22,6 +22,10 @@ Rules:
   Billed downtime = max(incident seconds, ``manual_recovery_s``): the top-up
   (manual_recovery_s - incident seconds, if positive) is priced at the incident's last
   second, rounded as its own line and not subject to increments.
+* A session none of whose seconds was billed costs nothing with credits (no minimum:
+  ``rating``). Without automatic credits its downtime is billed, so the increment and the
+  minimum apply to it like to any session (its top-ups count towards the minimum), priced at
+  its last downtime second: there the two columns differ by more than the downtime.
 * Amounts exclude vouchers and tax, which would mask the comparison.
 """
 
@@ -128,8 +132,35 @@ def _without_credits(
             top_up = max(manual_recovery_s - (end - start), 0)
             seconds += top_up
             cost += time_amount(top_up, price_at(r.rental, end - 1), currency)
+        for extra_s, priced_at in _minimums(r, manual_recovery_s):
+            seconds += extra_s
+            cost += time_amount(extra_s, price_at(r.rental, priced_at), currency)
         amount += _capped(r, cost)
     return WhatIfCell(amount, seconds)
+
+
+def _minimums(rated: RatedRental, manual_recovery_s: int) -> Iterator[tuple[int, int]]:
+    """(seconds, priced at) that the increment and the minimum add, without automatic credits,
+    to each session none of whose seconds was billed. With credits such a session bills
+    nothing, no minimum (``rating``); billed its downtime, it is rounded like any session, its
+    incidents' top-ups counting towards the minimum. Sessions with billed seconds were rounded
+    with their credited seconds already, so their charge lines hold for both columns."""
+    plan = rated.rental.plan
+    for session in rated.sessions:
+        if session.billed_s:
+            continue
+        down = [
+            p
+            for p in rated.pieces
+            if p.gpu_uuid == session.gpu_uuid
+            and session.start <= p.start < session.end
+            and p.bucket in _DOWNTIME
+        ]
+        down_s = sum(p.seconds for p in down)
+        top_ups = sum(max(manual_recovery_s - (end - start), 0) for start, end in _incidents(down))
+        rounded_s = max(-(-down_s // plan.increment_s) * plan.increment_s, plan.minimum_s)
+        if down_s and (extra_s := rounded_s - down_s - top_ups) > 0:
+            yield extra_s, max(p.end for p in down) - 1
 
 
 def _capped(rated: RatedRental, cost: Decimal) -> Decimal:

@@ -7,12 +7,9 @@ Cost to date is rated as the invoice would be (credits and the cap included), wi
 prorated over the whole billing period's seconds, not the days so far: the allowance earned
 to date (``RatedRental.cap_allowance``) is shown per rental, and cost to date never exceeds it.
 
-Forecast (per rental still running at ``as_of``): the uncapped cost to date and the cap
-allowance to date are each extrapolated by (elapsed + remaining) / elapsed, where elapsed
-runs from the rental's start within the period to ``as_of`` and remaining from ``as_of`` to
-the rental's end within the period; the forecast is the smaller, rounded once. Finished
-rentals forecast their cost to date. So a steady rental forecasts its full month, and the
-forecast meets the invoice at period end.
+Forecast: ``FORECAST_ASSUMES`` (per rental: ``_forecast``). So a steady rental forecasts its
+full month, a failure burst lowers it by the seconds credited so far only, a rental's known end
+stops it there, and the forecast meets the invoice at period end.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ from typing import TypeVar
 from sqlalchemy.orm import Session
 
 from app.billing import repository, rollups
-from app.billing.core.domain import Bucket
+from app.billing.core.domain import Bucket, RentalInput
 from app.billing.core.effective import EffectiveUsage, effective_of, minute_spans
 from app.billing.core.lines import LineKind
 from app.billing.core.rating import RatedRental
@@ -63,6 +60,11 @@ from app.metering.repository import idle_minutes
 from app.settings import Settings
 
 T = TypeVar("T")
+FORECAST_ASSUMES = (
+    "the cost so far, plus every running rental's GPUs at the current price until the month "
+    "ends (or the rental's scheduled end), with no further failures credited, the monthly cap "
+    "applied as on the invoice, and no new rentals"
+)
 # The credits the what-if compares against a manual process (``whatif``'s rule).
 _AUTOMATIC = frozenset({LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT})
 
@@ -293,17 +295,41 @@ class Forecast:
 
 
 def _forecast(rated: RatedRental, as_of: int, period_end: int, currency: str) -> Forecast:
-    rental, start = rated.rental, rated.bounds[0]
-    elapsed, remaining = as_of - start, rental.end_by(period_end) - as_of
-    if elapsed <= 0 or remaining <= 0:
+    """``FORECAST_ASSUMES``: the cost to date, plus each running rental's GPUs at the price
+    (and cap share) in effect over the rest of its time in the period, as if nothing more
+    failed; the smaller of the uncapped and the capped projection, rounded once."""
+    rental = rated.rental
+    start, end = max(as_of, rental.rental_start), rental.end_by(period_end)
+    if start >= end:
         return Forecast(rated.net, rated.net < rated.uncapped_net)
-    # cost + cost / elapsed x remaining, exact until the one rounding.
-    scale = Fraction(elapsed + remaining, elapsed)
-    projected = Fraction(rated.uncapped_net) * scale
-    capped = None if rated.cap_allowance is None else Fraction(rated.cap_allowance) * scale
-    if capped is not None and capped < projected:
-        return Forecast(round_money(capped, currency), True)
+    charge, cap = _still_to_come(rental, start, end, rated.period_s)
+    projected = Fraction(rated.uncapped_net) + charge
+    if rated.cap_allowance is not None and cap is not None:
+        capped = Fraction(rated.cap_allowance) + cap
+        if capped < projected:
+            return Forecast(round_money(capped, currency), True)
     return Forecast(round_money(projected, currency), False)
+
+
+def _still_to_come(
+    rental: RentalInput, start: int, end: int, period_s: int
+) -> tuple[Fraction, Fraction | None]:
+    """The rental's charge over [start, end) at its plan's prices, and its cap allowance over
+    the same seconds (None where a price in it has no cap)."""
+    points = rental.plan.price_points(rental.gpu_model)
+    charge, cap = Fraction(0), Fraction(0) if period_s else None
+    for point, following in zip(points, [*points[1:], None], strict=True):
+        until = end if following is None else min(end, following.effective_from)
+        seconds = until - max(start, point.effective_from)
+        if seconds <= 0:
+            continue
+        gpu_seconds = seconds * rental.gpu_count
+        charge += Fraction(point.price_per_hour) * gpu_seconds / 3600
+        if cap is not None and point.monthly_cap_per_gpu is not None:
+            cap += Fraction(point.monthly_cap_per_gpu) * gpu_seconds / period_s
+        else:
+            cap = None
+    return charge, cap
 
 
 def _buckets(rated: Sequence[RatedRental]) -> dict[str, int]:

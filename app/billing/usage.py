@@ -7,9 +7,11 @@ Cost to date is rated as the invoice would be (credits and the cap included), wi
 prorated over the whole billing period's seconds, not the days so far: the allowance earned
 to date (``RatedRental.cap_allowance``) is shown per rental, and cost to date never exceeds it.
 
-Forecast: ``FORECAST_ASSUMES`` (per rental: ``_forecast``). So a steady rental forecasts its
-full month, a failure burst lowers it by the seconds credited so far only, a rental's known end
-stops it there, and the forecast meets the invoice at period end.
+Forecast: ``FORECAST_ASSUMES`` (per rental: ``_forecast``; the month's additions: ``_growth``).
+So a steady rental forecasts its full month, a failure burst lowers it by the seconds credited
+so far only, a rental's booked end stops it there, a customer adding GPUs day by day is
+forecast to go on adding them, and the forecast meets the invoice at period end.
+``bench/forecast.py`` measures it against final invoices.
 """
 
 from __future__ import annotations
@@ -62,8 +64,9 @@ from app.settings import Settings
 T = TypeVar("T")
 FORECAST_ASSUMES = (
     "the cost so far, plus every running rental's GPUs at the current price until the month "
-    "ends (or the rental's scheduled end), with no further failures credited, the monthly cap "
-    "applied as on the invoice, and no new rentals"
+    "ends (or the rental's scheduled end), with no further failures credited and the monthly "
+    "cap applied as on the invoice; rentals without an end started this month keep being "
+    "added at the pace they were so far"
 )
 # The credits the what-if compares against a manual process (``whatif``'s rule).
 _AUTOMATIC = frozenset({LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT})
@@ -110,7 +113,11 @@ def usage_and_rated(
         buckets_s=_buckets(rated),
         effective=_effective(sum(effective, EffectiveUsage(0, 0, 0))),
         cost_to_date=money(sum((r.net for r in rated), zero), currency),
-        forecast=money(sum((f.amount for f in forecasts), zero), currency),
+        forecast=money(
+            sum((f.amount for f in forecasts), zero)
+            + round_money(_growth(rated, period.span, span[1]), currency),
+            currency,
+        ),
         forecast_is_cap=any(f.is_cap for f in forecasts),
         vouchers=voucher_ledger(session, customer, now),
         rentals=[
@@ -330,6 +337,30 @@ def _still_to_come(
         else:
             cap = None
     return charge, cap
+
+
+def _growth(rated: Sequence[RatedRental], period: tuple[int, int], as_of: int) -> Fraction:
+    """New rentals at the month's pace so far. The open-ended rentals that started after the
+    period's first second and still run are the month's additions; from the second on, each
+    adds its GPUs' rate (price, or cap share where lower) over the time since the first (one
+    addition alone is no pace). That pace, kept up over the R seconds left, adds
+    pace x R^2 / 2: each new GPU runs from its start to the period's end."""
+    left = period[1] - as_of
+    added = sorted(
+        (r.rental.rental_start, _rate_at(r, as_of))
+        for r in rated
+        if r.rental.rental_end is None and period[0] < r.rental.rental_start <= as_of
+    )
+    if len(added) < 2 or left <= 0 or added[-1][0] == added[0][0]:
+        return Fraction(0)
+    pace = sum(rate for _, rate in added[1:]) / (added[-1][0] - added[0][0])
+    return pace * left * left / 2
+
+
+def _rate_at(rated: RatedRental, moment: int) -> Fraction:
+    """The rental's cost per second at ``moment``: its price, or its cap share where lower."""
+    charge, cap = _still_to_come(rated.rental, moment, moment + 1, rated.period_s)
+    return charge if cap is None else min(charge, cap)
 
 
 def _buckets(rated: Sequence[RatedRental]) -> dict[str, int]:

@@ -7,12 +7,11 @@ Cost to date is rated as the invoice would be (credits and the cap included), wi
 prorated over the whole billing period's seconds, not the days so far: the allowance earned
 to date (``RatedRental.cap_allowance``) is shown per rental, and cost to date never exceeds it.
 
-Forecast (per rental still running at ``as_of``): the uncapped cost to date and the cap
-allowance to date are each extrapolated by (elapsed + remaining) / elapsed, where elapsed
-runs from the rental's start within the period to ``as_of`` and remaining from ``as_of`` to
-the rental's end within the period; the forecast is the smaller, rounded once. Finished
-rentals forecast their cost to date. So a steady rental forecasts its full month, and the
-forecast meets the invoice at period end.
+Forecast: ``FORECAST_ASSUMES`` (per rental: ``_forecast``; the month's additions: ``_growth``).
+So a steady rental forecasts its full month, a failure burst lowers it by the seconds credited
+so far only, a rental's booked end stops it there, a customer adding GPUs day by day is
+forecast to go on adding them, and the forecast meets the invoice at period end.
+``bench/forecast.py`` measures it against final invoices.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from typing import TypeVar
 from sqlalchemy.orm import Session
 
 from app.billing import repository, rollups
-from app.billing.core.domain import Bucket
+from app.billing.core.domain import Bucket, RentalInput
 from app.billing.core.effective import EffectiveUsage, effective_of, minute_spans
 from app.billing.core.lines import LineKind
 from app.billing.core.rating import RatedRental
@@ -63,6 +62,12 @@ from app.metering.repository import idle_minutes
 from app.settings import Settings
 
 T = TypeVar("T")
+FORECAST_ASSUMES = (
+    "the cost so far, plus every running rental's GPUs at the current price until the month "
+    "ends (or the rental's scheduled end), with no further failures credited and the monthly "
+    "cap applied as on the invoice; rentals without an end started this month keep being "
+    "added at the pace they were so far"
+)
 # The credits the what-if compares against a manual process (``whatif``'s rule).
 _AUTOMATIC = frozenset({LineKind.FAILURE_CREDIT, LineKind.MIGRATION_CREDIT, LineKind.STALL_CREDIT})
 
@@ -108,7 +113,11 @@ def usage_and_rated(
         buckets_s=_buckets(rated),
         effective=_effective(sum(effective, EffectiveUsage(0, 0, 0))),
         cost_to_date=money(sum((r.net for r in rated), zero), currency),
-        forecast=money(sum((f.amount for f in forecasts), zero), currency),
+        forecast=money(
+            sum((f.amount for f in forecasts), zero)
+            + round_money(_growth(rated, period.span, span[1]), currency),
+            currency,
+        ),
         forecast_is_cap=any(f.is_cap for f in forecasts),
         vouchers=voucher_ledger(session, customer, now),
         rentals=[
@@ -293,17 +302,65 @@ class Forecast:
 
 
 def _forecast(rated: RatedRental, as_of: int, period_end: int, currency: str) -> Forecast:
-    rental, start = rated.rental, rated.bounds[0]
-    elapsed, remaining = as_of - start, rental.end_by(period_end) - as_of
-    if elapsed <= 0 or remaining <= 0:
+    """``FORECAST_ASSUMES``: the cost to date, plus each running rental's GPUs at the price
+    (and cap share) in effect over the rest of its time in the period, as if nothing more
+    failed; the smaller of the uncapped and the capped projection, rounded once."""
+    rental = rated.rental
+    start, end = max(as_of, rental.rental_start), rental.end_by(period_end)
+    if start >= end:
         return Forecast(rated.net, rated.net < rated.uncapped_net)
-    # cost + cost / elapsed x remaining, exact until the one rounding.
-    scale = Fraction(elapsed + remaining, elapsed)
-    projected = Fraction(rated.uncapped_net) * scale
-    capped = None if rated.cap_allowance is None else Fraction(rated.cap_allowance) * scale
-    if capped is not None and capped < projected:
-        return Forecast(round_money(capped, currency), True)
+    charge, cap = _still_to_come(rental, start, end, rated.period_s)
+    projected = Fraction(rated.uncapped_net) + charge
+    if rated.cap_allowance is not None and cap is not None:
+        capped = Fraction(rated.cap_allowance) + cap
+        if capped < projected:
+            return Forecast(round_money(capped, currency), True)
     return Forecast(round_money(projected, currency), False)
+
+
+def _still_to_come(
+    rental: RentalInput, start: int, end: int, period_s: int
+) -> tuple[Fraction, Fraction | None]:
+    """The rental's charge over [start, end) at its plan's prices, and its cap allowance over
+    the same seconds (None where a price in it has no cap)."""
+    points = rental.plan.price_points(rental.gpu_model)
+    charge, cap = Fraction(0), Fraction(0) if period_s else None
+    for point, following in zip(points, [*points[1:], None], strict=True):
+        until = end if following is None else min(end, following.effective_from)
+        seconds = until - max(start, point.effective_from)
+        if seconds <= 0:
+            continue
+        gpu_seconds = seconds * rental.gpu_count
+        charge += Fraction(point.price_per_hour) * gpu_seconds / 3600
+        if cap is not None and point.monthly_cap_per_gpu is not None:
+            cap += Fraction(point.monthly_cap_per_gpu) * gpu_seconds / period_s
+        else:
+            cap = None
+    return charge, cap
+
+
+def _growth(rated: Sequence[RatedRental], period: tuple[int, int], as_of: int) -> Fraction:
+    """New rentals at the month's pace so far. The open-ended rentals that started after the
+    period's first second and still run are the month's additions; from the second on, each
+    adds its GPUs' rate (price, or cap share where lower) over the time since the first (one
+    addition alone is no pace). That pace, kept up over the R seconds left, adds
+    pace x R^2 / 2: each new GPU runs from its start to the period's end."""
+    left = period[1] - as_of
+    added = sorted(
+        (r.rental.rental_start, _rate_at(r, as_of))
+        for r in rated
+        if r.rental.rental_end is None and period[0] < r.rental.rental_start <= as_of
+    )
+    if len(added) < 2 or left <= 0 or added[-1][0] == added[0][0]:
+        return Fraction(0)
+    pace = sum(rate for _, rate in added[1:]) / (added[-1][0] - added[0][0])
+    return pace * left * left / 2
+
+
+def _rate_at(rated: RatedRental, moment: int) -> Fraction:
+    """The rental's cost per second at ``moment``: its price, or its cap share where lower."""
+    charge, cap = _still_to_come(rated.rental, moment, moment + 1, rated.period_s)
+    return charge if cap is None else min(charge, cap)
 
 
 def _buckets(rated: Sequence[RatedRental]) -> dict[str, int]:

@@ -8,8 +8,9 @@ from app.auth.deps import Admin, ConsoleUser
 from app.billing.endpoints import Now
 from app.billing.usage import UsageSettings
 from app.budgets import repository, service
-from app.budgets.schemas import BudgetCreate, BudgetRead, BudgetStatus, CheckRead
+from app.budgets.schemas import BudgetCreate, BudgetRead, BudgetStatus, BudgetUpdate, CheckRead
 from app.core.deps import AppSettings, DbSession
+from app.core.errors import error_responses
 from app.core.pagination import Page, Paging, page_of, paginate
 from app.customers.service import get_customer
 
@@ -37,6 +38,15 @@ def list_budgets(
 ) -> Page[BudgetRead]:
     customer = get_customer(session, customer_id, caller)
     return paginate(session, repository.budgets_query(customer.id), page, BudgetRead, BudgetRead.of)
+
+
+@router.patch("/v1/budgets/{budget_id}", responses=error_responses(404, 422))
+def update_budget(
+    budget_id: uuid.UUID, body: BudgetUpdate, session: DbSession, caller: ConsoleUser
+) -> BudgetRead:
+    """Change the budget's amount, thresholds or hard limit (its scope stays)."""
+    budget = service.get_budget(session, budget_id, caller)
+    return BudgetRead.of(service.update_budget(session, budget, body))
 
 
 @router.delete("/v1/budgets/{budget_id}")

@@ -41,6 +41,15 @@ class BudgetCreate(Schema):
     )
 
 
+class BudgetUpdate(Schema):
+    """A change of amount, thresholds or hard limit (a budget's scope stays: delete it and
+    create another); unset fields keep their value."""
+
+    amount: Amount | None = Field(default=None, description="Per billing month.")
+    thresholds: list[Threshold] | None = Field(default=None, min_length=1, max_length=20)
+    hard_limit: bool | None = None
+
+
 class BudgetRead(Schema):
     id: uuid.UUID
     customer_id: uuid.UUID
@@ -78,6 +87,7 @@ class BudgetStatus(Schema):
     used_percent: Decimal = Field(description="Spend as a percent of the amount, 1 decimal.")
     thresholds: list[ThresholdStatus]
     blocks_new_rentals: bool
+    forecast_assumes: str = Field(description="What the forecast takes for granted.")
 
 
 class CheckRead(Schema):

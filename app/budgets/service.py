@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.billing.loader import current_period
 from app.billing.schemas import UsageRead, money
-from app.billing.usage import UsageSettings, usage
+from app.billing.usage import FORECAST_ASSUMES, UsageSettings, usage
 from app.budgets import repository
 from app.budgets.models import Budget
 from app.budgets.schemas import (
@@ -27,6 +27,7 @@ from app.budgets.schemas import (
     BudgetCreate,
     BudgetRead,
     BudgetStatus,
+    BudgetUpdate,
     CheckRead,
     ThresholdStatus,
 )
@@ -68,6 +69,18 @@ def create_budget(
     session.add(budget)
     session.flush()
     session.refresh(budget)
+    return budget
+
+
+def update_budget(session: Session, budget: Budget, data: BudgetUpdate) -> Budget:
+    """Change what ``data`` sets; crossings already recorded stay (each is published once)."""
+    if data.amount is not None:
+        budget.amount = round_money(data.amount, budget.currency)
+    if data.thresholds is not None:
+        budget.thresholds = [t.model_dump(mode="json") for t in data.thresholds]
+    if data.hard_limit is not None:
+        budget.hard_limit = data.hard_limit
+    session.flush()
     return budget
 
 
@@ -114,6 +127,7 @@ def _status(budget: Budget, spend: UsageRead) -> BudgetStatus:
         blocks_new_rentals=budget.hard_limit
         and budget.rental_id is None
         and actual >= budget.amount,
+        forecast_assumes=FORECAST_ASSUMES,
     )
 
 

@@ -36,7 +36,9 @@ from app.billing import wording as billing_wording
 from app.billing.endpoints import Now
 from app.billing.html import Seller
 from app.billing.loader import PERIOD_PATTERN, BillingPeriod
-from app.billing.usage import UsageSettings
+from app.billing.usage import FORECAST_ASSUMES, UsageSettings
+from app.budgets import service as budget_service
+from app.budgets.models import Budget
 from app.core.browser import same_origin
 from app.core.db import transaction
 from app.core.deps import AppSettings, DbSession
@@ -61,6 +63,7 @@ from app.dashboard import (
     wording,
 )
 from app.dashboard.bands import ROW_H, WIDTH
+from app.dashboard.budgets import BudgetForm
 from app.settings import get_settings
 
 HERE = Path(__file__).parent
@@ -430,12 +433,18 @@ class Page:
     def period(self, name: str | None) -> BillingPeriod:
         return service.period_of(self.v.customer, name, self.now)
 
-    def render(self, template: str, **context: Any) -> Response:
+    def render(self, template: str, status_code: int = 200, **context: Any) -> Response:
         current = service.current_period_of(self.v.customer, self.now)
         period = context.get("period")
         closed = period is not None and service.is_closed(period, self.now)
         return _render(
-            self.request, template, v=self.v, current_period=current, closed=closed, **context
+            self.request,
+            template,
+            status_code,
+            v=self.v,
+            current_period=current,
+            closed=closed,
+            **context,
         )
 
 
@@ -567,6 +576,95 @@ def incidents_page(p: CustomerPage, period: PeriodParam = None) -> Response:
     credits = (c for i in found for c in (i.credited, i.stall_credited) if c)
     credited = sum((Decimal(c) for c in credits), Decimal(0))
     return p.render("incidents.html", period=billing_period, incidents=found, credited=credited)
+
+
+# --- budgets (the dashboard's one editable object) -----------------------------------------
+
+
+def form_page(
+    request: Request,
+    session: DbSession,
+    now: Now,
+    customer: Annotated[uuid.UUID | None, Query()] = None,
+) -> Page:
+    """A dashboard form's post, by the signed-in session (its cookie authenticates no other
+    POST): refused unless it came from this site's own page (``same_origin``; the Lax cookie is
+    not sent with another site's POST either)."""
+    same_origin(request)
+    claims = sessions.session_claims(request)
+    engine = request.app.state.engine
+    principal = None if claims is None else sessions.principal_from_claims(claims, engine)
+    if principal is None:
+        target = "/dashboard/sign-in?" + urlencode({"next": "/dashboard/budgets"})
+        raise HTTPException(303, "sign in first", headers={"Location": target})
+    return Page(request, session, service.viewer(session, principal, customer), now)
+
+
+FormPage = Annotated[Page, Depends(form_page)]
+FormFields = Annotated[dict[str, str], Depends(_form)]
+
+
+@pages.get("/budgets", name="budgets")
+def budgets_page(p: CustomerPage) -> Response:
+    return _budgets(p, BudgetForm.of(None))
+
+
+@pages.post("/budgets")
+def create_budget(p: FormPage, form: FormFields) -> Response:
+    body = BudgetForm.posted(form).create()
+    if isinstance(body, BudgetForm):
+        return _budgets(p, body, 422)
+    cap = get_settings().max_budgets_per_customer
+    budget_service.create_budget(p.session, p.v.customer, body, p.v.principal, cap)
+    return RedirectResponse(p.v.url("/dashboard/budgets"), status_code=303)
+
+
+@pages.get("/budgets/{budget_id}", name="budget")
+def budget_page(p: CustomerPage, budget_id: uuid.UUID) -> Response:
+    budget = service.customer_budget(p.session, p.v, budget_id)
+    return _budget(p, budget, BudgetForm.of(budget))
+
+
+@pages.post("/budgets/{budget_id}")
+def change_budget(p: FormPage, budget_id: uuid.UUID, form: FormFields) -> Response:
+    budget = service.customer_budget(p.session, p.v, budget_id)
+    body = BudgetForm.posted(form).update()
+    if isinstance(body, BudgetForm):
+        return _budget(p, budget, body, 422)
+    budget_service.update_budget(p.session, budget, body)
+    return RedirectResponse(p.v.url("/dashboard/budgets"), status_code=303)
+
+
+@pages.post("/budgets/{budget_id}/delete")
+def delete_budget(p: FormPage, budget_id: uuid.UUID) -> Response:
+    p.session.delete(service.customer_budget(p.session, p.v, budget_id))
+    return RedirectResponse(p.v.url("/dashboard/budgets"), status_code=303)
+
+
+def _budgets(p: Page, form: BudgetForm, status_code: int = 200) -> Response:
+    view = service.budgets_view(p.session, p.v, p.now, UsageSettings.of(get_settings()))
+    return p.render(
+        "budgets.html",
+        status_code=status_code,
+        period=view.period,
+        view=view,
+        form=form,
+        assumes=FORECAST_ASSUMES,
+    )
+
+
+def _budget(p: Page, budget: Budget, form: BudgetForm, status_code: int = 200) -> Response:
+    view = service.budgets_view(p.session, p.v, p.now, UsageSettings.of(get_settings()))
+    [status] = [s for s in view.statuses if s.budget.id == budget.id]
+    return p.render(
+        "budget.html",
+        status_code=status_code,
+        period=view.period,
+        view=view,
+        s=status,
+        form=form,
+        assumes=FORECAST_ASSUMES,
+    )
 
 
 @pages.get("/exports/{kind}", name="export")

@@ -31,6 +31,7 @@ from app.billing.html import InvoiceDocument, Seller, invoice_document, render_d
 from app.billing.loader import BillingPeriod, current_period, started_period
 from app.billing.usage import UsageSettings
 from app.budgets import service as budgets
+from app.budgets.models import Budget
 from app.budgets.schemas import BudgetStatus
 from app.core.epoch import epoch
 from app.core.errors import NotFound, Unprocessable, not_found
@@ -257,3 +258,31 @@ def customer_name(session: Session, customer_id: uuid.UUID | None) -> str:
     """The customer's name, for pages that name one the viewer may not be signed in to."""
     customer = None if customer_id is None else customer_by_id(session, customer_id)
     return "a customer that no longer exists" if customer is None else customer.name
+
+
+@dataclass(frozen=True)
+class BudgetsView:
+    statuses: list[BudgetStatus]  # each budget against the current month's spend
+    rentals: dict[uuid.UUID, str]  # the month's rentals a budget may name, with their labels
+    period: BillingPeriod
+
+
+def budgets_view(session: Session, v: Viewer, now: datetime, config: UsageSettings) -> BudgetsView:
+    """The budgets page: each budget's status this month, and the rentals one may cover."""
+    period = period_of(v.customer, None, now)
+    usage = budgets.current_spend(session, v.customer, now, config)
+    statuses = budgets.status(budgets.budgets_of(session, v.customer), usage)
+    start, end = (datetime.fromtimestamp(t, UTC) for t in period.span)
+    labels = rental_labels.labels_overlapping(session, v.customer.id, start, end, v.fmt)
+    named = {s.budget.rental_id for s in statuses if s.budget.rental_id is not None}
+    labels |= rental_labels.labels(session, v.customer.id, named - labels.keys(), v.fmt)
+    return BudgetsView(statuses, labels, period)
+
+
+def customer_budget(session: Session, v: Viewer, budget_id: uuid.UUID) -> Budget:
+    """One of the viewed customer's budgets; another customer's is a 404 (even to an admin
+    looking at this one)."""
+    budget = budgets.get_budget(session, budget_id, v.principal)
+    if budget.customer_id != v.customer.id:
+        raise not_found("budget", budget_id)
+    return budget

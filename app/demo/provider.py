@@ -3,7 +3,7 @@
 Two nodes of four simulated H100s (the agents' UUID scheme, so the live agents report these
 GPUs), one spare (after the backfill, whichever GPUs no rental holds); three customers on a
 plan with long-rental voucher tiers and a monthly cap; rentals that began last month, so last
-month's invoices have content and vouchers.
+month's invoices have content and vouchers; a monthly budget for Acme AI.
 """
 
 from __future__ import annotations
@@ -69,6 +69,17 @@ def create_provider(api: Api, tag: str, month_start: datetime) -> Provider:
     _rent(api, provider, "Globex Research", b[:2], month_start + timedelta(days=9), None)
     end = month_start + timedelta(days=25)
     _rent(api, provider, "Initech Labs", b[2:3], month_start + timedelta(days=12), end)
+    # Acme's finance team watches its month: 4 GPUs capped at 1,500.00 each cost about 6,000.
+    budget = {
+        "amount": "6500.00",
+        "thresholds": [
+            {"percent": 50, "basis": "actual"},
+            {"percent": 80, "basis": "actual"},
+            {"percent": 100, "basis": "actual"},
+            {"percent": 90, "basis": "forecast"},
+        ],
+    }
+    api.post(f"/v1/customers/{customers['Acme AI']}/budgets", budget)
     return provider
 
 

@@ -137,6 +137,7 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/customers/{customer_id}/budgets"): Case(Expect.HIDDEN, body={"amount": "5"}),
     ("GET", "/v1/customers/{customer_id}/budgets"): Case(Expect.HIDDEN),
     ("GET", "/v1/customers/{customer_id}/budgets/status"): Case(Expect.HIDDEN),
+    ("PATCH", "/v1/budgets/{budget_id}"): Case(Expect.HIDDEN, body={"amount": "7"}),
     ("DELETE", "/v1/budgets/{budget_id}"): Case(Expect.HIDDEN),
     ("POST", "/v1/budget-checks"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/fleet/summary"): Case(Expect.ADMIN_ONLY),

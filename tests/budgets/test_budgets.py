@@ -7,23 +7,12 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 
 import pytest
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from app.billing.endpoints import clock
 from app.settings import get_settings
 from tests.dashboard import world
 from tests.dashboard.world import World
 from tests.harness import Console, bearer
-
-MID_OCTOBER = datetime(2026, 10, 11, 0, 0, tzinfo=UTC)  # Acme's rental half done
-
-
-@pytest.fixture
-def october(app: FastAPI) -> Iterator[None]:
-    app.dependency_overrides[clock] = lambda: MID_OCTOBER
-    yield
-    app.dependency_overrides.pop(clock)
 
 
 def test_thresholds_cross_once_each_with_an_event_and_a_banner(

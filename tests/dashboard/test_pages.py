@@ -515,8 +515,9 @@ def test_the_forecast_says_when_it_is_the_cap(
     app: FastAPI, client: TestClient, console: Console
 ) -> None:
     # 2.49/h with a 10.00 monthly cap per GPU, two days of October used: the allowance to date
-    # is 10.00 x 2/31 = 0.65 (rounded), extrapolated x 31/2 = 10.075 -> 10.08, far below the
-    # uncapped 119.52 x 31/2: the forecast is the cap, and the page says so.
+    # is 10.00 x 2/31 = 0.65 (rounded), plus 10.00 x 29/31 for the days left = 10.0048 ->
+    # 10.00, far below the uncapped 119.52 + 2.49 x 24 x 29: the forecast is the cap, and the
+    # page says so.
     customer_id, key = capped_customer(console)
     app.dependency_overrides[clock] = lambda: datetime(2026, 10, 3, 0, 0, tzinfo=UTC)
     try:
@@ -526,9 +527,9 @@ def test_the_forecast_says_when_it_is_the_cap(
         html = client.get(f"/dashboard?period={PERIOD}", headers=bearer(key)).text
     finally:
         app.dependency_overrides.pop(clock)
-    assert (api["forecast"], api["forecast_is_cap"]) == ("10.08", True)
+    assert (api["forecast"], api["forecast_is_cap"]) == ("10.00", True)
     assert api["rentals"][0]["forecast_is_cap"] is True
-    assert raw(html, "forecast") == "10.08"
+    assert raw(html, "forecast") == "10.00"
     assert "The cap: every rental is forecast to reach its monthly cap" in html
     assert "(the cap)" in html
 

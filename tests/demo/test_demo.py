@@ -75,14 +75,18 @@ def alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
 
 
-def open_dashboard(link: str) -> str:
+def open_dashboard(link: str) -> tuple[str, str]:
+    """The overview the link opens, and the budgets page (the demo seeds Acme's budget)."""
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
             page = browser.new_page()
             response = page.goto(link)
             assert response is not None and response.ok, response and response.status
-            return page.content()
+            overview = page.content()
+            page.get_by_role("link", name="Budgets").click()
+            page.wait_for_url("**/dashboard/budgets")
+            return overview, page.content()
         finally:
             browser.close()
 
@@ -101,8 +105,9 @@ def test_demo_runs_shows_the_dashboard_and_leaves_nothing_behind(
         pids = demo.pids()
         link = LINK.search(demo.output)
         assert link, demo.output
-        html = open_dashboard(link.group(1))
+        html, budgets = open_dashboard(link.group(1))
         assert "Acme AI" in html
+        assert "$6,500.00" in budgets and "90 % of forecast" in budgets, budgets
         assert demo.process.wait(240) == 0, demo.output
     finally:
         if demo.process.poll() is None:

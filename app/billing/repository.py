@@ -449,3 +449,25 @@ def lines_of(session: Session, invoice_id: uuid.UUID, batch: int) -> Iterator[In
         .execution_options(yield_per=batch)
     )
     return iter(session.scalars(query))
+
+
+def line_sums(
+    session: Session, invoice_id: uuid.UUID
+) -> list[tuple[uuid.UUID | None, str, Decimal]]:
+    """The invoice's line amounts summed per rental and kind (an export's caps and charges)."""
+    query = (
+        select(InvoiceLineRow.rental_id, InvoiceLineRow.kind, func.sum(InvoiceLineRow.amount))
+        .where(InvoiceLineRow.invoice_id == invoice_id)
+        .group_by(InvoiceLineRow.rental_id, InvoiceLineRow.kind)
+    )
+    return [(rental_id, kind, amount) for rental_id, kind, amount in session.execute(query)]
+
+
+def line_gpus(session: Session, invoice_id: uuid.UUID) -> list[str]:
+    """The GPUs the invoice's lines name (its credit lines')."""
+    query = (
+        select(InvoiceLineRow.gpu_uuid)
+        .where(InvoiceLineRow.invoice_id == invoice_id, InvoiceLineRow.gpu_uuid.is_not(None))
+        .distinct()
+    )
+    return [gpu for gpu in session.scalars(query) if gpu is not None]

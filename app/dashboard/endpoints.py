@@ -51,11 +51,11 @@ from app.customers.service import get_customer, revoke_portal_sessions
 from app.dashboard import (
     costs,
     exports,
+    focus,
     formatting,
     incidents,
     operators,
     pdf,
-    rental_labels,
     service,
     sessions,
     wording,
@@ -270,10 +270,9 @@ def _export(
         with transaction(engine) as stream:
             parts = exports.day_parts(stream, source)
             if kind is ExportKind.FOCUS:
-                start, end = (from_epoch(t) for t in period.span)
                 fmt = formatting.Formatter(customer.currency, customer.billing_timezone)
-                names = rental_labels.labels_overlapping(stream, customer.id, start, end, fmt)
-                yield from exports.focus_csv(parts, source, customer, provider, names)
+                book = focus.catalogue(stream, customer, source, fmt)
+                yield from focus.focus_csv(parts, source, customer, provider, book)
             else:
                 yield from exports.usage_csv(parts, source, customer.billing_timezone)
 

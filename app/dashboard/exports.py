@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -46,6 +46,7 @@ from app.customers.models import Customer
 _BATCH = 500  # lines fetched per round trip of the server-side cursor
 _CHUNK = 64 * 1024  # characters of CSV per streamed chunk
 
+_USAGE_NUMBERS = frozenset({"seconds", "gpu_hours", "rate_per_gpu_hour", "amount"})
 USAGE_COLUMNS = (
     "period",
     "day",
@@ -178,24 +179,42 @@ def allocate(amount: Decimal, weights: list[int], currency: str) -> list[Decimal
 # --- CSV writing --------------------------------------------------------------------------
 
 
-def csv_chunks(header: Iterable[str], rows: Iterable[Iterable[object]]) -> Iterator[str]:
+# OWASP's CSV injection rule: a spreadsheet reads a cell starting with one of these as a
+# formula (or, with tab and CR, may), so such a text cell gets a leading apostrophe, which
+# spreadsheets show as text and do not evaluate.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def inert(cell: object) -> object:
+    """A text cell a spreadsheet will not evaluate (numbers are left to the caller)."""
+    if isinstance(cell, str) and cell.startswith(_FORMULA_STARTS):
+        return "'" + cell
+    return cell
+
+
+def csv_chunks(
+    header: Sequence[str], rows: Iterable[Sequence[object]], numeric: Collection[str]
+) -> Iterator[str]:
     """The CSV in chunks of about ``_CHUNK`` characters: a chunk per row cost a thread hop
-    each in the streaming response (most of a 3,000-GPU month's time)."""
+    each in the streaming response (most of a 3,000-GPU month's time).
+
+    Every cell of a column not in ``numeric`` is made ``inert``; numeric columns hold only
+    numbers this module formats, so a credit's ``-1.95`` stays a number a sheet can sum.
+    """
+    text = [i for i, name in enumerate(header) if name not in numeric]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
     for row in rows:
-        writer.writerow(row)
+        cells = list(row)
+        for i in text:
+            cells[i] = inert(cells[i])
+        writer.writerow(cells)
         if buffer.tell() >= _CHUNK:
             yield buffer.getvalue()
             buffer.seek(0)
             buffer.truncate()
     yield buffer.getvalue()
-
-
-def _utc(t: int | datetime) -> str:
-    moment = from_epoch(t) if isinstance(t, int) else t
-    return moment.astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _num(value: Decimal | None, places: int | None = None) -> str:
@@ -222,10 +241,12 @@ def usage_csv(parts: Iterable[DayPart], source: Statement, timezone: str) -> Ite
             line.kind,
             _num(p.seconds, 0),
             _num(hours, 6),
-            _num(line.rate) if line.kind != LineKind.TAX else "",
-            _num(p.amount),
+            _num(line.rate.normalize())
+            if line.rate is not None and line.kind != LineKind.TAX
+            else "",
+            _num(p.amount, minor_units(currency)),
             currency,
             number,
         ]
 
-    return csv_chunks(USAGE_COLUMNS, (row(p) for p in parts))
+    return csv_chunks(USAGE_COLUMNS, (row(p) for p in parts), _USAGE_NUMBERS)

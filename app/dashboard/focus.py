@@ -446,4 +446,5 @@ def focus_csv(
 
     names = [c.name for c in FOCUS_COLUMNS]
     rows = (values for values in map(row, parts) if values is not None)
-    return csv_chunks(names, ([values[n] for n in names] for values in rows))
+    numbers = {c.name for c in FOCUS_COLUMNS if c.type == "Decimal"}
+    return csv_chunks(names, ([values[n] for n in names] for values in rows), numbers)

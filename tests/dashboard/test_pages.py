@@ -333,6 +333,34 @@ def test_docs_are_served_without_a_cdn(client: TestClient) -> None:
         assert client.get(asset).status_code == 200, asset
 
 
+def test_a_live_incident_shows_its_estimated_credit_before_the_invoice_is_drafted(
+    client: TestClient, console: Console
+) -> None:
+    """Zed's GPU fails and its job runs again on a spare 47 min 30 s later; no invoice run has
+    drafted October: the incident shows the credit rated so far, marked as an estimate, the
+    same cents the drafted invoice then credits (2,850 s x 2.00/h = 1.58)."""
+    zed = world.failover_at_the_event(console)
+    path = f"/v1/customers/{zed.customer['id']}/incidents?period={PERIOD}"
+    [live] = client.get(path, headers=bearer(zed.key)).json()["items"]
+    assert (live["credited"], live["credited_s"], live["credit_estimated"]) == ("1.58", 2850, True)
+    assert live["summary"].endswith(
+        "Estimated credit so far \u20ac1.58 for 47 min 30 s, on this month's invoice once it "
+        "is drafted"
+    )
+    page = client.get(f"/dashboard/incidents?period={PERIOD}", headers=bearer(zed.key)).text
+    assert "Estimated credit so far \u20ac1.58" in page
+    run = console.post(
+        "/v1/invoices/runs",
+        {"period": PERIOD, "customer_id": zed.customer["id"], "force": True},
+        status=200,
+    )
+    draft = client.get(f"/v1/invoices/{run['invoice_ids'][0]}", headers=console.headers).json()
+    credits = [Decimal(x["amount"]) for x in draft["lines"] if x["kind"].endswith("_credit")]
+    [drafted] = client.get(path, headers=bearer(zed.key)).json()["items"]
+    assert (drafted["credited"], drafted["credit_estimated"]) == ("1.58", False)
+    assert -sum(credits) == Decimal(drafted["credited"])
+
+
 def test_incidents_read_for_a_person_and_equal_the_invoice_credits(
     client: TestClient, seeded: World
 ) -> None:

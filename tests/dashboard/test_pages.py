@@ -405,6 +405,44 @@ def test_incidents_read_for_a_person_and_equal_the_invoice_credits(
     assert other["items"] == []
 
 
+def test_a_days_charge_is_its_gpu_hours_times_the_rate_unmetered_time_on_its_own_day(
+    client: TestClient, console: Console
+) -> None:
+    """Gap rents an H100 at 2.49/h for 10 and 11 Oct (UTC); its node sends nothing from
+    11 Oct 00:00 to 12:00 (unmetered: not billed). The 36 billed GPU-hours cost 89.64: day 1
+    is 24 h x 2.49 = 59.76, day 2 12 h x 2.49 = 29.88 (the missing half-day is day 2's, not
+    spread over both), and the days add up to the invoice's charge line, to the cent."""
+    plan = console.plan("gap-plan", price="2.49", currency="EUR")
+    registered = console.node("node-gap")
+    console.gpu(registered["node"]["id"], "GPU-G-1")
+    gap = console.customer("Gap", currency="EUR", billing_timezone="UTC")
+    rental = console.rental(gap["id"], plan["id"], start_at=world.START, end_at=world.END)
+    console.assign(rental["id"], "GPU-G-1", world.START)
+    start, noon = ts(world.START), ts("2026-10-11T12:00:00Z")
+    records = [
+        *world._minutes("GPU-G-1", start, start + 86_400),
+        *world._minutes("GPU-G-1", noon, ts(world.END)),
+    ]
+    world._ingest(client, registered["token"]["key"], records, [])
+    key = console.post(f"/v1/customers/{gap['id']}/keys", {"name": "finance"})["key"]
+    costs = client.get(
+        f"/v1/customers/{gap['id']}/costs?period={PERIOD}", headers=bearer(key)
+    ).json()
+    days = {d["day"]: d for d in costs["days"] if d["billed_s"]}
+    assert {day: (d["billed_s"], d["charged"]) for day, d in days.items()} == {
+        "2026-10-10": (86_400, "59.76"),
+        "2026-10-11": (43_200, "29.88"),
+    }
+    for d in days.values():
+        assert Decimal(d["charged"]) == Decimal(d["billed_s"]) * Decimal("2.49") / 3600
+    run = console.post(
+        "/v1/invoices/runs", {"period": PERIOD, "customer_id": gap["id"], "force": True}, 200
+    )
+    invoice = client.get(f"/v1/invoices/{run['invoice_ids'][0]}", headers=console.headers)
+    [charge] = [x for x in invoice.json()["lines"] if x["kind"] == "charge"]
+    assert Decimal(charge["amount"]) == sum(Decimal(d["charged"]) for d in days.values())
+
+
 def test_costs_by_day_and_rental_add_up_to_the_usage_api_and_invoice(
     client: TestClient, seeded: World
 ) -> None:

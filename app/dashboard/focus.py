@@ -39,7 +39,7 @@ from app.dashboard.exports import DayPart, Statement, csv_chunks
 from app.dashboard.formatting import Formatter
 from app.dashboard.rental_labels import label
 from app.fleet import repository as fleet_repository
-from app.plans import repository as plans_repository
+from app.plans.service import price_rows
 from app.rentals import repository as rentals_repository
 from app.rentals.visibility import served
 
@@ -228,8 +228,7 @@ def catalogue(session: Session, customer: Customer, source: Statement, fmt: Form
     }
     prices: dict[tuple[uuid.UUID, str], list[_PricePoint]] = defaultdict(list)
     for plan_id in {f.plan_id for f in facts.values()}:
-        query = plans_repository.prices_query(plan_id, customer_id=customer.id)
-        for p in session.scalars(query):
+        for p in price_rows(session, plan_id, customer.id):
             prices[plan_id, p.gpu_model].append(
                 (
                     epoch(p.effective_from),

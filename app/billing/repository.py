@@ -421,16 +421,18 @@ def lock_credit_note(session: Session, credit_note_id: uuid.UUID) -> CreditNote 
 
 
 _REVENUE = text("""
-SELECT i.period, i.currency, l.kind, sum(l.amount) AS amount, count(DISTINCT i.id) AS invoices
+SELECT i.period, i.currency, i.customer_id, l.kind, sum(l.amount) AS amount,
+       count(DISTINCT i.id) AS invoices
 FROM invoices i
 JOIN invoice_lines l ON l.invoice_id = i.id
 WHERE i.status <> 'void' AND i.period >= :first AND i.period <= :last
-GROUP BY 1, 2, 3
-ORDER BY 1 DESC, 2, 3
+GROUP BY 1, 2, 3, 4
+ORDER BY 1 DESC, 2, 3, 4
 """)
 
 
 def revenue_by_period(session: Session, first: str, last: str) -> list[dict[str, Any]]:
+    """Line amounts of the non-void invoices per period, currency, customer and line kind."""
     return [dict(r._mapping) for r in session.execute(_REVENUE, {"first": first, "last": last})]
 
 

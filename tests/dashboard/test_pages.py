@@ -405,6 +405,29 @@ def test_incidents_read_for_a_person_and_equal_the_invoice_credits(
     assert other["items"] == []
 
 
+def test_revenue_shows_the_current_month_to_date_per_customer(
+    app: FastAPI, client: TestClient, console: Console, seeded: World
+) -> None:
+    """On 11 Oct 00:00 UTC no invoice covers October for Other: the revenue page's current
+    month holds its usage so far, rated as its invoice will be (24 h x 2.49 = 59.76), marked
+    to date, beside Acme's finalized invoice."""
+    app.dependency_overrides[clock] = lambda: datetime(2026, 10, 11, 0, 0, tzinfo=UTC)
+    try:
+        api = client.get(f"/v1/revenue?first={PERIOD}&last={PERIOD}", headers=console.headers)
+        page = client.get("/dashboard/revenue", headers=console.headers).text
+    finally:
+        app.dependency_overrides.pop(clock)
+    (month,) = api.json()["months"]
+    by_name = {c["customer_name"]: c for c in month["customers"]}
+    other, acme = by_name["Other"], by_name["Acme"]
+    assert (other["to_date"], other["invoices"], other["billed"]) == (True, 0, "59.76")
+    assert (acme["to_date"], acme["invoices"]) == (False, 1)
+    assert acme["amount_due"] == seeded.invoice["total"] and month["to_date"]
+    assert Decimal(month["billed"]) == Decimal(acme["billed"]) + Decimal("59.76")
+    row = page[page.index(f'data-customer="{other["customer_id"]}"') :].split("</tr>")[0]
+    assert "to date" in row and 'data-api="billed" data-raw="59.76"' in row
+
+
 def test_a_days_charge_is_its_gpu_hours_times_the_rate_unmetered_time_on_its_own_day(
     client: TestClient, console: Console
 ) -> None:

@@ -33,7 +33,8 @@ COLUMNS = ("Item", "Detail", "Time", "Rate", "Amount")
 _TOTAL_KINDS = frozenset({"tax", "prepaid_balance"})
 _NOTE = (
     "Amounts are rounded once per line to the currency's minor unit (half up); every total is "
-    "the sum of its lines. GPU time is billed per second."
+    "the sum of its lines. GPU time is billed per second at an hourly price; a period's "
+    "credits share its rounding so that charge less credits is exact."
 )
 
 
@@ -142,12 +143,28 @@ def _row(
 ) -> DocumentRow:
     facts = wording.line_facts(line, when, rental=lambda r: rentals.get(r, str(r)))
     detail = ["; ".join(facts)] if facts else []
+    time = rate = ""
+    if line.seconds is not None and line.rate is not None and line.kind != "tax":
+        # In the unit the price is in, seconds beside, and the sum a reader can redo.
+        price = Decimal(line.rate)
+        time = f"{gpu_hours(line.seconds)} GPU-h ({line.seconds:,} s)"
+        rate = f"{line.rate} {currency}/GPU-h"
+        exact = (line.seconds * price / 3600).quantize(Decimal("0.0001"))
+        detail.append(f"{line.seconds:,} s \u00d7 {line.rate} {currency}/h = {exact} {currency}")
     if text := evidence_text(line.evidence):
         detail.append(f"evidence: {text}")
-    time = "" if line.seconds is None else f"{line.seconds:,} s"
-    rate = f"{line.rate} /GPU-h" if line.rate is not None else ""
     cells = (wording.label(line.kind), time, rate, display(line.amount, currency))
     return DocumentRow(line.kind, cells, tuple(detail))
+
+
+def gpu_hours(seconds: int) -> str:
+    """GPU-hours to four places, or two where that is exact: "96.00", "0.7833", "0.0056"."""
+    hours = (Decimal(seconds) / 3600).quantize(Decimal("0.0001"))
+    return (
+        f"{hours.quantize(Decimal('0.01'))}"
+        if hours == hours.quantize(Decimal("0.01"))
+        else f"{hours}"
+    )
 
 
 # --- HTML ---------------------------------------------------------------------------------

@@ -431,16 +431,18 @@ def lock_credit_note(session: Session, credit_note_id: uuid.UUID) -> CreditNote 
 
 
 _REVENUE = text("""
-SELECT i.period, i.currency, l.kind, sum(l.amount) AS amount, count(DISTINCT i.id) AS invoices
+SELECT i.period, i.currency, i.customer_id, l.kind, sum(l.amount) AS amount,
+       count(DISTINCT i.id) AS invoices
 FROM invoices i
 JOIN invoice_lines l ON l.invoice_id = i.id
 WHERE i.status <> 'void' AND i.period >= :first AND i.period <= :last
-GROUP BY 1, 2, 3
-ORDER BY 1 DESC, 2, 3
+GROUP BY 1, 2, 3, 4
+ORDER BY 1 DESC, 2, 3, 4
 """)
 
 
 def revenue_by_period(session: Session, first: str, last: str) -> list[dict[str, Any]]:
+    """Line amounts of the non-void invoices per period, currency, customer and line kind."""
     return [dict(r._mapping) for r in session.execute(_REVENUE, {"first": first, "last": last})]
 
 
@@ -459,3 +461,25 @@ def lines_of(session: Session, invoice_id: uuid.UUID, batch: int) -> Iterator[In
         .execution_options(yield_per=batch)
     )
     return iter(session.scalars(query))
+
+
+def line_sums(
+    session: Session, invoice_id: uuid.UUID
+) -> list[tuple[uuid.UUID | None, str, Decimal]]:
+    """The invoice's line amounts summed per rental and kind (an export's caps and charges)."""
+    query = (
+        select(InvoiceLineRow.rental_id, InvoiceLineRow.kind, func.sum(InvoiceLineRow.amount))
+        .where(InvoiceLineRow.invoice_id == invoice_id)
+        .group_by(InvoiceLineRow.rental_id, InvoiceLineRow.kind)
+    )
+    return [(rental_id, kind, amount) for rental_id, kind, amount in session.execute(query)]
+
+
+def line_gpus(session: Session, invoice_id: uuid.UUID) -> list[str]:
+    """The GPUs the invoice's lines name (its credit lines')."""
+    query = (
+        select(InvoiceLineRow.gpu_uuid)
+        .where(InvoiceLineRow.invoice_id == invoice_id, InvoiceLineRow.gpu_uuid.is_not(None))
+        .distinct()
+    )
+    return [gpu for gpu in session.scalars(query) if gpu is not None]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 
 from sqlalchemy import Select, select
 
@@ -19,3 +20,8 @@ def customers_query(*, only_id: uuid.UUID | None = None) -> Select[Customer]:
     if only_id is not None:
         query = query.where(Customer.id == only_id)
     return query
+
+
+def names_query(ids: Collection[uuid.UUID]) -> Select[uuid.UUID, str]:
+    """The customers' ids and names (the revenue page's per-customer rows)."""
+    return select(Customer.id, Customer.name).where(Customer.id.in_(ids))

@@ -6,7 +6,9 @@ stored rollups, the open day rated live; ``billing.usage.rated_to_date``), so a 
 are the usage API's and, for a closed month, the invoice's. A range of days is cut from the
 months it touches. Money per day is an allocation, documented here because a day is not a
 billing unit: each charge and cap line is spread over the days of its rental in proportion to
-the rental's rented seconds in each day, each credit line over the days of its own span in
+the seconds it charges in each day (billed and credited ones: an unbilled second, unmetered or
+in maintenance, belongs to its own day, so a day's charge is its GPU-hours x the rate, to the
+cent where that is a whole number of cents), each credit line over the days of its own span in
 proportion to its bucket's seconds there, both by largest remainder (``exports.allocate``), so
 the days add up exactly to the rental's cost. By datacenter, a rental's share of a day is split
 again by the seconds its GPU assignments spent in each datacenter that day. Idle GPU-hours are
@@ -29,7 +31,7 @@ from sqlalchemy.orm import Session
 
 from app.billing.core.domain import CREDIT_BUCKETS, Bucket
 from app.billing.core.lines import InvoiceLine, LineKind
-from app.billing.core.rating import RatedRental
+from app.billing.core.rating import RatedRental, is_billed
 from app.billing.loader import BillingPeriod
 from app.billing.rollups import day_bounds
 from app.billing.schemas import money
@@ -260,10 +262,15 @@ def _add_period(
     for r in to_date.rated:
         rid = r.rental.rental_id
         by_bucket = per_rental[rid]
-        rented = [sum(day) for day in zip(*by_bucket.values(), strict=True)] if by_bucket else []
+        charging = [
+            seconds
+            for bucket, seconds in by_bucket.items()
+            if bucket in CREDIT_BUCKETS or is_billed(bucket, r.rental.plan)
+        ]
+        charged = [sum(day) for day in zip(*charging, strict=True)] if charging else []
         split = _splitter(r, group_by, where.get(rid), fmt, totals.labels)
         for line in r.lines:
-            for i, share in _spread(line, rented, by_bucket, bounds, customer.currency):
+            for i, share in _spread(line, charged, by_bucket, bounds, customer.currency):
                 for key, amount in split(i, share):
                     totals.money[dates[i]][key][line.kind] += amount
     return list(to_date.rated)
@@ -323,14 +330,14 @@ def _places(
 
 def _spread(
     line: InvoiceLine,
-    rented: list[int],
+    charged: list[int],
     by_bucket: dict[Bucket, list[int]],
     days: Sequence[int],
     currency: str,
 ) -> list[tuple[int, Decimal]]:
     """A credit line over the days of its span, in proportion to its bucket's seconds there
     (to the span's own length where the rating placed them elsewhere); any other line over
-    the rental's rented seconds per day."""
+    the rental's charged (billed and credited) seconds per day."""
     if line.kind in _CREDIT_LINES and line.start is not None and line.end is not None:
         start, end = line.start, max(line.end, line.start + 1)
         touched = range(max(bisect_right(days, start) - 1, 0), bisect_left(days, end))
@@ -339,7 +346,7 @@ def _spread(
         if not weights:
             weights = [(i, min(end, days[i + 1]) - max(start, days[i])) for i in touched]
         return _shares(line.amount, weights, currency)
-    return _shares(line.amount, [(i, s) for i, s in enumerate(rented) if s], currency)
+    return _shares(line.amount, [(i, s) for i, s in enumerate(charged) if s], currency)
 
 
 def _shares(

@@ -53,11 +53,11 @@ from app.customers.service import get_customer, revoke_portal_sessions
 from app.dashboard import (
     costs,
     exports,
+    focus,
     formatting,
     incidents,
     operators,
     pdf,
-    rental_labels,
     service,
     sessions,
     wording,
@@ -208,10 +208,12 @@ MonthParam = Annotated[str | None, Query(pattern=PERIOD_PATTERN, description="YY
 def revenue(
     session: DbSession, _: Admin, now: Now, first: MonthParam = None, last: MonthParam = None
 ) -> operators.RevenueRead:
-    """Per month and currency: billed, credited, cap reductions, adjustments, vouchers, tax
-    and total of the non-void invoices (default: the last 12 months)."""
+    """Per month and currency, and per customer: billed, credited, cap reductions,
+    adjustments, vouchers, tax and total of the non-void invoices (default: the last 12
+    months); a customer's current month without an invoice yet is rated to date."""
     last = last or now.strftime("%Y-%m")
-    return operators.revenue(session, first or service.shift_period(last, -11), last)
+    first = first or service.shift_period(last, -11)
+    return operators.revenue(session, first, last, now, UsageSettings.of(get_settings()))
 
 
 # --- exports (JSON API side: CSV bodies) ----------------------------------------------------
@@ -277,10 +279,9 @@ def _export(
         with transaction(engine) as stream:
             parts = exports.day_parts(stream, source)
             if kind is ExportKind.FOCUS:
-                start, end = (from_epoch(t) for t in period.span)
                 fmt = formatting.Formatter(customer.currency, customer.billing_timezone)
-                names = rental_labels.labels_overlapping(stream, customer.id, start, end, fmt)
-                yield from exports.focus_csv(parts, source, customer, provider, names)
+                book = focus.catalogue(stream, customer, source, fmt)
+                yield from focus.focus_csv(parts, source, customer, provider, book)
             else:
                 yield from exports.usage_csv(parts, source, customer.billing_timezone)
 
@@ -487,7 +488,8 @@ def revenue_page(request: Request, session: DbSession, admin: PagePrincipal, now
     if not admin.is_admin:
         return RedirectResponse("/dashboard", status_code=303)
     last = now.strftime("%Y-%m")
-    data = operators.revenue(session, service.shift_period(last, -11), last)
+    config = UsageSettings.of(get_settings())
+    data = operators.revenue(session, service.shift_period(last, -11), last, now, config)
     return _render(request, "revenue.html", r=data, signed_in=True, admin_nav="revenue")
 
 

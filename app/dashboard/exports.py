@@ -16,22 +16,17 @@ own read-only transaction and written out row by row; a month of a 3,000-GPU fle
 in memory. The period to date is rated before the response starts (its lines are per rental
 and price period, and per credited incident: a few thousand at most).
 
-FOCUS 1.2 (FinOps Open Cost and Usage Specification, https://focus.finops.org/): the columns
-written are ``FOCUS_COLUMNS``, with the feature level, nullability and data type the spec gives
-each; all of its Mandatory columns are there. Null is an empty field; custom columns carry
-the ``x_`` prefix the spec reserves for them.
+The FOCUS 1.2 export's columns are ``app.dashboard.focus``'s (docs/focus.md).
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
-from enum import StrEnum
 from itertools import pairwise
 from zoneinfo import ZoneInfo
 
@@ -48,71 +43,10 @@ from app.core.epoch import epoch, from_epoch
 from app.core.money import minor_units
 from app.customers.models import Customer
 
-FOCUS_VERSION = "1.2"
 _BATCH = 500  # lines fetched per round trip of the server-side cursor
 _CHUNK = 64 * 1024  # characters of CSV per streamed chunk
 
-
-class Level(StrEnum):
-    MANDATORY = "Mandatory"
-    CONDITIONAL = "Conditional"
-    RECOMMENDED = "Recommended"
-    CUSTOM = "Custom"
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    level: Level
-    nullable: bool
-    type: str  # String | Decimal | Date/Time | JSON, as the spec writes them
-
-
-def _c(name: str, level: Level, nullable: bool, type_: str = "String") -> Column:
-    return Column(name, level, nullable, type_)
-
-
-M, C, R, X = Level.MANDATORY, Level.CONDITIONAL, Level.RECOMMENDED, Level.CUSTOM
-# The FOCUS 1.2 columns this export writes (every Mandatory one), in the spec's order.
-FOCUS_COLUMNS = (
-    _c("BilledCost", M, False, "Decimal"),
-    _c("BillingAccountId", M, False),
-    _c("BillingAccountName", M, True),
-    _c("BillingCurrency", M, False),
-    _c("BillingPeriodEnd", M, False, "Date/Time"),
-    _c("BillingPeriodStart", M, False, "Date/Time"),
-    _c("ChargeCategory", M, False),
-    _c("ChargeClass", M, True),
-    _c("ChargeDescription", M, True),
-    _c("ChargeFrequency", R, False),
-    _c("ChargePeriodEnd", M, False, "Date/Time"),
-    _c("ChargePeriodStart", M, False, "Date/Time"),
-    _c("ConsumedQuantity", C, True, "Decimal"),
-    _c("ConsumedUnit", C, True),
-    _c("ContractedCost", M, False, "Decimal"),
-    _c("ContractedUnitPrice", C, True, "Decimal"),
-    _c("EffectiveCost", M, False, "Decimal"),
-    _c("InvoiceId", R, True),
-    _c("InvoiceIssuerName", M, False),
-    _c("ListCost", M, False, "Decimal"),
-    _c("ListUnitPrice", C, True, "Decimal"),
-    _c("PricingCategory", C, True),
-    _c("PricingQuantity", M, True, "Decimal"),
-    _c("PricingUnit", M, True),
-    _c("ProviderName", M, False),
-    _c("PublisherName", M, False),
-    _c("ResourceId", C, True),
-    _c("ResourceName", C, True),
-    _c("ResourceType", C, True),
-    _c("ServiceCategory", M, False),
-    _c("ServiceName", M, False),
-    _c("SkuId", C, True),
-    _c("SubAccountId", C, True),
-    _c("SubAccountName", C, True),
-    _c("x_LineKind", X, False),
-    _c("x_GpuSeconds", X, True, "Decimal"),
-)
-
+_USAGE_NUMBERS = frozenset({"seconds", "gpu_hours", "rate_per_gpu_hour", "amount"})
 USAGE_COLUMNS = (
     "period",
     "day",
@@ -128,32 +62,6 @@ USAGE_COLUMNS = (
     "invoice",
 )
 
-_CATEGORY = {
-    LineKind.CHARGE: "Usage",
-    LineKind.FAILURE_CREDIT: "Credit",
-    LineKind.MIGRATION_CREDIT: "Credit",
-    LineKind.DEGRADED_CREDIT: "Credit",
-    LineKind.STALL_CREDIT: "Credit",
-    LineKind.CAP: "Adjustment",
-    LineKind.ADJUSTMENT: "Usage",
-    LineKind.VOUCHER: "Credit",
-    LineKind.TAX: "Tax",
-    # Paid from the prepaid balance: lowers what is billed, as a credit does, so the export
-    # still sums to the invoice's total.
-    LineKind.PREPAID_BALANCE: "Credit",
-}
-_DESCRIPTION = {
-    LineKind.CHARGE: "GPU time",
-    LineKind.FAILURE_CREDIT: "Credit for time the GPU had failed",
-    LineKind.MIGRATION_CREDIT: "Credit for time moving to another GPU",
-    LineKind.DEGRADED_CREDIT: "Credit for time the GPU was degraded",
-    LineKind.STALL_CREDIT: "Credit for time the job waited on another GPU's failure",
-    LineKind.CAP: "Monthly cap",
-    LineKind.ADJUSTMENT: "Correction of an earlier period",
-    LineKind.VOUCHER: "Long-rental voucher applied",
-    LineKind.TAX: "Tax",
-    LineKind.PREPAID_BALANCE: "Paid from the prepaid balance",
-}
 _USAGE_KINDS = {LineKind.CHARGE, LineKind.ADJUSTMENT}
 _TIMED_KINDS = _USAGE_KINDS | {
     LineKind.FAILURE_CREDIT,
@@ -272,24 +180,42 @@ def allocate(amount: Decimal, weights: list[int], currency: str) -> list[Decimal
 # --- CSV writing --------------------------------------------------------------------------
 
 
-def _csv_lines(header: Iterable[str], rows: Iterable[Iterable[object]]) -> Iterator[str]:
+# OWASP's CSV injection rule: a spreadsheet reads a cell starting with one of these as a
+# formula (or, with tab and CR, may), so such a text cell gets a leading apostrophe, which
+# spreadsheets show as text and do not evaluate.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def inert(cell: object) -> object:
+    """A text cell a spreadsheet will not evaluate (numbers are left to the caller)."""
+    if isinstance(cell, str) and cell.startswith(_FORMULA_STARTS):
+        return "'" + cell
+    return cell
+
+
+def csv_chunks(
+    header: Sequence[str], rows: Iterable[Sequence[object]], numeric: Collection[str]
+) -> Iterator[str]:
     """The CSV in chunks of about ``_CHUNK`` characters: a chunk per row cost a thread hop
-    each in the streaming response (most of a 3,000-GPU month's time)."""
+    each in the streaming response (most of a 3,000-GPU month's time).
+
+    Every cell of a column not in ``numeric`` is made ``inert``; numeric columns hold only
+    numbers this module formats, so a credit's ``-1.95`` stays a number a sheet can sum.
+    """
+    text = [i for i, name in enumerate(header) if name not in numeric]
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
     for row in rows:
-        writer.writerow(row)
+        cells = list(row)
+        for i in text:
+            cells[i] = inert(cells[i])
+        writer.writerow(cells)
         if buffer.tell() >= _CHUNK:
             yield buffer.getvalue()
             buffer.seek(0)
             buffer.truncate()
     yield buffer.getvalue()
-
-
-def _utc(t: int | datetime) -> str:
-    moment = from_epoch(t) if isinstance(t, int) else t
-    return moment.astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _num(value: Decimal | None, places: int | None = None) -> str:
@@ -316,74 +242,12 @@ def usage_csv(parts: Iterable[DayPart], source: Statement, timezone: str) -> Ite
             line.kind,
             _num(p.seconds, 0),
             _num(hours, 6),
-            _num(line.rate) if line.kind != LineKind.TAX else "",
-            _num(p.amount),
+            _num(line.rate.normalize())
+            if line.rate is not None and line.kind != LineKind.TAX
+            else "",
+            _num(p.amount, minor_units(currency)),
             currency,
             number,
         ]
 
-    return _csv_lines(USAGE_COLUMNS, (row(p) for p in parts))
-
-
-def focus_csv(
-    parts: Iterable[DayPart],
-    source: Statement,
-    customer: Customer,
-    provider: str,
-    rental_names: Mapping[uuid.UUID, str],
-) -> Iterator[str]:
-    """``rental_names``: what to call each rental (``SubAccountName``), by id."""
-    period_start, period_end = (_utc(t) for t in source.period.span)
-
-    def row(p: DayPart) -> dict[str, str]:
-        line, kind = p.line, LineKind(p.line.kind)
-        usage = kind in _USAGE_KINDS
-        hours = None if p.seconds is None or kind not in _TIMED_KINDS else p.seconds / 3600
-        priced = kind in _TIMED_KINDS and line.rate is not None
-        cost = _num(p.amount)
-        values = {
-            "BilledCost": cost,
-            "BillingAccountId": str(customer.id),
-            "BillingAccountName": customer.name,
-            "BillingCurrency": source.currency,
-            "BillingPeriodEnd": period_end,
-            "BillingPeriodStart": period_start,
-            "ChargeCategory": _CATEGORY[kind],
-            "ChargeClass": "Correction" if kind == LineKind.ADJUSTMENT else "",
-            "ChargeDescription": _DESCRIPTION[kind],
-            "ChargeFrequency": "Usage-Based" if kind in _TIMED_KINDS else "One-Time",
-            "ChargePeriodEnd": _utc(p.end),
-            "ChargePeriodStart": _utc(p.start),
-            "ConsumedQuantity": _num(hours, 6) if usage else "",
-            "ConsumedUnit": "Hours" if usage and hours is not None else "",
-            "ContractedCost": cost,
-            "ContractedUnitPrice": _num(line.rate) if priced else "",
-            "EffectiveCost": cost,
-            "InvoiceId": source.invoice_id,
-            "InvoiceIssuerName": provider,
-            "ListCost": cost,
-            "ListUnitPrice": _num(line.rate) if priced else "",
-            "PricingCategory": "Standard" if priced else "",
-            "PricingQuantity": _num(hours, 6) if priced else "",
-            "PricingUnit": "Hours" if priced else "",
-            "ProviderName": provider,
-            "PublisherName": provider,
-            "ResourceId": line.gpu_uuid or (str(line.rental_id) if line.rental_id else ""),
-            "ResourceName": line.gpu_uuid or "",
-            "ResourceType": "GPU" if line.gpu_uuid else ("Rental" if line.rental_id else ""),
-            "ServiceCategory": "Compute",
-            "ServiceName": "GPU rental",
-            "SkuId": line.gpu_model or "",
-            "SubAccountId": str(line.rental_id) if line.rental_id else "",
-            # A rental ended before the period after it was billed has no label: its id.
-            "SubAccountName": rental_names.get(line.rental_id, str(line.rental_id))
-            if line.rental_id
-            else "",
-            "x_LineKind": kind.value,
-            "x_GpuSeconds": _num(p.seconds, 0),
-        }
-        return values
-
-    names = [c.name for c in FOCUS_COLUMNS]
-    # Each part's row built once (it was rebuilt for every column: 36 times a part).
-    return _csv_lines(names, ([values[n] for n in names] for values in map(row, parts)))
+    return csv_chunks(USAGE_COLUMNS, (row(p) for p in parts), _USAGE_NUMBERS)

@@ -3,7 +3,9 @@
 A failure is a state change to ``failed`` on a GPU during (or ending) one of the customer's
 assignments. It is paired with the first migration off that GPU at or after it (the
 orchestrator's "moved to GPU Y, resumed at t"), and with the credit lines of the period's
-invoice for that GPU over the incident (when the invoice run has drafted one). A migration
+invoice for that GPU over the incident; before the invoice run has drafted one, with the credit
+lines of the period rated to date, marked as an estimate (the live incident shows what it will
+be credited, not a promise to credit it later). A migration
 with no failure event on record is an incident of its own.
 
 What is measured, and what is not: the failure second comes from the node; "reported after"
@@ -24,7 +26,7 @@ them; "after" counts from the failed second.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -34,10 +36,12 @@ from typing import Any
 from pydantic import Field
 from sqlalchemy.orm import Session
 
+from app.billing import usage as billing_usage
 from app.billing.core.lines import LineKind
 from app.billing.loader import BillingPeriod
-from app.billing.models import Invoice, InvoiceLineRow
+from app.billing.models import InvoiceLineRow
 from app.billing.schemas import money
+from app.billing.usage import UsageSettings
 from app.core.epoch import epoch, from_epoch
 from app.core.schemas import Schema
 from app.customers.models import Customer
@@ -49,6 +53,7 @@ from app.metering import repository as metering_repository
 from app.rentals.models import Migration
 from app.rentals.service import customer_migrations
 from app.rentals.visibility import served
+from app.settings import get_settings
 
 MAX_INCIDENTS = 1000  # per period: a page lists them all; a fleet-wide storm is cut here
 BACKFILLED_AFTER_S = 3600  # a failure the service learned of later than this came from history
@@ -94,11 +99,12 @@ class IncidentRead(Schema):
     migration_id: int | None
     resumed_at: datetime | None
     downtime_s: int | None  # failure to resumption on the new GPU
-    credited: str | None  # None: no invoice drafted for the period yet
+    credited: str | None  # None: nothing rated for the period yet
     credited_s: int | None
     # The rental's other GPUs, credited while the failure stalled its job (``stall_credit``).
     stall_credited: str | None = None
     stall_credited_s: int | None = None
+    credit_estimated: bool = False  # rated to date: no invoice drafted for the period yet
     failover: FailoverTimeline | None = None  # None: the service opened no failover for it
     summary: str
 
@@ -144,17 +150,30 @@ def incidents(
     }
     pairs = _pair(failures, migrations)
     names = rental_labels.labels(session, customer.id, {f.rental_id for f, _ in pairs}, fmt)
+    credits = _Credits(invoice.lines, False) if invoice is not None else None
+    if credits is None and pairs:  # the period so far, rated as the invoice will rate it
+        config = UsageSettings.of(get_settings())
+        rated = billing_usage.lines_to_date(session, customer, period, now, config)
+        credits = _Credits(rated, True)
     return [
         _read(
             f,
             m,
             failovers.get((f.rental_id, f.gpu_uuid, f.at)),
-            invoice,
+            credits,
             names.get(f.rental_id, str(f.rental_id)),
             fmt,
         )
         for f, m in pairs
     ]
+
+
+@dataclass(frozen=True)
+class _Credits:
+    """The credit lines an incident's credit is read from: the invoice's, or rated to date."""
+
+    lines: Sequence[InvoiceLineRow]
+    estimated: bool
 
 
 def _failure(event: dict[str, Any]) -> _Failure:
@@ -204,13 +223,13 @@ def _read(
     f: _Failure,
     m: Migration | None,
     fo: Failover | None,
-    invoice: Invoice | None,
+    credits: _Credits | None,
     rental_name: str,
     fmt: Formatter,
 ) -> IncidentRead:
     resumed = None if m is None else epoch(m.resumed_at)
-    credited, credited_s = (None, None) if invoice is None else _credited(invoice, f, resumed)
-    stalled, stalled_s = (None, None) if invoice is None else _stall_credited(invoice, f, resumed)
+    credited, credited_s = (None, None) if credits is None else _credited(credits, f, resumed)
+    stalled, stalled_s = (None, None) if credits is None else _stall_credited(credits, f, resumed)
     read = IncidentRead(
         gpu_uuid=f.gpu_uuid,
         rental_id=f.rental_id,
@@ -229,6 +248,7 @@ def _read(
         credited_s=credited_s,
         stall_credited=None if stalled is None else money(stalled, fmt.currency),
         stall_credited_s=stalled_s,
+        credit_estimated=credits is not None and credits.estimated,
         summary="",
     )
     read.summary = _summary(f, read, fo, fmt)
@@ -254,23 +274,23 @@ _FAILOVER_OUTCOMES = {
 }
 
 
-def _credited(invoice: Invoice, f: _Failure, resumed: int | None) -> tuple[Decimal, int]:
+def _credited(credits: _Credits, f: _Failure, resumed: int | None) -> tuple[Decimal, int]:
     """The credit lines for this GPU that start within the incident (failure to resumption):
     their amount (positive) and seconds."""
     return _summed(
         line
-        for line in _within(invoice, f, resumed)
+        for line in _within(credits, f, resumed)
         if line.kind in _CREDIT_KINDS and line.gpu_uuid == f.gpu_uuid
     )
 
 
 def _stall_credited(
-    invoice: Invoice, f: _Failure, resumed: int | None
+    credits: _Credits, f: _Failure, resumed: int | None
 ) -> tuple[Decimal | None, int | None]:
     """The rental's other GPUs' stall credit lines this failure began (None: none)."""
     amount, seconds = _summed(
         line
-        for line in _within(invoice, f, resumed)
+        for line in _within(credits, f, resumed)
         if line.kind == LineKind.STALL_CREDIT
         and line.rental_id == f.rental_id
         and (line.evidence or {}).get("stalled_by") == f.gpu_uuid
@@ -278,12 +298,12 @@ def _stall_credited(
     return (amount, seconds) if seconds else (None, None)
 
 
-def _within(invoice: Invoice, f: _Failure, resumed: int | None) -> Iterable[InvoiceLineRow]:
-    """The invoice's lines that start within the incident (failure to resumption)."""
+def _within(credits: _Credits, f: _Failure, resumed: int | None) -> Iterable[InvoiceLineRow]:
+    """The credit lines that start within the incident (failure to resumption)."""
     until = f.at + 1 if resumed is None else max(resumed, f.at + 1)
     return (
         line
-        for line in invoice.lines
+        for line in credits.lines
         if line.start_at is not None and f.at <= epoch(line.start_at) < until
     )
 
@@ -330,6 +350,8 @@ def _timeline(fo: Failover, incident: IncidentRead, fmt: Formatter) -> FailoverT
         steps.append(step("resumed", fo.resumed_at, f"your job runs again on {spare}"))
     if incident.credited is not None:
         credit = f"{fmt.money(incident.credited)} for {duration(incident.credited_s or 0)}"
+        if incident.credit_estimated:
+            credit += " so far (an estimate until the invoice is drafted)"
         steps.append(TimelineStep(step="credited", at=None, after_s=None, after=None, text=credit))
     return FailoverTimeline(
         failover_id=fo.id, state=str(fo.state), spare_gpu_uuid=spare, steps=steps
@@ -357,14 +379,19 @@ def _summary(f: _Failure, i: IncidentRead, fo: Failover | None, fmt: Formatter) 
         Outcome.REPAIRED: f"{f.gpu_uuid} was repaired and runs your job again",
         Outcome.NOT_MOVED: "Not moved to another GPU: the failed time is credited",
     }[i.outcome]
-    credit = (
-        "Credit: on this month's invoice once it is drafted"
-        if i.credited is None
-        else f"Credited {fmt.money(i.credited)}"
-    )
+    if i.credited is None:
+        credit = "Credit: on this month's invoice once it is drafted"
+    elif i.credit_estimated:
+        credit = (
+            f"Estimated credit so far {fmt.money(i.credited)} for "
+            f"{duration(i.credited_s or 0)}, on this month's invoice once it is drafted"
+        )
+    else:
+        credit = f"Credited {fmt.money(i.credited)}"
     if i.stall_credited is not None:
+        estimated = "estimated so far " if i.credit_estimated else ""
         credit += (
-            f", and {fmt.money(i.stall_credited)} for your rental's other GPUs while the job "
-            f"waited ({duration(i.stall_credited_s or 0)} of GPU time)"
+            f", and {estimated}{fmt.money(i.stall_credited)} for your rental's other GPUs while "
+            f"the job waited ({duration(i.stall_credited_s or 0)} of GPU time)"
         )
     return f"{head}. {where}. {credit}"

@@ -20,18 +20,26 @@ Revenue: per month and currency, the sums of the non-void invoices' lines by kin
 from __future__ import annotations
 
 import statistics
+import uuid
 from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from pydantic import Field
 from sqlalchemy.orm import Session
 
 from app.billing import repository as billing_repository
+from app.billing import usage as billing_usage
 from app.billing.core.lines import LineKind
+from app.billing.loader import billing_period, current_period
+from app.billing.models import InvoiceLineRow
 from app.billing.schemas import money
+from app.billing.usage import UsageSettings
 from app.core.epoch import epoch, from_epoch
 from app.core.schemas import Schema
+from app.customers import repository as customers_repository
+from app.customers.service import customers_by_zone
 from app.dashboard import wording
 from app.failover.schemas import SiteLatency, SparePoolRead
 from app.failover.service import pool_view
@@ -194,9 +202,7 @@ def _latency(values: list[int | None]) -> LatencyRead:
 # --- revenue ------------------------------------------------------------------------------
 
 
-class RevenueMonth(Schema):
-    period: str
-    currency: str
+class RevenueFigures(Schema):
     invoices: int
     billed: str = Field(description="GPU time charged, before credits.")
     credited: str = Field(description="Failure, migration and degraded credits (negative).")
@@ -207,6 +213,25 @@ class RevenueMonth(Schema):
     total: str = Field(description="Invoiced, tax included: every column before it.")
     prepaid: str = Field(description="Paid from customers' prepaid balances (negative).")
     amount_due: str = Field(description="Total + prepaid: what the invoices ask to be paid.")
+    to_date: bool = Field(
+        default=False,
+        description="Includes a current month rated to date, with no invoice drafted yet "
+        "(charges, credits and caps; vouchers, tax and the prepaid balance come with it).",
+    )
+
+
+class RevenueCustomer(RevenueFigures):
+    customer_id: uuid.UUID
+    customer_name: str
+
+
+class RevenueMonth(RevenueFigures):
+    period: str
+    currency: str
+    customers: list[RevenueCustomer] = Field(
+        description="The month's figures per customer, largest total first; they add up to "
+        "the month's."
+    )
 
 
 class RevenueRead(Schema):
@@ -228,30 +253,89 @@ _COLUMNS = {
     LineKind.TAX: "tax",
     LineKind.PREPAID_BALANCE: "prepaid",
 }
-_INVOICED = set(_COLUMNS.values()) - {"prepaid"}
+_ALL = set(_COLUMNS.values())
+_INVOICED = _ALL - {"prepaid"}
 
 
-def revenue(session: Session, first: str, last: str) -> RevenueRead:
-    sums: dict[tuple[str, str], dict[str, Decimal]] = {}
-    invoices: dict[tuple[str, str], int] = {}
+def revenue(
+    session: Session, first: str, last: str, now: datetime, config: UsageSettings
+) -> RevenueRead:
+    """Per month and currency, and per customer: the non-void invoices' lines; a customer's
+    current month with no invoice yet is rated to date (``to_date``)."""
+    sums: dict[tuple[str, str], dict[uuid.UUID, dict[str, Decimal]]] = defaultdict(dict)
+    invoices: dict[tuple[str, str, uuid.UUID], int] = {}
     for row in billing_repository.revenue_by_period(session, first, last):
-        key = (str(row["period"]), str(row["currency"]))
-        cells = sums.setdefault(key, defaultdict(Decimal))
+        month, customer = (str(row["period"]), str(row["currency"])), row["customer_id"]
+        cells = sums[month].setdefault(customer, defaultdict(Decimal))
+        key = (*month, customer)
         invoices[key] = max(invoices.get(key, 0), int(row["invoices"]))
         cells[_COLUMNS[LineKind(row["kind"])]] += row["amount"]
+    to_date = _to_date(session, first, last, now, config)
+    for (month, customer), lines in to_date.items():
+        cells = sums[month].setdefault(customer, defaultdict(Decimal))
+        invoices.setdefault((*month, customer), 0)
+        for line in lines:
+            cells[_COLUMNS[LineKind(line.kind)]] += line.amount
+    names = customer_names(session, {c for per in sums.values() for c in per})
     months = []
-    for (period, currency), cells in sorted(sums.items(), reverse=True):
-        fields = {column: money(cells[column], currency) for column in set(_COLUMNS.values())}
-        # Total is what was invoiced; the prepaid balance is how part of it was paid.
-        total = sum((cells[column] for column in _INVOICED), Decimal(0))
+    for (period, currency), per_customer in sorted(sums.items(), reverse=True):
+        customers = [
+            RevenueCustomer(
+                customer_id=customer,
+                customer_name=names.get(customer, str(customer)),
+                to_date=((period, currency), customer) in to_date,
+                **_figures(cells, invoices[(period, currency, customer)], currency),
+            )
+            for customer, cells in per_customer.items()
+        ]
+        customers.sort(key=lambda c: (-Decimal(c.total), c.customer_name))
+        whole: dict[str, Decimal] = defaultdict(Decimal)
+        for cells in per_customer.values():
+            for column, amount in cells.items():
+                whole[column] += amount
+        count = sum(c.invoices for c in customers)
         months.append(
             RevenueMonth(
                 period=period,
                 currency=currency,
-                invoices=invoices[(period, currency)],
-                total=money(total, currency),
-                amount_due=money(total + cells["prepaid"], currency),
-                **fields,
+                customers=customers,
+                to_date=any(c.to_date for c in customers),
+                **_figures(whole, count, currency),
             )
         )
     return RevenueRead(first=first, last=last, months=months)
+
+
+def _to_date(
+    session: Session, first: str, last: str, now: datetime, config: UsageSettings
+) -> dict[tuple[tuple[str, str], uuid.UUID], list[InvoiceLineRow]]:
+    """Each customer's current month, where it lies in [first, last] and the invoice run has
+    not drafted it, rated to date (the lines its invoice would start from)."""
+    out = {}
+    for customer in customers_by_zone(session):
+        name = current_period(customer.billing_timezone, now)
+        if not first <= name <= last or billing_repository.live_invoice(session, customer.id, name):
+            continue
+        period = billing_period(name, customer.billing_timezone)
+        lines = billing_usage.lines_to_date(session, customer, period, now, config)
+        if lines:
+            out[(name, customer.currency), customer.id] = lines
+    return out
+
+
+def customer_names(session: Session, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
+    if not ids:
+        return {}
+    return {id_: name for id_, name in session.execute(customers_repository.names_query(ids))}
+
+
+def _figures(cells: dict[str, Decimal], invoices: int, currency: str) -> dict[str, Any]:
+    fields: dict[str, Any] = {column: money(cells[column], currency) for column in _ALL}
+    # Total is what was invoiced; the prepaid balance is how part of it was paid.
+    total = sum((cells[column] for column in _INVOICED), Decimal(0))
+    fields.update(
+        invoices=invoices,
+        total=money(total, currency),
+        amount_due=money(total + cells["prepaid"], currency),
+    )
+    return fields

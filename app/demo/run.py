@@ -162,6 +162,15 @@ def month_start(moment: datetime, back: int = 0) -> datetime:
     return datetime(month // 12, month % 12 + 1, 1, tzinfo=UTC)
 
 
+# The demo's invoices are complete documents: a (fictional) seller with a postal address and a
+# tax id, unless the environment names one (GPUMETER_SELLER_*, README "Settings").
+DEMO_SELLER = {
+    "GPUMETER_SELLER_NAME": "Example GPU Cloud GmbH",
+    "GPUMETER_SELLER_ADDRESS": "Hauptstr. 1\n10115 Berlin\nGermany",
+    "GPUMETER_SELLER_TAX_ID": "DE123456789",
+}
+
+
 class Demo:
     def __init__(
         self,
@@ -177,6 +186,7 @@ class Demo:
         # The demo's own signing secret: a served database needs one (`gpumeter serve`).
         secret = os.environ.get("GPUMETER_SECRET_KEY") or secrets.token_urlsafe(32)
         self.env = {
+            **DEMO_SELLER,
             **os.environ,
             "GPUMETER_DATABASE_URL": url,
             "GPUMETER_SECRET_KEY": secret,

@@ -144,6 +144,12 @@ def price_schedule(
     return sorted(schedule, key=lambda point: point[0])
 
 
+def price_rows(session: Session, plan_id: uuid.UUID, customer_id: uuid.UUID) -> list[PlanPrice]:
+    """Read interface (cost exports): the plan's published prices and the customer's own, with
+    their ids (a price list's entries, as ``GET /v1/plans/{id}/prices`` shows them)."""
+    return list(session.scalars(repository.prices_query(plan_id, customer_id=customer_id)))
+
+
 def prices_added_since(
     session: Session, customer_id: uuid.UUID, before: datetime, since: datetime
 ) -> bool:

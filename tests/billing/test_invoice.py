@@ -91,5 +91,15 @@ def test_the_xid_of_a_credit_comes_from_the_event_its_evidence_or_its_rule() -> 
     assert xid_of(classifier) == 48  # the classifier's own evidence first
     assert xid_of({"rule": "xid_94_contained_ecc", "code": None}) == 94
     assert xid_of({"rule": "gpu_lost"}) is None
-    assert evidence_text(classifier) == "XID 48 (xid_79_fallen_off_bus)"
+    # In NVIDIA's words, never a rule name: the driver's message, else the description the
+    # evidence carries (the agent's XID catalog), else NVIDIA's name for the XID.
+    assert evidence_text(classifier) == "XID 48: Double Bit ECC Error"
+    assert evidence_text({"rule": "xid_79_fallen_off_bus", "code": 79}) == (
+        "XID 79: GPU has fallen off the bus"
+    )
+    described = {"rule": "xid", "code": 154, "detail": {"description": "GPU recovery action"}}
+    assert evidence_text(described) == "XID 154: GPU recovery action"
+    item = {"rule": "xid", "code": 999, "detail": {"evidence": [{"description": "New code"}]}}
+    assert evidence_text(item) == "XID 999: New code"
+    assert evidence_text({"rule": "nvlink_down", "code": None}) == "nvlink down"
     assert evidence_text({"from_gpu": "A", "to_gpu": "B", "reason": None}) == "migrated from A to B"

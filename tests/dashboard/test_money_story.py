@@ -192,3 +192,15 @@ def test_revenue_totals_include_the_prepaid_balance(
     page = client.get("/dashboard/revenue", headers=console.headers).text
     assert f'data-api="amount_due" data-raw="{month["amount_due"]}"' in page
     assert 'data-api="prepaid" data-raw="-10.00"' in page
+    # Per customer: each one's invoices, to the cent, adding up to the month.
+    by_customer = {c["customer_name"]: c for c in month["customers"]}
+    assert set(by_customer) == {"Acme", "Other"}
+    assert by_customer["Acme"]["amount_due"] == seeded.invoice["total"]
+    assert by_customer["Other"]["amount_due"] == drafted["total"]
+    assert (by_customer["Other"]["prepaid"], by_customer["Acme"]["prepaid"]) == ("-10.00", "0.00")
+    for key in ("billed", "credited", "tax", "total", "prepaid", "amount_due"):
+        assert sum(Decimal(c[key]) for c in month["customers"]) == Decimal(month[key]), key
+    assert sum(c["invoices"] for c in month["customers"]) == month["invoices"] == 2
+    for c in month["customers"]:
+        row = page[page.index(f'data-customer="{c["customer_id"]}"') :]
+        assert f'data-api="amount_due" data-raw="{c["amount_due"]}"' in row.split("</tr>")[0]

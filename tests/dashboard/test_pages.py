@@ -333,6 +333,34 @@ def test_docs_are_served_without_a_cdn(client: TestClient) -> None:
         assert client.get(asset).status_code == 200, asset
 
 
+def test_a_live_incident_shows_its_estimated_credit_before_the_invoice_is_drafted(
+    client: TestClient, console: Console
+) -> None:
+    """Zed's GPU fails and its job runs again on a spare 47 min 30 s later; no invoice run has
+    drafted October: the incident shows the credit rated so far, marked as an estimate, the
+    same cents the drafted invoice then credits (2,850 s x 2.00/h = 1.58)."""
+    zed = world.failover_at_the_event(console)
+    path = f"/v1/customers/{zed.customer['id']}/incidents?period={PERIOD}"
+    [live] = client.get(path, headers=bearer(zed.key)).json()["items"]
+    assert (live["credited"], live["credited_s"], live["credit_estimated"]) == ("1.58", 2850, True)
+    assert live["summary"].endswith(
+        "Estimated credit so far \u20ac1.58 for 47 min 30 s, on this month's invoice once it "
+        "is drafted"
+    )
+    page = client.get(f"/dashboard/incidents?period={PERIOD}", headers=bearer(zed.key)).text
+    assert "Estimated credit so far \u20ac1.58" in page
+    run = console.post(
+        "/v1/invoices/runs",
+        {"period": PERIOD, "customer_id": zed.customer["id"], "force": True},
+        status=200,
+    )
+    draft = client.get(f"/v1/invoices/{run['invoice_ids'][0]}", headers=console.headers).json()
+    credits = [Decimal(x["amount"]) for x in draft["lines"] if x["kind"].endswith("_credit")]
+    [drafted] = client.get(path, headers=bearer(zed.key)).json()["items"]
+    assert (drafted["credited"], drafted["credit_estimated"]) == ("1.58", False)
+    assert -sum(credits) == Decimal(drafted["credited"])
+
+
 def test_incidents_read_for_a_person_and_equal_the_invoice_credits(
     client: TestClient, seeded: World
 ) -> None:
@@ -375,6 +403,67 @@ def test_incidents_read_for_a_person_and_equal_the_invoice_credits(
         headers=bearer(seeded.other.key),
     ).json()
     assert other["items"] == []
+
+
+def test_revenue_shows_the_current_month_to_date_per_customer(
+    app: FastAPI, client: TestClient, console: Console, seeded: World
+) -> None:
+    """On 11 Oct 00:00 UTC no invoice covers October for Other: the revenue page's current
+    month holds its usage so far, rated as its invoice will be (24 h x 2.49 = 59.76), marked
+    to date, beside Acme's finalized invoice."""
+    app.dependency_overrides[clock] = lambda: datetime(2026, 10, 11, 0, 0, tzinfo=UTC)
+    try:
+        api = client.get(f"/v1/revenue?first={PERIOD}&last={PERIOD}", headers=console.headers)
+        page = client.get("/dashboard/revenue", headers=console.headers).text
+    finally:
+        app.dependency_overrides.pop(clock)
+    (month,) = api.json()["months"]
+    by_name = {c["customer_name"]: c for c in month["customers"]}
+    other, acme = by_name["Other"], by_name["Acme"]
+    assert (other["to_date"], other["invoices"], other["billed"]) == (True, 0, "59.76")
+    assert (acme["to_date"], acme["invoices"]) == (False, 1)
+    assert acme["amount_due"] == seeded.invoice["total"] and month["to_date"]
+    assert Decimal(month["billed"]) == Decimal(acme["billed"]) + Decimal("59.76")
+    row = page[page.index(f'data-customer="{other["customer_id"]}"') :].split("</tr>")[0]
+    assert "to date" in row and 'data-api="billed" data-raw="59.76"' in row
+
+
+def test_a_days_charge_is_its_gpu_hours_times_the_rate_unmetered_time_on_its_own_day(
+    client: TestClient, console: Console
+) -> None:
+    """Gap rents an H100 at 2.49/h for 10 and 11 Oct (UTC); its node sends nothing from
+    11 Oct 00:00 to 12:00 (unmetered: not billed). The 36 billed GPU-hours cost 89.64: day 1
+    is 24 h x 2.49 = 59.76, day 2 12 h x 2.49 = 29.88 (the missing half-day is day 2's, not
+    spread over both), and the days add up to the invoice's charge line, to the cent."""
+    plan = console.plan("gap-plan", price="2.49", currency="EUR")
+    registered = console.node("node-gap")
+    console.gpu(registered["node"]["id"], "GPU-G-1")
+    gap = console.customer("Gap", currency="EUR", billing_timezone="UTC")
+    rental = console.rental(gap["id"], plan["id"], start_at=world.START, end_at=world.END)
+    console.assign(rental["id"], "GPU-G-1", world.START)
+    start, noon = ts(world.START), ts("2026-10-11T12:00:00Z")
+    records = [
+        *world._minutes("GPU-G-1", start, start + 86_400),
+        *world._minutes("GPU-G-1", noon, ts(world.END)),
+    ]
+    world._ingest(client, registered["token"]["key"], records, [])
+    key = console.post(f"/v1/customers/{gap['id']}/keys", {"name": "finance"})["key"]
+    costs = client.get(
+        f"/v1/customers/{gap['id']}/costs?period={PERIOD}", headers=bearer(key)
+    ).json()
+    days = {d["day"]: d for d in costs["days"] if d["billed_s"]}
+    assert {day: (d["billed_s"], d["charged"]) for day, d in days.items()} == {
+        "2026-10-10": (86_400, "59.76"),
+        "2026-10-11": (43_200, "29.88"),
+    }
+    for d in days.values():
+        assert Decimal(d["charged"]) == Decimal(d["billed_s"]) * Decimal("2.49") / 3600
+    run = console.post(
+        "/v1/invoices/runs", {"period": PERIOD, "customer_id": gap["id"], "force": True}, 200
+    )
+    invoice = client.get(f"/v1/invoices/{run['invoice_ids'][0]}", headers=console.headers)
+    [charge] = [x for x in invoice.json()["lines"] if x["kind"] == "charge"]
+    assert Decimal(charge["amount"]) == sum(Decimal(d["charged"]) for d in days.values())
 
 
 def test_costs_by_day_and_rental_add_up_to_the_usage_api_and_invoice(

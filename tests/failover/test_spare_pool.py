@@ -33,6 +33,11 @@ def test_pool_low_once_per_crossing_and_a_repaired_gpu_refills_it(fleet: Fleet) 
     fleet.fail("GPU-1")
     reserved = _pool(fleet)
     assert _counts(reserved) == (3, 1, 0, 1, 0, 1) and reserved["below_target"]
+    # The fleet page shows each count of the pool, "in use" beside available and reserved.
+    page = fleet.console.client.get("/dashboard/fleet", headers=fleet.console.headers).text
+    row = page[page.index('data-pool="H100/fra1"') :]
+    for key in ("available", "reserved", "in_use", "preemptibly_rented", "failed"):
+        assert f'data-api="{key}" data-raw="{reserved[key]}"' in row, key
     [low] = fleet.events("spare_pool.low")
     assert (low["data"]["available"], low["data"]["target"]) == (0, 1)
     assert low["subject"] == "spare_pool/fra1/H100"

@@ -353,7 +353,7 @@ def _growth(rated: Sequence[RatedRental], period: tuple[int, int], as_of: int) -
     )
     if len(added) < 2 or left <= 0 or added[-1][0] == added[0][0]:
         return Fraction(0)
-    pace = sum(rate for _, rate in added[1:]) / (added[-1][0] - added[0][0])
+    pace = sum((rate for _, rate in added[1:]), Fraction(0)) / (added[-1][0] - added[0][0])
     return pace * left * left / 2
 
 

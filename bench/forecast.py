@@ -181,15 +181,18 @@ def run(scale: int) -> dict[str, Any]:
             plan = api.post("/v1/plans", {"name": "bench", "prices": prices, "currency": "USD"})
             for scenario in scenarios(scale):
                 customer = build(api, engine, scenario, plan["id"])
-                forecasts = {}
+                forecasts, new_rentals = {}, {}
                 for d in FORECAST_DAYS:
                     api.set_now(day(d))
-                    forecasts[d] = Decimal(api.get(f"/v1/customers/{customer}/usage")["forecast"])
+                    usage = api.get(f"/v1/customers/{customer}/usage")
+                    forecasts[d] = Decimal(usage["forecast"])
+                    new_rentals[str(d)] = usage["forecast_new_rentals"]
                 final = invoiced(api, customer)
                 errors = {d: (f - final) * 100 / final for d, f in forecasts.items()}
                 rows[scenario.name] = {
                     "invoice": str(final),
                     "forecast": {str(d): str(f) for d, f in forecasts.items()},
+                    "of_which_new_rentals": new_rentals,
                     "error_percent": {str(d): float(round(e, 2)) for d, e in errors.items()},
                 }
                 print(_row(scenario.name, final, errors), file=sys.stderr, flush=True)

@@ -248,7 +248,14 @@ class UsageRead(Schema):
     buckets_s: dict[str, int]
     effective: EffectiveRead
     cost_to_date: str = Field(description="Rental charges, credits and caps; before vouchers.")
-    forecast: str = Field(description="Cost to date plus running rentals extrapolated.")
+    forecast: str = Field(
+        description="Cost to date, plus running rentals to the month's end (or their booked "
+        "end) at the current price, plus forecast_new_rentals; before vouchers and tax."
+    )
+    forecast_new_rentals: str = Field(
+        description="The part of the forecast for rentals not made yet: this month's additions "
+        "(open-ended rentals started after its first second) kept up at their pace so far."
+    )
     forecast_is_cap: bool = Field(description="Some rental's forecast is its cap.")
     vouchers: VoucherLedgerRead
     rentals: list[RentalUsageRead]

@@ -102,6 +102,7 @@ def usage_and_rated(
     rated = to_date.rated
     currency, zero = customer.currency, Decimal(0)
     forecasts = [_forecast(r, span[1], period.span[1], currency) for r in rated]
+    growth = round_money(_growth(rated, period.span, span[1]), currency)
     effective = [effective_of(r, to_date.idle_s[r.rental.rental_id]) for r in rated]
     read = UsageRead(
         customer_id=customer.id,
@@ -113,11 +114,8 @@ def usage_and_rated(
         buckets_s=_buckets(rated),
         effective=_effective(sum(effective, EffectiveUsage(0, 0, 0))),
         cost_to_date=money(sum((r.net for r in rated), zero), currency),
-        forecast=money(
-            sum((f.amount for f in forecasts), zero)
-            + round_money(_growth(rated, period.span, span[1]), currency),
-            currency,
-        ),
+        forecast=money(sum((f.amount for f in forecasts), growth), currency),
+        forecast_new_rentals=money(growth, currency),
         forecast_is_cap=any(f.is_cap for f in forecasts),
         vouchers=voucher_ledger(session, customer, now),
         rentals=[
@@ -353,7 +351,7 @@ def _growth(rated: Sequence[RatedRental], period: tuple[int, int], as_of: int) -
     )
     if len(added) < 2 or left <= 0 or added[-1][0] == added[0][0]:
         return Fraction(0)
-    pace = sum(rate for _, rate in added[1:]) / (added[-1][0] - added[0][0])
+    pace = sum((rate for _, rate in added[1:]), Fraction(0)) / (added[-1][0] - added[0][0])
     return pace * left * left / 2
 
 

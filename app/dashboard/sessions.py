@@ -34,8 +34,9 @@ from app.settings import get_settings
 COOKIE_NAME = "gpumeter_session"
 SESSION_TTL_S = 12 * 3600
 PORTAL_LINK_TTL_S = 7 * 86_400
-# A cookie is ambient authority: it only authenticates reads, so no other site can make a
-# signed-in browser change anything (POSTs need an explicit API key).
+# A cookie is ambient authority: the middleware honours it on reads only, so no other site can
+# make a signed-in browser change anything through the API (POSTs need an explicit API key);
+# the dashboard's own budget forms read it themselves, behind the same-origin check.
 _COOKIE_METHODS = frozenset({"GET", "HEAD"})
 
 

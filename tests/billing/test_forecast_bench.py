@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench" / "forecast.py"
@@ -26,5 +27,9 @@ def test_the_forecast_bench_meets_its_goal_in_every_scenario() -> None:
     # The steady month and the booked end are known in full on day 5 already: exact.
     for name in ("steady", "ending"):
         assert set(result["scenarios"][name]["error_percent"].values()) == {0.0}, name
+    # Only the growing customer is forecast rentals it has not made yet.
+    for name, row in result["scenarios"].items():
+        new = {Decimal(v) for v in row["of_which_new_rentals"].values()}
+        assert (min(new) > 0) if name == "growth" else new == {Decimal(0)}, (name, new)
     assert result["met"] is True
     assert "day 10" in ran.stderr  # the table a person reads

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -52,7 +53,7 @@ def northwind(console: Console, db: Engine) -> tuple[dict[str, str], str]:
     return customer, key
 
 
-def status(page: Page, customer_id: str, key: str) -> list[dict[str, object]]:
+def status(page: Page, customer_id: str, key: str) -> list[dict[str, Any]]:
     path = f"/v1/customers/{customer_id}/budgets/status"
     return list(page.request.get(path, headers=bearer(key)).json()["items"])
 
@@ -82,7 +83,7 @@ def test_budget_pages_create_change_and_delete_at_both_widths(
     page.get_by_role("link", name="Budgets").click()
     expect(page.get_by_role("heading", name="Budgets")).to_be_visible()
     [after] = status(page, customer["id"], key)
-    row = page.locator(f'tr[data-budget="{before["budget"]["id"]}"]')  # type: ignore[index]
+    row = page.locator(f'tr[data-budget="{before["budget"]["id"]}"]')
     expect(row.locator('[data-label="Spend"]')).to_have_attribute("data-raw", str(after["spend"]))
     # No telemetry after the last whole minute: each second since is unmetered, so the forecast
     # falls as the clock runs; the page's lies between the API's just before and just after.
@@ -101,13 +102,13 @@ def test_budget_pages_create_change_and_delete_at_both_widths(
     at_both_widths(page, "budgets", DOCS)
     page.get_by_role("button", name="Create budget").click()
     expect(page.locator("tr[data-budget]")).to_have_count(2)
-    rental_budget = next(s for s in status(page, customer["id"], key) if s["budget"]["rental_id"])  # type: ignore[index]
-    assert rental_budget["budget"]["amount"] == "1200.00"  # type: ignore[index]
+    rental_budget = next(s for s in status(page, customer["id"], key) if s["budget"]["rental_id"])
+    assert rental_budget["budget"]["amount"] == "1200.00"
 
     # Change it: a typo is refused in words, then the corrected form is saved.
     page.locator(f'tr[data-budget="{rental_budget["budget"]["id"]}"]').get_by_role(
         "link", name="Change"
-    ).click()  # type: ignore[index]
+    ).click()
     page.get_by_label("Alert when spend so far reaches").fill("75, 1OO")
     page.get_by_role("button", name="Save changes").click()
     expect(page.get_by_role("alert")).to_contain_text("'1OO' is not a whole percent")
@@ -116,13 +117,13 @@ def test_budget_pages_create_change_and_delete_at_both_widths(
     at_both_widths(page, "budget-change", DOCS)
     page.get_by_role("button", name="Save changes").click()
     expect(page.get_by_role("heading", name="Budgets")).to_be_visible()
-    changed = next(s for s in status(page, customer["id"], key) if s["budget"]["rental_id"])  # type: ignore[index]
-    assert changed["budget"]["amount"] == "1500.00"  # type: ignore[index]
+    changed = next(s for s in status(page, customer["id"], key) if s["budget"]["rental_id"])
+    assert changed["budget"]["amount"] == "1500.00"
 
     # Delete it.
     page.locator(f'tr[data-budget="{changed["budget"]["id"]}"]').get_by_role(
         "link", name="Change"
-    ).click()  # type: ignore[index]
+    ).click()
     page.get_by_role("button", name="Delete budget").click()
     expect(page.locator("tr[data-budget]")).to_have_count(1)
     assert len(status(page, customer["id"], key)) == 1

@@ -861,3 +861,32 @@ def test_an_open_months_costs_page_rates_the_month_once(
     assert due["source"] == "to_date" and Decimal(due["steps"][-1]["amount"]) > 0
     for step in due["steps"]:
         assert raw(html, f"due.steps.{step['key']}") == step["amount"], step
+
+
+def test_the_forecast_counts_the_months_additions_and_says_so(
+    app: FastAPI, client: TestClient, console: Console
+) -> None:
+    # One H100 since September; one more on 3 and on 5 October (2.49/h, open-ended). On 7 Oct
+    # the pace is the second addition's 2.49/h per the 2 days since the first; kept up over the
+    # 25 days left (pace x R^2 / 2) it adds 2.49 x 24 x 25 x 25 / (2 x 2) = 9,337.50.
+    plan = console.plan("growing", price="2.49")
+    registered = console.node("node-grow")
+    customer = console.customer("Growing")
+    for gpu, start in (("G-1", "2026-09-01"), ("G-2", "2026-10-03"), ("G-3", "2026-10-05")):
+        console.gpu(registered["node"]["id"], gpu)
+        rental = console.rental(customer["id"], plan["id"], start_at=f"{start}T00:00:00Z")
+        console.assign(rental["id"], gpu, f"{start}T00:00:00Z")
+    key = console.post(f"/v1/customers/{customer['id']}/keys", {"name": "grow"})["key"]
+    app.dependency_overrides[clock] = lambda: datetime(2026, 10, 7, 0, 0, tzinfo=UTC)
+    try:
+        api = client.get(f"/v1/customers/{customer['id']}/usage", headers=bearer(key)).json()
+        html = client.get("/dashboard", headers=bearer(key)).text
+    finally:
+        app.dependency_overrides.pop(clock)
+    assert api["forecast_new_rentals"] == "9337.50"
+    # No telemetry: nothing billed so far; the three running GPUs cost 25 days x 24 h x 2.49.
+    running = sum(Decimal(r["forecast"]) for r in api["rentals"])
+    assert running == 3 * 25 * 24 * Decimal("2.49")
+    assert Decimal(api["forecast"]) == running + Decimal("9337.50")
+    assert raw(html, "forecast_new_rentals") == "9337.50"
+    assert "for new rentals at this month" in html

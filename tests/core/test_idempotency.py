@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from app.core import queue
 from app.core.db import transaction
 from app.core.idempotency import HEADER, purge_expired
 from app.settings import get_settings
@@ -284,3 +286,27 @@ def test_a_kept_answer_is_encrypted_at_rest(
     assert "can no longer be read" in retired.json()["detail"][0]["msg"]
     keys = console.client.get(path, headers=console.headers).json()["items"]
     assert len(keys) == 1
+
+
+def test_the_purge_job_runs_every_5_minutes_under_the_ttl_setting(
+    console: Console, db: Engine
+) -> None:
+    task = queue.queue.tasks["idempotency:purge"]
+    assert task.queueing_lock == "idempotency_purge"
+    periodic = queue.queue.periodic_registry.periodic_tasks.values()
+    assert [p.cron for p in periodic if p.task is task] == ["*/5 * * * *"]
+    acme = console.customer("Acme")
+    for key in ("two-hours-old", "new"):
+        assert post(console, top_up_path(acme), TOP_UP, key).status_code == 201
+    with transaction(db) as session:
+        session.execute(
+            text(
+                "UPDATE idempotency_keys SET created_at = now() - interval '2 hours' "
+                "WHERE key = 'two-hours-old'"
+            )
+        )
+    settings = get_settings().model_copy(update={"idempotency_key_ttl_s": 3600})
+    context = SimpleNamespace(additional_context={"engine": db, "settings": settings})
+    assert task.func(context, 0) == 1
+    with transaction(db) as session:
+        assert stored_keys(session) == ["new"]

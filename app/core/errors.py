@@ -284,8 +284,10 @@ INTERNAL_ERROR = "an unexpected error; it has been logged for the operators: ret
 
 
 async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-    """The 500 of an error nothing else handled, in the one error shape."""
-    log.error("unexpected error", extra={"path": request.url.path, "error": repr(exc)})
+    """The 500 of an error nothing else handled, in the one error shape. Not logged here:
+    Starlette's ServerErrorMiddleware re-raises it after the answer, and the server logs it
+    once, with its traceback (app.main wraps a second one around ingest and the throttle,
+    which would log it twice)."""
     items = [{"loc": [], "msg": INTERNAL_ERROR, "type": "internal_error"}]
     return JSONResponse({"detail": items}, status_code=500)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, text
 
+from app.core import queue
 from app.core.db import transaction
 from app.core.idempotency import HEADER, purge_expired
 from app.settings import get_settings
@@ -132,25 +134,35 @@ def test_an_answer_that_changed_nothing_is_not_kept(console: Console) -> None:
 def test_a_duplicate_while_the_first_runs_is_a_409(console: Console, db: Engine) -> None:
     acme = console.customer("Acme")
     path = top_up_path(acme)
-    answers: list[httpx.Response] = []
+    answers: dict[str, httpx.Response] = {}
+
+    def send(name: str) -> threading.Thread:
+        def run() -> None:
+            answers[name] = post(console, path, TOP_UP, "k-3")
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
     with db.connect() as blocker:
         # The first request's insert waits on this lock, holding its key meanwhile.
         blocker.execute(text("LOCK TABLE balance_entries IN EXCLUSIVE MODE"))
-        first = threading.Thread(target=lambda: answers.append(post(console, path, TOP_UP, "k-3")))
-        first.start()
+        first = send("first")
         try:
             wait_for(lambda: lock_waiters(db) > 0, "the first request to wait on the lock")
-            duplicate = post(console, path, TOP_UP, "k-3")
+            duplicate = send("duplicate")
+            duplicate.join(timeout=10)  # answered at once, without waiting for the first
+            assert "duplicate" in answers, "the duplicate waited for the first request"
         finally:
             blocker.rollback()
             first.join(timeout=30)
-    assert duplicate.status_code == 409
-    assert duplicate.json()["detail"][0]["loc"] == ["header", "idempotency-key"]
-    assert "still running" in duplicate.json()["detail"][0]["msg"]
-    [answer] = answers
-    assert answer.status_code == 201
+    assert answers["duplicate"].status_code == 409
+    [problem] = answers["duplicate"].json()["detail"]
+    assert problem["loc"] == ["header", "idempotency-key"] and "still running" in problem["msg"]
+    assert answers["first"].status_code == 201
     after = post(console, path, TOP_UP, "k-3")
-    assert after.json() == answer.json() and after.headers["idempotent-replayed"] == "true"
+    assert after.json() == answers["first"].json()
+    assert after.headers["idempotent-replayed"] == "true"
     assert len(top_ups(console, acme)) == 1
 
 
@@ -274,3 +286,27 @@ def test_a_kept_answer_is_encrypted_at_rest(
     assert "can no longer be read" in retired.json()["detail"][0]["msg"]
     keys = console.client.get(path, headers=console.headers).json()["items"]
     assert len(keys) == 1
+
+
+def test_the_purge_job_runs_every_5_minutes_under_the_ttl_setting(
+    console: Console, db: Engine
+) -> None:
+    task = queue.queue.tasks["idempotency:purge"]
+    assert task.queueing_lock == "idempotency_purge"
+    periodic = queue.queue.periodic_registry.periodic_tasks.values()
+    assert [p.cron for p in periodic if p.task is task] == ["*/5 * * * *"]
+    acme = console.customer("Acme")
+    for key in ("two-hours-old", "new"):
+        assert post(console, top_up_path(acme), TOP_UP, key).status_code == 201
+    with transaction(db) as session:
+        session.execute(
+            text(
+                "UPDATE idempotency_keys SET created_at = now() - interval '2 hours' "
+                "WHERE key = 'two-hours-old'"
+            )
+        )
+    settings = get_settings().model_copy(update={"idempotency_key_ttl_s": 3600})
+    context = SimpleNamespace(additional_context={"engine": db, "settings": settings})
+    assert task.func(context, 0) == 1
+    with transaction(db) as session:
+        assert stored_keys(session) == ["new"]

@@ -39,7 +39,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.auth.service import hash_secret
-from app.core.errors import TooManyRequests
+from app.core.errors import TooManyRequests, database_unavailable
 from app.core.limits import send_api_error
 from app.settings import Settings
 
@@ -129,7 +129,14 @@ class ThrottleFailedAuth:
         address = client_address(scope)
         wait = self.throttle.key_refused(key)
         if wait is None and (wait := self.throttle.address_throttled(address)) is not None:
-            if await self.valid(key):
+            try:
+                valid = await self.valid(key)
+            except Exception as exc:
+                if (unavailable := database_unavailable(exc, scope["path"])) is None:
+                    raise
+                await send_api_error(send, unavailable)
+                return
+            if valid:
                 wait = None
             else:
                 self.throttle.failed(address, key)

@@ -12,8 +12,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError
+from starlette.types import Receive, Scope, Send
 
-from app.auth.throttle import FailedAuthThrottle
+from app.auth.throttle import FailedAuthThrottle, ThrottleFailedAuth
 from app.main import create_app
 from app.settings import get_settings
 from tests.e2e.conftest import Service
@@ -143,3 +145,20 @@ def test_behind_a_trusted_proxy_each_client_is_throttled_by_its_forwarded_addres
         assert status("203.0.113.7", admin_key) == 200
     finally:
         service.stop()
+
+
+def test_a_database_outage_while_checking_a_key_is_a_503_not_a_500() -> None:
+    # From a throttled address a key is looked up before the app runs; the database being
+    # unreachable then is the service's state, not the request's fault: 503, retry later.
+    async def unreachable(key: str) -> bool:
+        raise OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise AssertionError("a throttled request with an unchecked key reached the app")
+
+    throttle = FailedAuthThrottle(limit=1, window_s=60, tracked=10)
+    throttle.failed("testclient", guess())
+    with TestClient(ThrottleFailedAuth(app, throttle, unreachable)) as client:
+        answer = client.get("/v1/invoices", headers=bearer(guess()))
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["retry-after"] and answer.json()["detail"][0]["msg"]

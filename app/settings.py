@@ -274,6 +274,13 @@ class Settings(BaseSettings):
         description="Most GPUs one node may have; a batch that would register more is refused "
         "(403), so a node token cannot flood the fleet with made-up GPUs.",
     )
+    ingest_hold_max: int = Field(
+        default=50_000,
+        ge=0,
+        description="Most records plus events held per GPU in dispute (two nodes claimed its "
+        "UUID) until an operator settles the clash (about a day of one GPU's 2-s rounds); "
+        "past it they are refused, each answered so.",
+    )
     max_budgets_per_customer: int = Field(
         default=50, ge=1, description="Most budgets one customer may have (409 past it)."
     )

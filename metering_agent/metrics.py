@@ -44,6 +44,9 @@ HELP = {
     "gpumeter_agent_upload_throttled_total": "503/429 answers: the service shed load.",
     "gpumeter_agent_batches_dead_lettered_total": "Batches rejected with a 4xx.",
     "gpumeter_agent_batches_uploaded_total": "Batches accepted by the service.",
+    "gpumeter_agent_items_held_total": "Items the service holds: their GPU's UUID is in dispute.",
+    "gpumeter_agent_items_refused_total": "Items of stored batches the service refused (kept "
+    "in dead-letter/).",
     "gpumeter_agent_upload_bytes_total": "Request body bytes sent (after gzip).",
     "gpumeter_agent_upload_uncompressed_bytes_total": "Request body bytes before gzip.",
     "gpumeter_agent_upload_connections_total": "HTTP connections opened to the service.",

@@ -111,6 +111,27 @@ class IngestBatch:
     protocol_version: int = PROTOCOL_VERSION
 
 
+class Withheld(StrEnum):
+    """Why an item of a stored batch was not stored with it."""
+
+    # Two nodes claimed its GPU's UUID: the service keeps it until an operator settles the
+    # clash, then stores it (its node got the GPU) or reports it refused. Do not re-send it.
+    HELD = "held"
+    # Not kept (the GPU was retired or settled to another node, or its hold is full): the
+    # reason says why. Re-sending changes nothing; keep it for a person to look at.
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True, slots=True)
+class ItemAnswer:
+    """The answer for one item of a batch that was not stored with the rest of it."""
+
+    loc: tuple[str | int, ...]  # ("records", 3) or ("events", 0)
+    gpu_uuid: str
+    outcome: Withheld
+    reason: str
+
+
 @dataclass(frozen=True, slots=True)
 class IngestResult:
     batch_id: str
@@ -118,6 +139,9 @@ class IngestResult:
     duplicates: int
     events_accepted: int
     events_duplicate: int
+    # Items not stored with the batch (its other items were), one answer each: empty unless
+    # a GPU's UUID is in dispute. Older agents ignore it: held items are kept all the same.
+    not_stored: list[ItemAnswer] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,9 @@ Layout of the spool directory:
   journal, so it needs no free space; the batch id is fixed then, so retries and restarts resend
   the same id. The uploader builds the ``IngestBatch`` JSON from the lines (``read_batch``).
   Batches of earlier versions (``<seq>-<batch_id>.json``, an ``IngestBatch``) are still read;
-- ``dead-letter/``: batches the service rejected with a 4xx, kept for an operator;
+- ``dead-letter/``: batches the service rejected with a 4xx, and the items it refused from a
+  batch it stored (``<batch>.refused.json``: each item with the service's answer), kept for an
+  operator;
 - ``quarantine/``: files found unreadable at start (a torn or garbage line, an item that is not a
   record or event, a garbage ``state.json``, a stray file), moved aside whole so the agent starts;
   the readable items in them are spooled again. Logged (``spool_quarantined``) and counted
@@ -514,6 +516,12 @@ class Spool:
             self._batch_sizes.pop(path, None)
             self._publish()
             return target
+
+    def dead_letter_items(self, path: Path, items: list[dict[str, Any]]) -> Path:
+        """Keep items the service refused from the batch ``path`` (which it stored)."""
+        target = self.dead_dir / f"{path.stem}.refused.json"
+        write_atomic(target, json.dumps({"batch": path.name, "items": items}).encode())
+        return target
 
     # -- accounting -------------------------------------------------------------------------
 

@@ -1,6 +1,10 @@
 """Uploader: sends sealed spool batches to ``POST {server}/v1/ingest``, oldest first.
 
-- 2xx: stored (duplicates included); the batch file is removed.
+- 2xx: stored (duplicates included); the batch file is removed. Items the answer lists as not
+  stored (``not_stored``: a GPU whose UUID another node claims too) are not re-sent: ``held``
+  ones the service keeps until an operator settles the clash (logged, counted); ``refused``
+  ones are kept in the dead-letter folder with the service's reason (logged as an error,
+  counted), never dropped unseen.
 - 4xx (except 408 and 429, which are "try later"): rejected; the batch moves to the spool's
   dead-letter folder, logged as an error, and the uploader carries on with the next one.
 - 5xx, 408, 429, network errors and timeouts: the same batch is retried with exponential backoff
@@ -29,10 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC
 from pathlib import Path
+from typing import Any
 
 from metering_agent.logs import Log
 from metering_agent.metrics import Metrics
-from metering_agent.protocol import INGEST_PATH
+from metering_agent.protocol import INGEST_PATH, Withheld
 from metering_agent.spool import Spool, read_batch
 from metering_agent.transport import Transport
 
@@ -95,6 +100,14 @@ class Backoff:
         self.attempts = 0
 
 
+def _item_at(batch: dict[str, Any], loc: Any) -> Any:
+    """The batch's item at an answer's ``loc`` (["records", 3]); None if it names none."""
+    try:
+        return batch[loc[0]][loc[1]]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
 class Uploader:
     def __init__(
         self,
@@ -122,7 +135,8 @@ class Uploader:
         self._cond = threading.Condition()
 
     def post(self, path: Path) -> Reply:
-        raw = json.dumps(read_batch(path)).encode()
+        batch = read_batch(path)
+        raw = json.dumps(batch).encode()
         body, headers = self.transport.encode(raw)
         headers["Authorization"] = f"Bearer {self._token}"
         opened = self.transport.connections_opened
@@ -137,7 +151,40 @@ class Uploader:
                 self._metrics.inc("gpumeter_agent_upload_connections_total", opened)
         self._metrics.inc("gpumeter_agent_upload_bytes_total", len(body))
         self._metrics.inc("gpumeter_agent_upload_uncompressed_bytes_total", len(raw))
-        return self._judge(path, response.status, response.headers, response.body)
+        reply = self._judge(path, response.status, response.headers, response.body)
+        if reply.outcome is Outcome.STORED:
+            self._account_withheld(path, batch, response.body)
+        return reply
+
+    def _account_withheld(self, path: Path, batch: dict[str, Any], data: bytes) -> None:
+        """Log and count the items the service held, and keep those it refused (with its
+        answer) in the dead-letter folder: neither is re-sent, neither goes unseen."""
+        try:
+            answers = json.loads(data).get("not_stored") or []
+        except (ValueError, AttributeError):
+            return  # an answer without the list (an older service): all stored
+        held = [a for a in answers if a.get("outcome") == Withheld.HELD]
+        refused = [a for a in answers if a.get("outcome") != Withheld.HELD]
+        if held:
+            self._metrics.inc("gpumeter_agent_items_held_total", len(held))
+            log.warning(
+                "items_held",
+                batch=path.name,
+                count=len(held),
+                gpus=sorted({a.get("gpu_uuid") for a in held}),
+                reason=held[0].get("reason"),
+            )
+        if refused:
+            items = [{**a, "item": _item_at(batch, a.get("loc"))} for a in refused]
+            target = self.spool.dead_letter_items(path, items)
+            self._metrics.inc("gpumeter_agent_items_refused_total", len(refused))
+            log.error(
+                "items_refused",
+                batch=path.name,
+                count=len(refused),
+                path=str(target),
+                reasons=sorted({str(a.get("reason")) for a in refused}),
+            )
 
     def _judge(
         self, path: Path, status: int, headers: http.client.HTTPMessage, data: bytes

@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         admin.add_admin,
         admin.add_keys,
         admin.add_customers,
+        admin.add_gpus,
         invoices.add_invoices,
         simulation.add_simulate,
         simulation.add_demo,

@@ -1,5 +1,6 @@
 """Administration: `admin create-key | register-node`, `keys list | show | revoke`,
-`customers list | show`. Each calls the services the API's routes call, in one transaction."""
+`customers list | show`, `gpus claims | settle` (a GPU UUID clash). Each calls the services
+the API's routes call, in one transaction."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from app.cli.common import (
     print_fields,
     print_json,
     print_page,
+    print_table,
     transaction,
 )
 from app.core.pagination import paginate
@@ -218,3 +220,68 @@ def add_customers(commands: Group) -> None:
     shown = command(customers, "show", cmd_customers_show, "one customer's details")
     shown.add_argument("customer_id", type=identifier("a customer"), help="the customer's id")
     add_output(shown)
+
+
+def cmd_gpus_claims(args: argparse.Namespace) -> int:
+    from app.fleet import service
+
+    with transaction(args) as session:
+        claims = service.held_claims(session, service.get_gpu(session, args.gpu_uuid, OPERATOR))
+    if args.json:
+        print_json(claims)
+        return 0
+    print_fields([(k, v) for k, v in claims.model_dump().items() if k != "held"])
+    print_table(claims.held, HELD_COLUMNS, "no reports held")
+    return 0
+
+
+HELD_COLUMNS = [
+    Column("NODE", lambda h: h.node_id),
+    Column("RECORDS", lambda h: h.records),
+    Column("EVENTS", lambda h: h.events),
+]
+REFUSED_COLUMNS = [*HELD_COLUMNS, Column("REASON", lambda r: r.reason)]
+
+
+def cmd_gpus_settle(args: argparse.Namespace) -> int:
+    from app.fleet import service
+    from app.fleet.schemas import Settlement
+    from app.fleet.service import IngestGpus
+    from app.settings import get_settings
+
+    gpus = IngestGpus.of(get_settings())
+    with transaction(args) as session:
+        settled = service.settle(session, args.gpu_uuid, Settlement(node_id=args.node), gpus)
+    if args.json:
+        print_json(settled)
+        return 0
+    print_fields([(k, v) for k, v in settled.model_dump().items() if k != "refused"])
+    print_table(settled.refused, REFUSED_COLUMNS, "no held reports refused")
+    return 0
+
+
+def add_gpus(commands: Group) -> None:
+    gpus = group(
+        commands,
+        "gpus",
+        "see and settle a GPU UUID clash (two nodes report one UUID: both nodes' reports of "
+        "it are held until it is settled)",
+    )
+    claims = command(
+        gpus, "claims", cmd_gpus_claims, "a GPU's clash: its node and whose reports are held"
+    )
+    settle = command(
+        gpus,
+        "settle",
+        cmd_gpus_settle,
+        "settle a GPU's clash: give it to the node it is on (its held reports are stored, the "
+        "other nodes' refused, now and later) or retire it (every report refused)",
+    )
+    for one in (claims, settle):
+        one.add_argument("gpu_uuid", help="the GPU's UUID")
+        add_output(one)
+    owner = settle.add_mutually_exclusive_group(required=True)
+    owner.add_argument("--node", type=identifier("a node"), help="the id of the node it is on")
+    owner.add_argument(
+        "--retire", action="store_true", help="retire the GPU: no node's reports are kept"
+    )

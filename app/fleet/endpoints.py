@@ -10,11 +10,12 @@ from fastapi import APIRouter, Query
 from app.auth.deps import Admin, ConsoleUser
 from app.auth.endpoints import issued_key_read
 from app.auth.schemas import IssuedKeyRead
-from app.core.deps import DbSession
+from app.core.deps import AppSettings, DbSession
 from app.core.pagination import Page, Paging, paginate
 from app.fleet import repository, service, telemetry
 from app.fleet.models import Pool
 from app.fleet.schemas import (
+    GpuClaims,
     GpuCreate,
     GpuRead,
     GpuUpdate,
@@ -23,7 +24,10 @@ from app.fleet.schemas import (
     NodeCreate,
     NodeRead,
     NodeRegistered,
+    Settlement,
+    SettlementRead,
 )
+from app.fleet.service import IngestGpus
 from app.metering import reads, schemas
 
 router = APIRouter(prefix="/v1", tags=["fleet"])
@@ -77,6 +81,23 @@ def list_gpus(
 @router.post("/gpus", status_code=201)
 def create_gpu(body: GpuCreate, session: DbSession, _: Admin) -> GpuRead:
     return GpuRead.model_validate(service.create_gpu(session, body))
+
+
+@router.get("/gpus/{gpu_uuid}/claims")
+def read_gpu_claims(gpu_uuid: str, session: DbSession, admin: Admin) -> GpuClaims:
+    """A GPU's UUID clash: the node it is registered to and the nodes whose reports of it are
+    held (records and events each) until an operator settles it."""
+    return service.held_claims(session, service.get_gpu(session, gpu_uuid, admin))
+
+
+@router.post("/gpus/{gpu_uuid}/settle")
+def settle_gpu_clash(
+    gpu_uuid: str, body: Settlement, session: DbSession, _: Admin, settings: AppSettings
+) -> SettlementRead:
+    """Settle a GPU's UUID clash: give it to the node it is on (its held reports are stored,
+    the other claimants' refused, now and later) or retire it (``node_id`` null: every held
+    report refused, and every later one). The answer says what was stored and refused, why."""
+    return service.settle(session, gpu_uuid, body, IngestGpus.of(settings))
 
 
 @router.get("/gpus/{gpu_uuid}")

@@ -44,6 +44,22 @@ class Gpu(Timestamped, Base):
     last_seen_at: Mapped[datetime | None]
     # Its NVML index on the node, as the agent reports it: a scheduler's GPU index -> UUID.
     device_index: Mapped[int | None]
+    # Since another node claimed its UUID: every node's reports of it are held until an
+    # operator settles the clash (``service.settle``).
+    disputed_at: Mapped[datetime | None]
+    # Retired by an operator: no node's reports of it are kept any more.
+    retired_at: Mapped[datetime | None]
+
+
+class RefusedClaim(Base):
+    """A node whose claim to a GPU an operator settled against (the GPU went to another node,
+    or was retired): its reports of that GPU are refused, not held, so the clash stays settled."""
+
+    __tablename__ = "gpu_refused_claims"
+
+    gpu_uuid: Mapped[str] = mapped_column(ForeignKey("gpus.uuid"), primary_key=True)
+    node_id: Mapped[UUID] = mapped_column(ForeignKey("nodes.id"), primary_key=True)
+    reason: Mapped[str] = mapped_column(String(500))
 
 
 class MaintenanceWindow(Timestamped, Base):

@@ -14,18 +14,20 @@ from sqlalchemy import (
     and_,
     any_,
     cast,
+    delete,
     func,
     insert,
     or_,
     select,
     text,
 )
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.core.db import pipelined
-from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
+from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool, RefusedClaim
 from app.rentals.visibility import ever_served, served
 
 
@@ -177,13 +179,58 @@ def lock_gpu_within(session: Session, gpu_uuid: str, timeout_ms: int) -> bool:
 # --- written by ingest (through metering.ports.GpuRegistry) and read for fleet health ----
 
 
-_GPU_OWNERS = text("SELECT uuid, node_id FROM gpus WHERE uuid = ANY(CAST(:u AS text[]))")
+# A GPU in dispute or retired has no node whose reports are simply stored: NULL.
+_GPU_OWNERS = text("""
+SELECT uuid, CASE WHEN disputed_at IS NULL AND retired_at IS NULL THEN node_id END
+FROM gpus WHERE uuid = ANY(CAST(:u AS text[]))
+""")
 
 
-def gpu_owners(session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID]:
+def gpu_owners(session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID | None]:
     # Ingest's statements go through ``pipelined``: binary arrays (see there).
     [rows] = pipelined(session, [(_GPU_OWNERS, {"u": list(gpu_uuids)})])
     return {gpu: node for gpu, node in rows}
+
+
+def lock_gpus(session: Session, gpu_uuids: Collection[str]) -> list[Gpu]:
+    """The GPUs, locked in UUID order (two nodes' batches never wait on each other in turn)."""
+    query = select(Gpu).where(Gpu.uuid.in_(list(gpu_uuids))).order_by(Gpu.uuid)
+    return list(session.scalars(query.with_for_update().execution_options(populate_existing=True)))
+
+
+def refused_claims(
+    session: Session, node_id: uuid.UUID, gpu_uuids: Collection[str]
+) -> dict[str, str]:
+    """The GPUs among these whose clash was settled against the node, and why."""
+    rows = session.execute(
+        select(RefusedClaim.gpu_uuid, RefusedClaim.reason).where(
+            RefusedClaim.node_id == node_id, RefusedClaim.gpu_uuid.in_(list(gpu_uuids))
+        )
+    )
+    return {gpu: reason for gpu, reason in rows}
+
+
+def refuse_claims(
+    session: Session, gpu_uuid: str, node_ids: Collection[uuid.UUID], reason: str
+) -> None:
+    """Settle the GPU's clash against these nodes: their reports of it are refused."""
+    statement = pg_insert(RefusedClaim).values(
+        [{"gpu_uuid": gpu_uuid, "node_id": node, "reason": reason} for node in node_ids]
+    )
+    session.execute(
+        statement.on_conflict_do_update(
+            index_elements=["gpu_uuid", "node_id"], set_={"reason": statement.excluded.reason}
+        )
+    )
+
+
+def accept_claim(session: Session, gpu_uuid: str, node_id: uuid.UUID) -> None:
+    """The node's reports of the GPU are its owner's again (a clash settled its way)."""
+    session.execute(
+        delete(RefusedClaim).where(
+            RefusedClaim.gpu_uuid == gpu_uuid, RefusedClaim.node_id == node_id
+        )
+    )
 
 
 def register_gpus(session: Session, node_id: uuid.UUID, models: dict[str, str], pool: Pool) -> None:

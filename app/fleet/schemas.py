@@ -84,6 +84,51 @@ class GpuRead(Schema):
     last_state: str | None
     last_seen_at: datetime | None
     created_at: datetime
+    disputed_at: datetime | None = Field(
+        description="Since another node claimed its UUID: every node's reports of it are held "
+        "until an operator settles the clash (POST /v1/gpus/{uuid}/settle)."
+    )
+    retired_at: datetime | None = Field(description="Retired: no node's reports are kept.")
+
+
+class HeldRead(Schema):
+    node_id: UUID
+    records: int
+    events: int
+
+
+class GpuClaims(Schema):
+    """A GPU's UUID clash: who it is registered to, and whose reports of it are held."""
+
+    gpu_uuid: str
+    registered_node_id: UUID
+    disputed_at: datetime | None
+    retired_at: datetime | None
+    held: list[HeldRead]
+
+
+class Settlement(Schema):
+    node_id: UUID | None = Field(
+        description="The node the GPU is on: its held reports are stored, the other "
+        "claimants' refused. null: retire the GPU (every held report refused)."
+    )
+
+
+class RefusedRead(Schema):
+    node_id: UUID
+    records: int
+    events: int
+    reason: str
+
+
+class SettlementRead(Schema):
+    gpu_uuid: str
+    node_id: UUID | None
+    retired: bool
+    stored_records: int = Field(description="Held records stored as the settled node's.")
+    duplicate_records: int
+    stored_events: int
+    refused: list[RefusedRead] = Field(description="Held reports not stored, and why.")
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,23 @@ from app.auth import service as key_service
 from app.auth.models import KEY_NAME_LENGTH, KeyKind
 from app.auth.service import IssuedKey, Principal
 from app.core.errors import Conflict, Forbidden, not_found
+from app.events.service import publish
 from app.fleet import repository
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
-from app.fleet.schemas import GpuCreate, GpuUpdate, MaintenanceCreate, NodeCreate, SiteGpu
-from app.metering.ports import StateChange
+from app.fleet.schemas import (
+    GpuClaims,
+    GpuCreate,
+    GpuUpdate,
+    HeldRead,
+    MaintenanceCreate,
+    NodeCreate,
+    RefusedRead,
+    Settlement,
+    SettlementRead,
+    SiteGpu,
+)
+from app.metering import service as metering
+from app.metering.ports import Claim, StateChange
 from app.rentals.ports import Gpus, RentalGpu
 from app.rentals.service import holdings_at, rentals_holding
 from app.settings import Settings
@@ -158,13 +171,37 @@ class IngestGpus:
 
     max_per_node: int
     auto_admit: bool
+    hold_max: int
 
     @classmethod
     def of(cls, settings: Settings) -> IngestGpus:
-        return cls(settings.max_gpus_per_node, settings.gpu_auto_admit)
+        return cls(settings.max_gpus_per_node, settings.gpu_auto_admit, settings.ingest_hold_max)
 
-    def owners(self, session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID]:
+    def owners(self, session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID | None]:
         return repository.gpu_owners(session, gpu_uuids)
+
+    def claims(
+        self, session: Session, node_id: uuid.UUID, gpu_uuids: Collection[str], batch_id: str
+    ) -> dict[str, Claim]:
+        """Retired GPUs and GPUs settled against the node: refused. Any other GPU not the
+        node's alone: in dispute (from now, for one of another node, with a ``gpu.uuid_clash``
+        event), its reports held from every node until an operator settles the clash."""
+        # Locked first: a clash settled meanwhile is read whole (its refused claims too).
+        locked = repository.lock_gpus(session, gpu_uuids)
+        refused = repository.refused_claims(session, node_id, gpu_uuids)
+        claims = {}
+        for gpu in locked:
+            if gpu.retired_at is not None:
+                claims[gpu.uuid] = Claim(False, f"GPU {gpu.uuid} was retired by an operator")
+            elif gpu.uuid in refused:
+                claims[gpu.uuid] = Claim(False, refused[gpu.uuid])
+            elif gpu.disputed_at is not None or gpu.node_id != node_id:
+                if gpu.disputed_at is None:
+                    gpu.disputed_at = datetime.now(UTC)
+                    _publish_clash(session, gpu, node_id, batch_id)
+                claims[gpu.uuid] = Claim(True, _held_reason(gpu.uuid))
+        session.flush()
+        return claims
 
     def register(self, session: Session, node_id: uuid.UUID, models: dict[str, str]) -> None:
         """New GPUs wait in quarantine unless the policy admits them (``auto_admit``); a node
@@ -191,6 +228,79 @@ def record_latest(
     """Record each GPU's latest state, time and device index; the state changes (the port's
     ``record_latest``, for a caller with no admission policy to follow: the simulator)."""
     return repository.touch_gpus(session, latest)
+
+
+def _held_reason(gpu_uuid: str) -> str:
+    return (
+        f"GPU {gpu_uuid} is claimed by more than one node: held until an operator settles "
+        f"the clash (gpumeter gpus settle {gpu_uuid})"
+    )
+
+
+def _publish_clash(session: Session, gpu: Gpu, claiming: uuid.UUID, batch_id: str) -> None:
+    """A ``gpu.uuid_clash`` event: an operator learns which node holds the UUID and which
+    one claimed it, and that both nodes' reports of it are held until the clash is settled."""
+    data = {
+        "gpu_uuid": gpu.uuid,
+        "registered_node_id": gpu.node_id,
+        "claiming_node_id": claiming,
+        "batch_id": batch_id,
+    }
+    publish(session, "gpu.uuid_clash", data, subject=f"gpu/{gpu.uuid}")
+
+
+def held_claims(session: Session, gpu: Gpu) -> GpuClaims:
+    """The GPU's dispute: the nodes whose reports of it are held, with how many."""
+    held = metering.held_by_node(session, gpu.uuid)
+    return GpuClaims(
+        gpu_uuid=gpu.uuid,
+        registered_node_id=gpu.node_id,
+        disputed_at=gpu.disputed_at,
+        retired_at=gpu.retired_at,
+        held=[HeldRead(node_id=node, records=r, events=e) for node, r, e in held],
+    )
+
+
+def settle(session: Session, gpu_uuid: str, data: Settlement, gpus: IngestGpus) -> SettlementRead:
+    """Settle a GPU's UUID clash: give the GPU to a node (its held reports are stored; the
+    other claimants' are refused, and so are their later reports of it) or retire it (every
+    held report refused, and every later one). A ``gpu.uuid_clash_settled`` event says so."""
+    gpu = session.get(Gpu, gpu_uuid, with_for_update=True)
+    if gpu is None:
+        raise not_found("GPU", gpu_uuid, ("path", "gpu_uuid"))
+    claimants = {gpu.node_id, *(node for node, _, _ in metering.held_by_node(session, gpu_uuid))}
+    if data.node_id is None:
+        gpu.retired_at = datetime.now(UTC)
+        reason = f"GPU {gpu_uuid} was retired by an operator"
+    else:
+        node = get_node(session, data.node_id)
+        gpu.node_id, gpu.retired_at = node.id, None
+        reason = (
+            f"GPU {gpu_uuid} was settled to node {node.id} ({node.hostname}) by an operator; "
+            "this node's reports of it are refused"
+        )
+        repository.accept_claim(session, gpu_uuid, node.id)
+        if claimants - {node.id}:
+            repository.refuse_claims(session, gpu_uuid, claimants - {node.id}, reason)
+    gpu.disputed_at = None
+    session.flush()
+    stored, refused = metering.release_held(session, gpu_uuid, data.node_id, reason, gpus)
+    settlement = SettlementRead(
+        gpu_uuid=gpu_uuid,
+        node_id=data.node_id,
+        retired=data.node_id is None,
+        stored_records=stored.accepted if stored else 0,
+        duplicate_records=stored.duplicates if stored else 0,
+        stored_events=stored.events_accepted if stored else 0,
+        refused=[RefusedRead(**vars(refusal)) for refusal in refused],
+    )
+    publish(
+        session,
+        "gpu.uuid_clash_settled",
+        settlement.model_dump(mode="json"),
+        subject=f"gpu/{gpu_uuid}",
+    )
+    return settlement
 
 
 class _RentalGpus:

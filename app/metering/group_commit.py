@@ -9,10 +9,10 @@ Each worker process runs ``ingest_writers`` threads over one bounded queue. A wr
 the oldest waiting batch and whatever else is waiting (up to ``ingest_group_max``, one batch
 per node), so groups form only under load: a lone batch is written at once, alone, exactly
 as before. Outcomes stay per batch. A batch with anything unusual (health events, GPUs new
-to the service or of another node, records that contradict stored seconds) is left out of
-the group and stored alone after it, with its own answer and errors; a group that fails is
-stored again batch by batch, unless the database is unreachable (then every batch of it
-gets that 503). The request waits at most ``ingest_wait_s`` for its batch's outcome.
+to the service, of another node or in dispute, records that contradict stored seconds) is
+left out of the group and stored alone after it, with its own answer and errors; a group
+that fails is stored again batch by batch, unless the database is unreachable (then every
+batch of it gets that 503). The request waits at most ``ingest_wait_s`` for its batch's outcome.
 """
 
 from __future__ import annotations
@@ -210,23 +210,10 @@ class GroupCommit:
         try:
             with transaction(self.engine) as session:
                 result = service.store_alone(session, waiting.item, self.gpus)
-        except service.GpuClash as clash:
-            waiting.settle(self._reported(clash))
         except Exception as error:  # the request raises it
             waiting.settle(error)
         else:
             waiting.settle(result)
-
-    def _reported(self, clash: service.GpuClash) -> Exception:
-        """The refused clash, once its events are stored in a transaction of their own; if
-        they cannot be, the error that kept them (a 503: the agent re-sends, nothing is lost
-        unseen)."""
-        try:
-            with transaction(self.engine) as session:
-                service.report_clash(session, clash)
-        except Exception as error:  # the request raises it
-            return error
-        return clash
 
 
 def unreachable(error: Exception) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from sqlalchemy import (
     CheckConstraint,
@@ -142,3 +143,19 @@ class HealthEventRow(Base):
     rule: Mapped[str | None] = mapped_column(String(100))
     detail: Mapped[dict[str, Any]] = mapped_column(JSONB)
     received_at: Mapped[datetime] = mapped_column(server_default=func.now())
+
+
+class HeldItem(Base):
+    """A record or event a node reported for a GPU in dispute (two nodes claimed its UUID),
+    kept as it arrived until an operator settles the clash: then stored, if its node is the
+    one the GPU is settled to, or reported refused. At most ``ingest_hold_max`` per GPU."""
+
+    __tablename__ = "held_telemetry"
+    __table_args__ = (Index("ix_held_telemetry_gpu_node", "gpu_uuid", "node_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True, autoincrement=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(GPU_UUID_LENGTH), ForeignKey("gpus.uuid"))
+    node_id: Mapped[UUID] = mapped_column(ForeignKey("nodes.id"))
+    kind: Mapped[str] = mapped_column(String(8))  # "record" or "event"
+    item: Mapped[dict[str, Any]] = mapped_column(JSONB)  # as the wire format has it
+    held_at: Mapped[datetime] = mapped_column(server_default=func.now())

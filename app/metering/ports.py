@@ -9,8 +9,8 @@ and the composition root (``app.main.create_app``) hands it to the ingest endpoi
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Collection, Iterable
+from typing import NamedTuple, Protocol
 
 from sqlalchemy.orm import Session
 
@@ -18,9 +18,30 @@ from sqlalchemy.orm import Session
 StateChange = tuple[str, str | None, str, int]
 
 
+class Claim(NamedTuple):
+    """What becomes of a node's reports of a GPU whose reports it may not simply store."""
+
+    held: bool  # kept until an operator settles who reports the GPU; else refused
+    reason: str
+
+
 class GpuRegistry(Protocol):
-    def owners(self, session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID]:
-        """The registered node of each GPU that is registered."""
+    @property
+    def hold_max(self) -> int:
+        """The most items held per GPU in dispute; past it they are refused."""
+        ...
+
+    def owners(self, session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID | None]:
+        """For each registered GPU, the node whose reports of it are stored; None for a GPU
+        in dispute or retired (``claims`` says what becomes of any node's reports of it)."""
+        ...
+
+    def claims(
+        self, session: Session, node_id: uuid.UUID, gpu_uuids: Collection[str], batch_id: str
+    ) -> dict[str, Claim]:
+        """The node's reports of these GPUs, registered to another node, in dispute or retired:
+        whether each GPU's are held or refused. A GPU of another node enters a dispute (and a
+        ``gpu.uuid_clash`` event says so). A GPU left out is the node's own after all."""
         ...
 
     def register(self, session: Session, node_id: uuid.UUID, models: dict[str, str]) -> None:

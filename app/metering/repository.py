@@ -16,12 +16,23 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Subquery, cast, extract, func, or_, select, text
+from sqlalchemy import (
+    BigInteger,
+    Subquery,
+    cast,
+    delete,
+    extract,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+)
 from sqlalchemy.orm import Session
 
 from app.core.db import Statement, lock_keys_statement, pipelined
 from app.metering import idle, packing
-from app.metering.models import HealthEventRow
+from app.metering.models import HealthEventRow, HeldItem
 from app.metering.segments import Span
 from metering_agent.protocol import HealthEvent
 
@@ -643,3 +654,46 @@ def failures_between(session: Session, since: int, until: int, limit: int) -> li
     when the service heard of it."""
     params = {"since": since, "until": until, "limit": limit}
     return [dict(r._mapping) for r in session.execute(_FAILURES, params)]
+
+
+# --- held telemetry (a GPU in dispute) ------------------------------------------------------
+
+
+def held_counts(session: Session, gpu_uuids: Iterable[str]) -> dict[str, int]:
+    """How many items are held for each of these GPUs (none: left out)."""
+    rows = session.execute(
+        select(HeldItem.gpu_uuid, func.count())
+        .where(HeldItem.gpu_uuid.in_(list(gpu_uuids)))
+        .group_by(HeldItem.gpu_uuid)
+    )
+    return {gpu: count for gpu, count in rows}
+
+
+def hold(session: Session, node_id: uuid.UUID, items: list[tuple[str, str, Any]]) -> None:
+    """Hold the node's (GPU, kind, item as JSON) items."""
+    session.execute(
+        insert(HeldItem),
+        [{"gpu_uuid": g, "node_id": node_id, "kind": k, "item": i} for g, k, i in items],
+    )
+
+
+def held_by_node(session: Session, gpu_uuid: str) -> list[tuple[uuid.UUID, int, int]]:
+    """Per node: the records and events held for the GPU."""
+    records = func.count().filter(HeldItem.kind == "record")
+    rows = session.execute(
+        select(HeldItem.node_id, records, func.count() - records)
+        .where(HeldItem.gpu_uuid == gpu_uuid)
+        .group_by(HeldItem.node_id)
+        .order_by(HeldItem.node_id)
+    )
+    return [(node, r, e) for node, r, e in rows]
+
+
+def take_held(session: Session, gpu_uuid: str) -> list[tuple[uuid.UUID, str, Any]]:
+    """Remove the GPU's held items; each (node, kind, item), in the order they came."""
+    rows = session.execute(
+        delete(HeldItem)
+        .where(HeldItem.gpu_uuid == gpu_uuid)
+        .returning(HeldItem.id, HeldItem.node_id, HeldItem.kind, HeldItem.item)
+    )
+    return [(node, kind, item) for _, node, kind, item in sorted(rows)]

@@ -1,8 +1,9 @@
 """Ingest: validate a node's batch, then store it whole, in the request's one transaction.
 
 Per batch: checks (types by the schema, then semantics) -> one pipeline (node lock, then the
-batch's stored segments and metric rows) -> ownership (register new GPUs; foreign ones 403)
--> judge records against stored segments (``segments``: duplicate / new / conflict; 409) ->
+batch's stored segments and metric rows) -> ownership (register new GPUs; the items of GPUs in
+a UUID clash held or refused, each answered, the rest stored) -> judge records against
+stored segments (``segments``: duplicate / new / conflict; 409) ->
 one pipeline writing segments, minute metrics, health events and evidence -> the GPUs' last
 state (and ``gpu.state_changed`` events). Any error raises before the commit, so a batch is
 stored whole or not at all. A steady batch costs five round trips to Postgres (the first
@@ -18,21 +19,23 @@ adjustment on the next invoice. Any age within ``ingest_retention_days`` is acce
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 
 from app.core.db import Statement, pipelined
 from app.core.epoch import from_epoch
-from app.core.errors import ApiError, Conflict, Forbidden, PayloadTooLarge, Unprocessable
+from app.core.errors import ApiError, Conflict, PayloadTooLarge, Unprocessable
 from app.events.service import publish
 from app.metering import packing, repository
-from app.metering.ports import GpuRegistry
+from app.metering.ports import Claim, GpuRegistry
 from app.metering.segments import Judgement, Span, changes, judge, merge
 from app.metering.validation import batch_errors
 from app.settings import Settings
@@ -42,9 +45,12 @@ from metering_agent.protocol import (
     HealthEvent,
     IngestBatch,
     IngestResult,
+    ItemAnswer,
     UsageRecord,
+    Withheld,
 )
 
+log = logging.getLogger(__name__)
 UNKNOWN_MODEL = "unknown"  # a GPU first seen in an event; its first record names the model
 
 
@@ -69,9 +75,10 @@ def ingest(
 
 
 def store_alone(session: Session, item: NodeBatch, gpus: GpuRegistry) -> IngestResult:
-    """Store a checked batch whole: it registers GPUs new to the service; GPUs of other
-    nodes (403), records that contradict stored seconds and re-sent events with other
-    content (409) raise."""
+    """Store a checked batch: it registers GPUs new to the service; the items of GPUs of
+    other nodes, in dispute or retired are held or refused (``_admit``), each answered in
+    ``not_stored``; records that contradict stored seconds and re-sent events with other
+    content (409) raise, and then nothing is stored."""
     [result] = _store_batches(session, [item], gpus, alone=True)
     assert result is not None  # alone, a batch is stored or raises
     return result
@@ -83,8 +90,8 @@ def store_together(
     """Store checked batches of distinct nodes in one transaction (group commit): the same
     statements as one batch's, over all of them. ``None`` for each batch that must be stored
     alone, of which nothing was written: one carrying health events, registering GPUs,
-    naming another node's GPUs or contradicting stored seconds (the cases with side effects
-    or errors of their own; a steady agent's batch has none of them)."""
+    naming GPUs not its node's (or in dispute) or contradicting stored seconds (the cases
+    with side effects or errors of their own; a steady agent's batch has none of them)."""
     return _store_batches(session, group, gpus, alone=False)
 
 
@@ -95,6 +102,7 @@ def _store_batches(
     live = [i for i, item in enumerate(group) if alone or not item.batch.events]
     if not live:
         return results
+    answers: list[ItemAnswer] = []
     spans = {i: _spans_by_gpu(group[i].batch.records) for i in live}
     records = [r for i in live for r in group[i].batch.records]
     windows = _windows(spans.values())
@@ -112,7 +120,14 @@ def _store_batches(
     stored = repository.spans_by_gpu(near)
     segment_writes = _SegmentWrites()
     judged: dict[int, Judgement] = {}
-    for i in _owned(session, group, live, gpus, alone=alone):
+    if alone:
+        admitted, answers = _admit(session, group[0], gpus)
+        if answers:  # only the batch's own GPUs' records are judged and stored
+            group, spans = [admitted], {0: _spans_by_gpu(admitted.batch.records)}
+        owned = live
+    else:
+        owned = _owned(session, group, live, gpus)
+    for i in owned:
         judgement, writes = _judge(stored, spans[i])
         if judgement.conflicts:
             if alone:
@@ -139,6 +154,7 @@ def _store_batches(
             duplicates=len(jg.duplicates),
             events_accepted=events_new,
             events_duplicate=len(batches[i].events) - events_new,
+            not_stored=answers,
         )
     return results
 
@@ -162,55 +178,154 @@ def _items(errors: Iterable[FieldError]) -> list[dict[str, object]]:
 
 
 def _owned(
-    session: Session, group: Sequence[NodeBatch], live: list[int], gpus: GpuRegistry, *, alone: bool
+    session: Session, group: Sequence[NodeBatch], live: list[int], gpus: GpuRegistry
 ) -> list[int]:
-    """The live batches whose GPUs are all their node's. Alone, a batch registers GPUs new to
-    the service to its node and is refused (403) for GPUs of other nodes; in a group, a batch
-    naming any GPU not yet its node's is left out (to be stored alone)."""
+    """The live batches whose GPUs are all their node's; a batch naming any GPU not yet its
+    node's (or in dispute) is left out, to be stored alone."""
     models = {i: _models(group[i].batch) for i in live}
     owners = gpus.owners(session, {gpu for named in models.values() for gpu in named})
-    if not alone:
-        return [i for i in live if all(owners.get(g) == group[i].node_id for g in models[i])]
-    for i in live:
-        node_id, batch = group[i].node_id, group[i].batch
-        new = {gpu: model for gpu, model in models[i].items() if gpu not in owners}
-        if new:
-            gpus.register(session, node_id, new)
-            owners.update(gpus.owners(session, new))  # another node may have won a race
-        foreign = {gpu: owners[gpu] for gpu in models[i] if owners[gpu] != node_id}
-        if foreign:
-            raise GpuClash(node_id, batch.batch_id, foreign, _foreign_items(batch, foreign))
-    return live
+    return [i for i in live if all(owners.get(g) == group[i].node_id for g in models[i])]
 
 
-class GpuClash(Forbidden):
-    """A node reported GPUs registered to other nodes (403): two nodes claim one UUID. The
-    batch is refused whole (the agent keeps it in its dead-letter folder); ``report_clash``
-    then records a ``gpu.uuid_clash`` event for each GPU, so the clash is never silent."""
+def _admit(
+    session: Session, item: NodeBatch, gpus: GpuRegistry
+) -> tuple[NodeBatch, list[ItemAnswer]]:
+    """A batch stored alone: it registers GPUs new to the service to its node; the items of
+    GPUs that are not its node's (another node's, in dispute or retired) are held or refused,
+    each with its answer, and the rest of the batch is stored. No clash, no cost: one query."""
+    node_id, batch = item.node_id, item.batch
+    models = _models(batch)
+    owners = gpus.owners(session, models)
+    new = {gpu: model for gpu, model in models.items() if gpu not in owners}
+    if new:
+        gpus.register(session, node_id, new)
+        owners.update(gpus.owners(session, new))  # another node may have won a race
+    others = [gpu for gpu in models if owners[gpu] != node_id]
+    claims = gpus.claims(session, node_id, others, batch.batch_id) if others else {}
+    if not claims:
+        return item, []
+    answers = _withhold(session, node_id, batch, claims, gpus.hold_max)
+    kept = IngestBatch(
+        batch_id=batch.batch_id,
+        records=[r for r in batch.records if r.gpu_uuid not in claims],
+        events=[e for e in batch.events if e.gpu_uuid not in claims],
+        protocol_version=batch.protocol_version,
+    )
+    return NodeBatch(node_id, kept), answers
 
-    def __init__(
-        self,
-        node_id: uuid.UUID,
-        batch_id: str,
-        owners: dict[str, uuid.UUID],
-        errors: list[FieldError],
-    ) -> None:
-        super().__init__(errors[0].msg, ["body", *errors[0].loc])
-        self.items = [{"type": self.error_type, **item} for item in _items(errors)]
-        self.node_id, self.batch_id, self.owners = node_id, batch_id, owners
+
+def _withhold(
+    session: Session,
+    node_id: uuid.UUID,
+    batch: IngestBatch,
+    claims: dict[str, Claim],
+    hold_max: int,
+) -> list[ItemAnswer]:
+    """Hold the items of the GPUs whose claims are held, up to ``hold_max`` per GPU (then
+    refused, saying so); refuse the others with their claim's reason."""
+    room = {gpu: hold_max - count for gpu, count in repository.held_counts(session, claims).items()}
+    items: list[tuple[str, int, str, UsageRecord | HealthEvent]] = [
+        ("records", i, r.gpu_uuid, r) for i, r in enumerate(batch.records)
+    ]
+    items += [("events", i, e.gpu_uuid, e) for i, e in enumerate(batch.events)]
+    answers, held = [], []
+    for kind, i, gpu, value in items:
+        claim = claims.get(gpu)
+        if claim is None:
+            continue
+        outcome, reason = Withheld.REFUSED, claim.reason
+        if claim.held and room.setdefault(gpu, hold_max) > 0:
+            room[gpu] -= 1
+            outcome = Withheld.HELD
+            held.append((gpu, HELD_KINDS[kind], _WIRE[kind].dump_python(value, mode="json")))
+        elif claim.held:
+            reason = (
+                f"GPU {gpu} is in dispute and its hold is full ({hold_max} items, "
+                "GPUMETER_INGEST_HOLD_MAX); an operator must settle the clash"
+            )
+        answers.append(ItemAnswer((kind, i), gpu, outcome, reason))
+    if held:
+        repository.hold(session, node_id, held)
+    refused = sum(a.outcome is Withheld.REFUSED for a in answers)
+    if refused:
+        log.warning(
+            "ingest refused %d items of node %s (GPU UUID clash): %s",
+            refused,
+            node_id,
+            sorted({a.reason for a in answers if a.outcome is Withheld.REFUSED}),
+        )
+    return answers
 
 
-def report_clash(session: Session, clash: GpuClash) -> None:
-    """A ``gpu.uuid_clash`` event per GPU, in a transaction of its own (the batch's rolled
-    back): an operator learns which node holds the UUID and which one claimed it."""
-    for gpu, owner in sorted(clash.owners.items()):
-        data = {
-            "gpu_uuid": gpu,
-            "registered_node_id": owner,
-            "claiming_node_id": clash.node_id,
-            "batch_id": clash.batch_id,
-        }
-        publish(session, "gpu.uuid_clash", data, subject=f"gpu/{gpu}")
+HELD_KINDS = {"records": "record", "events": "event"}
+_WIRE: dict[str, TypeAdapter[Any]] = {
+    "records": TypeAdapter(UsageRecord),
+    "events": TypeAdapter(HealthEvent),
+}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Held items of one node, refused when a clash was settled."""
+
+    node_id: uuid.UUID
+    records: int
+    events: int
+    reason: str
+
+
+def release_held(
+    session: Session, gpu_uuid: str, owner: uuid.UUID | None, reason: str, gpus: GpuRegistry
+) -> tuple[IngestResult | None, list[Refusal]]:
+    """Settle a GPU's held items (its registry already says who owns it): those of ``owner``
+    are stored as a batch of theirs would be, those contradicting stored seconds excepted;
+    the others are refused for ``reason``. What was stored, and what was refused and why."""
+    taken = repository.take_held(session, gpu_uuid)
+    kinds: dict[uuid.UUID, list[str]] = defaultdict(list)
+    for node, kind, _ in taken:
+        kinds[node].append(kind)
+    mine = [(kind, item) for node, kind, item in taken if node == owner]
+    refusals = [
+        Refusal(node, k.count("record"), k.count("event"), reason)
+        for node, k in sorted(kinds.items())
+        if node != owner
+    ]
+    if owner is None or not mine:
+        return None, refusals
+    batch = IngestBatch(
+        batch_id=f"held-{gpu_uuid}",
+        records=[_WIRE["records"].validate_python(i) for k, i in mine if k == "record"],
+        events=[_WIRE["events"].validate_python(i) for k, i in mine if k == "event"],
+    )
+    result, contradicting = _store_what_fits(session, NodeBatch(owner, batch), gpus)
+    if contradicting:
+        records = sum(kind == "records" for kind, _ in contradicting)
+        why = "; ".join(sorted({msg for _, msg in contradicting})[:3])
+        refusals.append(
+            Refusal(owner, records, len(contradicting) - records, f"contradicts stored: {why}")
+        )
+    return result, refusals
+
+
+def _store_what_fits(
+    session: Session, item: NodeBatch, gpus: GpuRegistry
+) -> tuple[IngestResult, list[tuple[str, str]]]:
+    """Store the batch alone, leaving out the items that contradict what is stored (each
+    try in a savepoint); the result and the (kind, message) of each item left out."""
+    left_out: list[tuple[str, str]] = []
+    batch = item.batch
+    while True:
+        try:
+            with session.begin_nested():
+                return store_alone(session, NodeBatch(item.node_id, batch), gpus), left_out
+        except Conflict as conflict:
+            bad = {(str(e["loc"][1]), int(e["loc"][2])): str(e["msg"]) for e in conflict.items}
+            left_out += [(kind, msg) for (kind, _), msg in bad.items()]
+            batch = IngestBatch(
+                batch_id=batch.batch_id,
+                records=[r for i, r in enumerate(batch.records) if ("records", i) not in bad],
+                events=[e for i, e in enumerate(batch.events) if ("events", i) not in bad],
+            )
 
 
 def _models(batch: IngestBatch) -> dict[str, str]:
@@ -218,16 +333,6 @@ def _models(batch: IngestBatch) -> dict[str, str]:
     models = {r.gpu_uuid: r.model for r in batch.records}
     models.update({e.gpu_uuid: UNKNOWN_MODEL for e in batch.events if e.gpu_uuid not in models})
     return models
-
-
-def _foreign_items(batch: IngestBatch, foreign: Collection[str]) -> list[FieldError]:
-    items = [("records", i, r.gpu_uuid) for i, r in enumerate(batch.records)]
-    items += [("events", i, e.gpu_uuid) for i, e in enumerate(batch.events)]
-    return [
-        FieldError((kind, i, "gpu_uuid"), f"GPU {gpu} is registered to another node")
-        for kind, i, gpu in items
-        if gpu in foreign
-    ]
 
 
 def _spans_by_gpu(records: list[UsageRecord]) -> dict[str, list[tuple[int, Span]]]:
@@ -467,3 +572,8 @@ def _latest(records: list[UsageRecord]) -> dict[str, tuple[str, str, int, int | 
         if r.gpu_uuid not in latest or r.end > latest[r.gpu_uuid].end:
             latest[r.gpu_uuid] = r
     return {gpu: (r.model, str(r.state), r.end, r.device_index) for gpu, r in latest.items()}
+
+
+def held_by_node(session: Session, gpu_uuid: str) -> list[tuple[uuid.UUID, int, int]]:
+    """Per node: the records and events held for a GPU in dispute."""
+    return repository.held_by_node(session, gpu_uuid)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select, text
 
@@ -39,6 +41,7 @@ def test_first_report_registers_the_gpu_to_the_node(agent: Agent, db: Engine) ->
         "duplicates": 0,
         "events_accepted": 0,
         "events_duplicate": 0,
+        "not_stored": [],
     }
     with transaction(db) as session:
         gpu = session.get_one(Gpu, "GPU-1")
@@ -95,17 +98,26 @@ def test_resending_is_counted_as_duplicates_and_changes_nothing(agent: Agent, db
     assert segments(db, "GPU-1") == [(t, t + 90, "healthy")]
 
 
-def test_gpu_of_another_node_is_forbidden_and_the_clash_an_event(
-    agent: Agent, other_agent: Agent, console: Console
+def not_stored(body: dict[str, Any]) -> list[tuple[list[Any], str, str]]:
+    return [(a["loc"], a["gpu_uuid"], a["outcome"]) for a in body["not_stored"]]
+
+
+def test_a_uuid_clash_holds_only_the_disputed_gpus_items_until_an_operator_settles_it(
+    agent: Agent, other_agent: Agent, console: Console, db: Engine
 ) -> None:
-    t = minute_ago(3)
-    agent.post([rec("GPU-1", t, t + 60)])
+    t = minute_ago(4)
+    agent.post([rec("GPU-1", t, t + 60), rec("GPU-3", t, t + 60)])
+    # node-2 claims GPU-1: its other GPU is stored, GPU-1's record and event held.
     body = other_agent.post(
-        [rec("GPU-2", t, t + 60), rec("GPU-1", t + 60, t + 120)],
-        [event("GPU-1", t, code=13)],
-        status=403,
+        [rec("GPU-2", t, t + 60), rec("GPU-1", t + 60, t + 120)], [event("GPU-1", t, code=13)]
     )
-    assert locs(body) == [["body", "records", 1, "gpu_uuid"], ["body", "events", 0, "gpu_uuid"]]
+    assert (body["accepted"], body["events_accepted"]) == (1, 0)
+    assert not_stored(body) == [
+        (["records", 1], "GPU-1", "held"),
+        (["events", 0], "GPU-1", "held"),
+    ]
+    assert "claimed by more than one node" in body["not_stored"][0]["reason"]
+    assert segments(db, "GPU-2") == [(t, t + 60, "healthy")]
     clashes = console.client.get("/v1/events?type=gpu.uuid_clash", headers=console.headers)
     [clash] = clashes.json()["items"]
     assert (clash["subject"], clash["data"]) == (
@@ -117,6 +129,62 @@ def test_gpu_of_another_node_is_forbidden_and_the_clash_an_event(
             "batch_id": "b-1",
         },
     )
+    # In dispute, the registered node's reports of GPU-1 are held too; its GPU-3 is stored.
+    body = agent.post([rec("GPU-1", t + 60, t + 120, "failed"), rec("GPU-3", t + 60, t + 120)])
+    assert (body["accepted"], not_stored(body)) == (1, [(["records", 0], "GPU-1", "held")])
+    assert segments(db, "GPU-1") == [(t, t + 60, "healthy")]
+    assert segments(db, "GPU-3") == [(t, t + 120, "healthy")]
+    claims = console.client.get("/v1/gpus/GPU-1/claims", headers=console.headers).json()
+    assert claims["registered_node_id"] == agent.node_id and claims["disputed_at"]
+    assert sorted((h["node_id"], h["records"], h["events"]) for h in claims["held"]) == sorted(
+        [(agent.node_id, 1, 0), (other_agent.node_id, 1, 1)]
+    )
+    # The GPU is on node-2: its held record and event are stored, node-1's refused.
+    settled = console.post("/v1/gpus/GPU-1/settle", {"node_id": other_agent.node_id}, 200)
+    assert (settled["stored_records"], settled["stored_events"]) == (1, 1)
+    [refused] = settled["refused"]
+    assert (refused["node_id"], refused["records"], refused["events"]) == (agent.node_id, 1, 0)
+    assert "settled to node" in refused["reason"]
+    assert segments(db, "GPU-1") == [(t, t + 120, "healthy")]
+    gpu = console.client.get("/v1/gpus/GPU-1", headers=console.headers).json()
+    assert (gpu["node_id"], gpu["disputed_at"]) == (other_agent.node_id, None)
+    # Settled: node-2 reports GPU-1 as its own; node-1's reports of it are refused outright.
+    assert not_stored(other_agent.post([rec("GPU-1", t + 120, t + 180)])) == []
+    body = agent.post([rec("GPU-1", t + 180, t + 240), rec("GPU-3", t + 120, t + 180)])
+    assert (body["accepted"], not_stored(body)) == (1, [(["records", 0], "GPU-1", "refused")])
+    assert segments(db, "GPU-1") == [(t, t + 180, "healthy")]
+
+
+def test_a_retired_gpu_s_held_and_later_reports_are_refused(
+    agent: Agent, other_agent: Agent, console: Console, db: Engine
+) -> None:
+    t = minute_ago(3)
+    agent.post([rec("GPU-1", t, t + 60)])
+    other_agent.post([rec("GPU-1", t, t + 60)])
+    settled = console.post("/v1/gpus/GPU-1/settle", {"node_id": None}, 200)
+    assert (settled["retired"], settled["stored_records"]) == (True, 0)
+    assert [(r["node_id"], r["records"]) for r in settled["refused"]] == [(other_agent.node_id, 1)]
+    body = agent.post([rec("GPU-1", t + 60, t + 120)])
+    [answer] = body["not_stored"]
+    assert (answer["outcome"], answer["reason"]) == (
+        "refused",
+        "GPU GPU-1 was retired by an operator",
+    )
+    assert segments(db, "GPU-1") == [(t, t + 60, "healthy")]
+
+
+def test_the_hold_of_a_disputed_gpu_is_bounded(
+    app: FastAPI, agent: Agent, other_agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t = minute_ago(3)
+    agent.post([rec("GPU-1", t, t + 60)])
+    held = [rec("GPU-1", t + i, t + i + 1) for i in range(3)]
+    # The app's registry took the setting when the app was built: give it a smaller hold.
+    writers = app.state.ingest_writers
+    monkeypatch.setattr(writers, "gpus", replace(writers.gpus, hold_max=2))
+    body = other_agent.post(held)
+    assert [a["outcome"] for a in body["not_stored"]] == ["held", "held", "refused"]
+    assert "hold is full (2 items" in body["not_stored"][2]["reason"]
 
 
 def test_semantic_errors_list_every_bad_item(agent: Agent) -> None:
@@ -194,6 +262,7 @@ def test_ingest_answers_like_the_rest_of_the_api(
         "duplicates": 0,
         "events_accepted": 0,
         "events_duplicate": 0,
+        "not_stored": [],
     }
     operation = client.get("/openapi.json").json()["paths"]["/v1/ingest"]["post"]
     schema = operation["requestBody"]["content"]["application/json"]["schema"]

@@ -320,6 +320,8 @@ def _store_what_fits(
                 return store_alone(session, NodeBatch(item.node_id, batch), gpus), left_out
         except Conflict as conflict:
             bad = {(str(e["loc"][1]), int(e["loc"][2])): str(e["msg"]) for e in conflict.items}
+            if not bad:  # nothing to leave out: it is not one of the items' conflicts
+                raise
             left_out += [(kind, msg) for (kind, _), msg in bad.items()]
             batch = IngestBatch(
                 batch_id=batch.batch_id,

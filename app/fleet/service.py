@@ -265,15 +265,17 @@ def settle(session: Session, gpu_uuid: str, data: Settlement, gpus: IngestGpus) 
     """Settle a GPU's UUID clash: give the GPU to a node (its held reports are stored; the
     other claimants' are refused, and so are their later reports of it) or retire it (every
     held report refused, and every later one). A ``gpu.uuid_clash_settled`` event says so."""
+    node = None if data.node_id is None else get_node(session, data.node_id)
+    if node is not None:  # its held items are stored as its batches are: its lock first
+        metering.lock_node(session, node.id)
     gpu = session.get(Gpu, gpu_uuid, with_for_update=True)
     if gpu is None:
         raise not_found("GPU", gpu_uuid, ("path", "gpu_uuid"))
     claimants = {gpu.node_id, *(node for node, _, _ in metering.held_by_node(session, gpu_uuid))}
-    if data.node_id is None:
+    if node is None:
         gpu.retired_at = datetime.now(UTC)
         reason = f"GPU {gpu_uuid} was retired by an operator"
     else:
-        node = get_node(session, data.node_id)
         gpu.node_id, gpu.retired_at = node.id, None
         reason = (
             f"GPU {gpu_uuid} was settled to node {node.id} ({node.hostname}) by an operator; "

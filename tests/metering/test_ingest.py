@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -171,6 +172,18 @@ def test_a_retired_gpu_s_held_and_later_reports_are_refused(
         "GPU GPU-1 was retired by an operator",
     )
     assert segments(db, "GPU-1") == [(t, t + 60, "healthy")]
+
+
+def test_settling_names_a_known_gpu_and_node(agent: Agent, console: Console) -> None:
+    agent.post([rec("GPU-1", minute_ago(2), minute_ago(1))])
+    for path, body, status, loc in [
+        ("/v1/gpus/GPU-9/settle", {"node_id": agent.node_id}, 404, ["path", "gpu_uuid"]),
+        ("/v1/gpus/GPU-1/settle", {"node_id": str(uuid.uuid4())}, 422, ["body", "node_id"]),
+        ("/v1/gpus/GPU-1/settle", {}, 422, ["body", "node_id"]),
+    ]:
+        response = console.client.post(path, json=body, headers=console.headers)
+        assert response.status_code == status, response.text
+        assert response.json()["detail"][0]["loc"] == loc
 
 
 def test_the_hold_of_a_disputed_gpu_is_bounded(

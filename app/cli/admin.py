@@ -8,6 +8,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from app.auth.models import KeyKind
 from app.auth.schemas import KeyCreate, KeyRead
 from app.cli.common import (
@@ -228,12 +230,19 @@ def cmd_gpus_claims(args: argparse.Namespace) -> int:
 
     with transaction(args) as session:
         claims = service.held_claims(session, service.get_gpu(session, args.gpu_uuid, OPERATOR))
-    if args.json:
-        print_json(claims)
-        return 0
-    print_fields([(k, v) for k, v in claims.model_dump().items() if k != "held"])
-    print_table(claims.held, HELD_COLUMNS, "no reports held")
+    _print_with_table(claims, "held", HELD_COLUMNS, "no reports held", args.json)
     return 0
+
+
+def _print_with_table(
+    model: BaseModel, listed: str, columns: list[Column], empty: str, as_json: bool
+) -> None:
+    """The model's fields, then its list ``listed`` as a table (or all of it as JSON)."""
+    if as_json:
+        print_json(model)
+        return
+    print_fields([(k, v) for k, v in model.model_dump().items() if k != listed])
+    print_table(getattr(model, listed), columns, empty)
 
 
 HELD_COLUMNS = [
@@ -253,11 +262,7 @@ def cmd_gpus_settle(args: argparse.Namespace) -> int:
     gpus = IngestGpus.of(get_settings())
     with transaction(args) as session:
         settled = service.settle(session, args.gpu_uuid, Settlement(node_id=args.node), gpus)
-    if args.json:
-        print_json(settled)
-        return 0
-    print_fields([(k, v) for k, v in settled.model_dump().items() if k != "refused"])
-    print_table(settled.refused, REFUSED_COLUMNS, "no held reports refused")
+    _print_with_table(settled, "refused", REFUSED_COLUMNS, "no held reports refused", args.json)
     return 0
 
 

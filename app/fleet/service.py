@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from app.auth import service as key_service
 from app.auth.models import KEY_NAME_LENGTH, KeyKind
 from app.auth.service import IssuedKey, Principal
-from app.core.errors import Conflict, Forbidden, not_found
+from app.core.errors import Conflict, Forbidden, Unprocessable, not_found
 from app.events.service import publish
 from app.fleet import repository
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
@@ -270,15 +270,19 @@ def settle(session: Session, gpu_uuid: str, data: Settlement, gpus: IngestGpus) 
     """Settle a GPU's UUID clash: give the GPU to a node (its held reports are stored; the
     other claimants' are refused, and so are their later reports of it) or retire it (every
     held report refused, and every later one). A ``gpu.uuid_clash_settled`` event says so."""
+    node = None if data.node_id is None else session.get(Node, data.node_id)
+    if data.node_id is not None and node is None:
+        raise Unprocessable(f"node {data.node_id} not found", ("body", "node_id"))
+    if node is not None:  # its held items are stored as its batches are: its lock first
+        metering.lock_node(session, node.id)
     gpu = session.get(Gpu, gpu_uuid, with_for_update=True)
     if gpu is None:
         raise not_found("GPU", gpu_uuid, ("path", "gpu_uuid"))
     claimants = {gpu.node_id, *(node for node, _, _ in metering.held_by_node(session, gpu_uuid))}
-    if data.node_id is None:
+    if node is None:
         gpu.retired_at = datetime.now(UTC)
         reason = f"GPU {gpu_uuid} was retired by an operator"
     else:
-        node = get_node(session, data.node_id)
         gpu.node_id, gpu.retired_at = node.id, None
         reason = (
             f"GPU {gpu_uuid} was settled to node {node.id} ({node.hostname}) by an operator; "

@@ -77,7 +77,10 @@ def decode_body(data: bytes, encoding: str, limit: int) -> bytes:
 
 
 class IngestEndpoint:
-    """Store a node agent's batch of usage records and health events, whole or not at all.
+    """Store a node agent's batch of usage records and health events, whole or not at all,
+    but for the items of GPUs whose UUID another node claims too: those are held until an
+    operator settles the clash (or refused, once it is settled against this node), each
+    answered in ``not_stored``, and the rest of the batch is stored.
 
     Re-sent records and events are counted as duplicates and change nothing. The body may be
     gzip'd (``Content-Encoding: gzip``); inflated, it is bounded like any body.
@@ -161,7 +164,10 @@ def _check_json(content_type: str | None) -> None:
 
 _ERRORS: dict[str, dict[str, Any]] = {
     "400": {"description": "the body is not JSON, or not valid gzip (Content-Encoding: gzip)"},
-    "403": {"description": "a record or event names a GPU registered to another node"},
+    "403": {
+        "description": "not a node key, or the batch would register more GPUs to its node than"
+        " GPUMETER_MAX_GPUS_PER_NODE"
+    },
     "409": {"description": "records contradict stored seconds; each conflict is listed"},
     "413": {
         "description": "more records plus events than the batch limit, or a body (inflated"

@@ -320,6 +320,8 @@ def _store_what_fits(
                 return store_alone(session, NodeBatch(item.node_id, batch), gpus), left_out
         except Conflict as conflict:
             bad = {(str(e["loc"][1]), int(e["loc"][2])): str(e["msg"]) for e in conflict.items}
+            if not bad:  # nothing to leave out: it is not one of the items' conflicts
+                raise
             left_out += [(kind, msg) for (kind, _), msg in bad.items()]
             batch = IngestBatch(
                 batch_id=batch.batch_id,
@@ -577,3 +579,9 @@ def _latest(records: list[UsageRecord]) -> dict[str, tuple[str, str, int, int | 
 def held_by_node(session: Session, gpu_uuid: str) -> list[tuple[uuid.UUID, int, int]]:
     """Per node: the records and events held for a GPU in dispute."""
     return repository.held_by_node(session, gpu_uuid)
+
+
+def lock_node(session: Session, node_id: uuid.UUID) -> None:
+    """Wait for the node's batch being stored, and keep its next ones waiting until the
+    transaction ends: taken before a GPU's row, in the order ingest takes them."""
+    pipelined(session, [repository.lock_nodes_statement([node_id])])

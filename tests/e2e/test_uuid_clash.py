@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import time
+from typing import Any
 
 import pytest
 
@@ -36,7 +37,7 @@ def stored_until(fleet: Fleet, gpu: str, since: int) -> int:
     return max((s["end_s"] for s in segments), default=since)
 
 
-def gpumeter(fleet: Fleet, *args: str) -> dict[str, object]:
+def gpumeter(fleet: Fleet, *args: str) -> dict[str, Any]:
     env = {**os.environ, "GPUMETER_DATABASE_URL": fleet.service.database_url}
     ran = subprocess.run(
         [str(BIN / "gpumeter"), *args, "--json"], env=env, capture_output=True, timeout=60
@@ -78,7 +79,7 @@ def test_a_rogue_node_claiming_a_gpu_holds_only_that_gpu_until_the_clash_is_sett
     # GPU 0 is in dispute: both nodes' reports of it are held, not stored.
     assert registered(fleet, disputed)["disputed_at"]  # type: ignore[index]
     clash = gpumeter(fleet, "gpus", "claims", disputed)
-    held = {h["node_id"]: h["records"] for h in clash["held"]}  # type: ignore[union-attr]
+    held = {h["node_id"]: h["records"] for h in clash["held"]}
     assert set(held) == {rogue_id, genuine_id} and all(held.values()), clash
     [event] = fleet.get("/v1/events?type=gpu.uuid_clash")["items"]
     assert (event["data"]["registered_node_id"], event["data"]["claiming_node_id"]) == (
@@ -88,8 +89,8 @@ def test_a_rogue_node_claiming_a_gpu_holds_only_that_gpu_until_the_clash_is_sett
     dispute_began = stored_until(fleet, disputed, t0 - 60)
     # The operator settles: GPU 0 is the genuine node's.
     settled = gpumeter(fleet, "gpus", "settle", disputed, "--node", genuine_id)
-    assert settled["stored_records"] > 0, settled  # type: ignore[operator]
-    [refused] = settled["refused"]  # type: ignore[misc]
+    assert settled["stored_records"] > 0, settled
+    [refused] = settled["refused"]
     assert refused["node_id"] == rogue_id and refused["records"] > 0
     assert f"settled to node {genuine_id} ({GENUINE})" in refused["reason"]
     # Its held seconds are stored, and its later ones keep coming: metered from the genuine

@@ -370,38 +370,37 @@ def test_a_node_s_second_batch_waits_for_the_next_group(db: Engine) -> None:
     assert [tuple(s) for s in spans] == [(BASE, BASE + 6)]
 
 
-class FailingGroups:
+class FailingGroups(IngestGpus):
     """The fleet's registry, failing whenever it records the state of more than one node."""
-
-    def owners(self, session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUID]:
-        return GPU_REGISTRY.owners(session, gpu_uuids)
-
-    def register(self, session: Session, node: uuid.UUID, models: dict[str, str]) -> None:
-        GPU_REGISTRY.register(session, node, models)
 
     def record_latest(
         self, session: Session, latest: dict[str, tuple[str, str, int, int | None]]
     ) -> list[StateChange]:
         if len({name.rsplit("-", 1)[0] for name in latest}) > 1:
             raise RuntimeError("injected: a group fails")
-        return GPU_REGISTRY.record_latest(session, latest)
+        return super().record_latest(session, latest)
 
 
 def test_a_failed_group_is_stored_again_batch_by_batch(db: Engine) -> None:
     registered(db, 4)
-    outcomes = stored_behind_a_held_batch(db, [steady(n, 2) for n in range(4)], FailingGroups())
+    outcomes = stored_behind_a_held_batch(
+        db, [steady(n, 2) for n in range(4)], FailingGroups.of(Settings())
+    )
     assert accepted(outcomes) == [2] * 4
     assert len(xmins(db, [gpu(n, 0) for n in range(4)])) == 4  # each in its own transaction
 
 
 def test_an_error_reaches_its_own_request_only(db: Engine) -> None:
     registered(db, 3)
-    foreign = NodeBatch(node_id(1), batch([record(gpu(0, 0), BASE + 2, BASE + 4)]))
-    outcomes = stored_behind_a_held_batch(db, [steady(2, 2), steady(0, 2), foreign])
+    # Seconds stored healthy, reported failed: a conflict (409).
+    contradicting = record(gpu(1, 0), BASE, BASE + 2, GpuState.FAILED)
+    outcomes = stored_behind_a_held_batch(
+        db, [steady(2, 2), steady(0, 2), NodeBatch(node_id(1), batch([contradicting]))]
+    )
     assert accepted(outcomes)[:2] == [2, 2]
     refused = outcomes[2]
-    assert isinstance(refused, ApiError) and refused.status_code == 403
-    assert refused.items[0]["loc"] == ["body", "records", 0, "gpu_uuid"]
+    assert isinstance(refused, ApiError) and refused.status_code == 409
+    assert refused.items[0]["loc"] == ["body", "records", 0]
 
 
 def test_a_batch_not_stored_in_time_is_a_503_and_is_stored_later(db: Engine) -> None:

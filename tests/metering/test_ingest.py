@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, select, text
 
@@ -172,17 +174,27 @@ def test_a_retired_gpu_s_held_and_later_reports_are_refused(
     assert segments(db, "GPU-1") == [(t, t + 60, "healthy")]
 
 
+def test_settling_names_a_known_gpu_and_node(agent: Agent, console: Console) -> None:
+    agent.post([rec("GPU-1", minute_ago(2), minute_ago(1))])
+    for path, body, status, loc in [
+        ("/v1/gpus/GPU-9/settle", {"node_id": agent.node_id}, 404, ["path", "gpu_uuid"]),
+        ("/v1/gpus/GPU-1/settle", {"node_id": str(uuid.uuid4())}, 422, ["body", "node_id"]),
+        ("/v1/gpus/GPU-1/settle", {}, 422, ["body", "node_id"]),
+    ]:
+        response = console.client.post(path, json=body, headers=console.headers)
+        assert response.status_code == status, response.text
+        assert response.json()["detail"][0]["loc"] == loc
+
+
 def test_the_hold_of_a_disputed_gpu_is_bounded(
-    agent: Agent, other_agent: Agent, monkeypatch: pytest.MonkeyPatch
+    app: FastAPI, agent: Agent, other_agent: Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     t = minute_ago(3)
     agent.post([rec("GPU-1", t, t + 60)])
     held = [rec("GPU-1", t + i, t + i + 1) for i in range(3)]
-    # IngestGpus.of reads the setting when the app is built: the running app keeps its own.
-    registry = agent.client.app.state.ingest_writers.gpus  # type: ignore[attr-defined]
-    monkeypatch.setattr(
-        agent.client.app.state.ingest_writers, "gpus", replace(registry, hold_max=2)
-    )  # type: ignore[attr-defined]
+    # The app's registry took the setting when the app was built: give it a smaller hold.
+    writers = app.state.ingest_writers
+    monkeypatch.setattr(writers, "gpus", replace(writers.gpus, hold_max=2))
     body = other_agent.post(held)
     assert [a["outcome"] for a in body["not_stored"]] == ["held", "held", "refused"]
     assert "hold is full (2 items" in body["not_stored"][2]["reason"]

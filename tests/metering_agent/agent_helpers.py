@@ -50,7 +50,8 @@ class Sink:
     Script items: an HTTP status (``500``, ``400``, ...), ``(status, {header: value})``, a
     callable returning one of those (evaluated when the request arrives), or
     ``("sleep", seconds)`` to answer 200 only after sleeping (past the client's timeout), or
-    ``"drop_after"`` to answer 200 and then close the kept-alive connection unannounced. Once
+    ``"drop_after"`` to answer 200 and then close the kept-alive connection unannounced, or
+    ``("answer", {...})`` to answer 200 with that JSON body (a real service's answer). Once
     the script is used up: ``down`` (a status) while it is set, else 200.
     """
 
@@ -107,7 +108,11 @@ def serve_sink() -> tuple[Sink, ThreadingHTTPServer]:
                 state.tokens.add(self.headers.get("Authorization", ""))
                 state.encodings.append(encoding)
             action, headers = state.next_reply(), {}
-            if isinstance(action, tuple) and action[0] == "sleep":
+            answer: dict[str, Any] = {"ok": True}
+            if isinstance(action, tuple) and action[0] == "answer":
+                answer = action[1]
+                action = 200
+            elif isinstance(action, tuple) and action[0] == "sleep":
                 time.sleep(action[1])
                 action = 200
             elif action == "drop_after":  # answer, then close without saying so (idle timeout)
@@ -120,7 +125,7 @@ def serve_sink() -> tuple[Sink, ThreadingHTTPServer]:
                 with state.lock:
                     state.stored.append(json.loads(body))
                     state.arrivals.append(time.time())
-            reply = json.dumps({"detail": "scripted"} if action != 200 else {"ok": True})
+            reply = json.dumps({"detail": "scripted"} if action != 200 else answer)
             self.send_response(action)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(reply)))

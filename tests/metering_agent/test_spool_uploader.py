@@ -137,6 +137,51 @@ def test_rejected_batch_goes_to_dead_letter_and_upload_carries_on(
     uploader.transport.close()
 
 
+def test_items_the_service_holds_are_not_resent_and_those_it_refuses_are_kept(
+    tmp_path: Path, sink: Sink, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = Spool(tmp_path, batch_max_items=3)
+    spool.append([record(0), record(0, "GPU-b"), record(0, "GPU-c"), record(1)], [])
+    spool.flush()
+    spool.seal(force=True)
+    first = spool.batches()[0]
+    held = {"outcome": "held", "reason": "GPU GPU-b is claimed by more than one node"}
+    refused = {"outcome": "refused", "reason": "GPU GPU-c was retired by an operator"}
+    sink.script = [
+        (
+            "answer",
+            {
+                "batch_id": "b",
+                "accepted": 1,
+                "duplicates": 0,
+                "events_accepted": 0,
+                "events_duplicate": 0,
+                "not_stored": [
+                    {"loc": ["records", 1], "gpu_uuid": "GPU-b", **held},
+                    {"loc": ["records", 2], "gpu_uuid": "GPU-c", **refused},
+                ],
+            },
+        )
+    ]
+    metrics = Metrics()
+    uploader = Uploader(spool, sink.url, "tok", backoff=FAST, metrics=metrics)
+    with caplog.at_level(logging.WARNING, logger="metering_agent"):
+        assert uploader.upload_pending(threading.Event())
+    assert spool.batches() == [] and sink.requests == 2  # each batch sent once: none re-sent
+    [kept] = spool.dead_dir.iterdir()
+    assert kept.name == f"{first.stem}.refused.json"
+    [item] = json.loads(kept.read_text())["items"]
+    assert (item["gpu_uuid"], item["reason"], item["item"]["gpu_uuid"]) == (
+        "GPU-c",
+        refused["reason"],
+        "GPU-c",
+    )
+    assert metrics.get("gpumeter_agent_items_held_total") == 1
+    assert metrics.get("gpumeter_agent_items_refused_total") == 1
+    assert {r.getMessage().split()[0] for r in caplog.records} >= {"items_held", "items_refused"}
+    uploader.transport.close()
+
+
 def test_429_is_retried_not_dead_lettered(tmp_path: Path, sink: Sink) -> None:
     spool = Spool(tmp_path)
     spool.append([record(0)], [])

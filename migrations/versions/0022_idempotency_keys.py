@@ -4,7 +4,7 @@ Kept GPUMETER_IDEMPOTENCY_KEY_TTL_S (24 h by default); a periodic job purges exp
 oldest first (the created_at index).
 
 Revision ID: 0022
-Revises: 0019
+Revises: 0020
 Create Date: 2026-12-07 15:20:00
 """
 
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "0022"
-down_revision: str | None = "0019"
+down_revision: str | None = "0020"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

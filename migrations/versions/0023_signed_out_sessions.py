@@ -4,7 +4,7 @@ The session cookie is signed and stateless; signing out records its id until it 
 expired, so a copied cookie stops working. Expired rows are deleted at each sign-out.
 
 Revision ID: 0023
-Revises: 0019
+Revises: 0022
 Create Date: 2026-12-07 15:10:00
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0023"
-down_revision: str | None = "0019"
+down_revision: str | None = "0022"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -8,7 +8,7 @@ failovers.trigger: 'failed' (the GPU failed) or 'degraded' (the plan's policy mo
 failovers.degraded_causes: the causes that did it.
 
 Revision ID: 0025
-Revises: 0019
+Revises: 0023
 Create Date: 2026-12-07 15:30:00
 """
 
@@ -19,7 +19,7 @@ from alembic import op
 from sqlalchemy.dialects.postgresql import JSONB
 
 revision: str = "0025"
-down_revision: str | None = "0019"
+down_revision: str | None = "0023"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -2,7 +2,7 @@
 cannot requeue a job (its failover is abandoned before the adapter is asked)
 
 Revision ID: 0026
-Revises: 0019
+Revises: 0025
 Create Date: 2026-12-07 15:00:00
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0026"
-down_revision: str | None = "0019"
+down_revision: str | None = "0025"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -6,12 +6,14 @@ A run is judged at ``now``, which ``as_of`` (API field, ``--as-of``) may set to 
 for re-runs and backfills: grace, vouchers, ``generated_at``/``finalized_at`` follow it; the
 usage rated is the data stored now (late data is what adjustments are for).
 Customers are grouped by billing time zone (each zone has its own calendar month); each group
-loads its rating inputs in a few set-based queries. Each customer is drafted (and finalized) in
-a savepoint of its own: a customer whose data the run cannot bill (no price in effect, a plan
-in another currency, an amount too large for an invoice, a row the database cannot give back)
-is rolled back alone, reported with its reason, and the rest of the run goes on; when the
-group's read itself fails on one customer's row, each customer of the group is read and drafted
-alone. The caller owns the transaction (the CLI, the API and the scheduled run: one per run).
+loads its rating inputs in a few set-based queries. A customer whose data the run cannot bill
+(no price in effect, a plan in another currency, an amount too large for an invoice, a row the
+database cannot give back) is rolled back alone, reported with its reason, and the rest of the
+run goes on: customers are billed in savepoints of ``SAVEPOINT_CUSTOMERS`` (a savepoint per
+customer cost ~2.4 ms each on a loaded box), and a savepoint where one failed is billed again
+one customer per savepoint; when the group's read itself fails on one customer's row, each
+customer of the group is read alone. The caller owns the transaction (the CLI, the API and the
+scheduled run: one per run).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ log = logging.getLogger(__name__)
 # database cannot store or give back (DataError), arithmetic out of range. Anything else (the
 # database gone, a bug) fails the run as a whole.
 CustomerFault = (ApiError, DataError, ArithmeticError, ValueError)
+# Customers billed in one savepoint while none fails (a failure re-bills them one by one).
+SAVEPOINT_CUSTOMERS = 50
 
 
 class Outcome(StrEnum):
@@ -151,8 +155,27 @@ class _Run:
             for customer in customers:
                 self.zone([customer], period)
             return
+        for first in range(0, len(customers), SAVEPOINT_CUSTOMERS):
+            self._chunk(customers[first : first + SAVEPOINT_CUSTOMERS], period, batch)
+
+    def _chunk(
+        self, customers: Sequence[Customer], period: BillingPeriod, batch: DraftBatch
+    ) -> None:
+        """The customers in one savepoint; when one of them fails, the savepoint is rolled back
+        and each customer is billed again in a savepoint of its own, so the failure is rolled
+        back alone (a savepoint costs a round trip or two: one per customer made runs slower)."""
+        if len(customers) > 1:
+            try:
+                with self.session.begin_nested():
+                    drafts = [self._bill(customer, period, batch) for customer in customers]
+            except CustomerFault:
+                pass  # whose it was, and only that, is found one by one below
+            else:
+                for customer, draft in zip(customers, drafts, strict=True):
+                    self._done(customer, draft)
+                return
         for customer in customers:
-            try:  # a customer that fails is rolled back alone
+            try:
                 with self.session.begin_nested():
                     draft = self._bill(customer, period, batch)
             except CustomerFault as error:

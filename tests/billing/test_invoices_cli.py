@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,13 @@ def test_invoice_commands_refuse_unknown_ids_and_bad_arguments(
     not_an_id = gpumeter("invoices", "show", "GM-2026-000001")
     assert not_an_id.code == 2
     assert "argument invoice_id: not an invoice id (a UUID): 'GM-2026-000001'" in not_an_id.err
+    for moment in ("0001-01-01T00:00:00+01:00", "1969-12-31T23:59:59Z"):
+        year_one = gpumeter("invoices", "run", "--period", "2026-10", "--as-of", moment)
+        assert year_one.code == 2
+        assert (
+            f"argument --as-of: {datetime.fromisoformat(moment).isoformat()} is out of range: "
+            in (year_one.err)
+        )
     bad_status = gpumeter("invoices", "list", "--status", "open")
     assert bad_status.code == 2
     assert (

@@ -249,8 +249,8 @@ def earned_again(
             Decimal(0),
         )
         if (amount := voucher.amount - spent) > 0:
-            used = f", less {spent.normalize():f} used of the voided invoice's" if spent else ""
-            reason = voucher.reason + used
+            used = f", less {spent.normalize():f} already used of a voided invoice's voucher"
+            reason = voucher.reason + (used if spent else "")
             voucher_id = f"{voucher.voucher_id}:{invoice_id}"
             again.append(
                 dataclasses.replace(voucher, voucher_id=voucher_id, amount=amount, reason=reason)

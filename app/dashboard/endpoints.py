@@ -149,15 +149,16 @@ def list_incidents(
     caller: ConsoleUser,
     now: Now,
     paging: Paging,
+    settings: AppSettings,
     period: PeriodParam = None,
 ) -> PageOf[incidents.IncidentRead]:
     """The period's GPU failures and migrations on this customer's rentals, oldest first:
     cause, when the service heard of it, where the rental moved and how fast, the credit."""
     customer = get_customer(session, customer_id, caller)
     fmt = formatting.Formatter(customer.currency, customer.billing_timezone)
-    found = incidents.incidents(
-        session, customer, service.period_of(customer, period, now), now, fmt
-    )
+    billing_period = service.period_of(customer, period, now)
+    config = UsageSettings.of(settings)
+    found = incidents.incidents(session, customer, billing_period, now, fmt, config)
     return page_of(found, paging)
 
 
@@ -510,7 +511,8 @@ def rental_page(
     gpu_page: Annotated[int, Query(ge=1, le=100_000, description="Page of the GPU bands")] = 1,
 ) -> Response:
     billing_period = p.period(period)
-    view = service.rental_page(p.session, p.v, rental_id, billing_period, p.now, gpu_page)
+    config = UsageSettings.of(get_settings())
+    view = service.rental_page(p.session, p.v, rental_id, billing_period, p.now, config, gpu_page)
     return p.render("rental.html", period=billing_period, page=view)
 
 
@@ -574,7 +576,8 @@ _GROUP_NAMES = {
 @pages.get("/incidents", name="incidents")
 def incidents_page(p: CustomerPage, period: PeriodParam = None) -> Response:
     billing_period = p.period(period)
-    found = incidents.incidents(p.session, p.v.customer, billing_period, p.now, p.v.fmt)
+    config = UsageSettings.of(get_settings())
+    found = incidents.incidents(p.session, p.v.customer, billing_period, p.now, p.v.fmt, config)
     credits = (c for i in found for c in (i.credited, i.stall_credited) if c)
     credited = sum((Decimal(c) for c in credits), Decimal(0))
     return p.render("incidents.html", period=billing_period, incidents=found, credited=credited)

@@ -31,6 +31,7 @@ from zoneinfo import ZoneInfo
 from sqlalchemy.orm import Session
 
 from app.billing import repository as billing_repository
+from app.billing import wording as billing_wording
 from app.billing.core.lines import CREDIT_KINDS, LineKind
 from app.core.epoch import epoch, from_epoch
 from app.core.money import minor_units
@@ -121,12 +122,9 @@ FOCUS_COLUMNS = (
     _c("x_CapReduction", X, True, "Decimal"),
 )
 
+# Every credit kind (CREDIT_KINDS) is a "Credit" row, described by its invoice label.
 _CATEGORY = {
     LineKind.CHARGE: "Usage",
-    LineKind.FAILURE_CREDIT: "Credit",
-    LineKind.MIGRATION_CREDIT: "Credit",
-    LineKind.DEGRADED_CREDIT: "Credit",
-    LineKind.STALL_CREDIT: "Credit",
     LineKind.CAP: "Adjustment",  # only where no usage row of its rental could take it
     LineKind.ADJUSTMENT: "Usage",  # a correction of an earlier period's usage
     LineKind.CREDIT_NOTE: "Adjustment",
@@ -398,9 +396,9 @@ def focus_csv(
             "BillingCurrency": source.currency,
             "BillingPeriodEnd": period_end,
             "BillingPeriodStart": period_start,
-            "ChargeCategory": _CATEGORY[kind],
+            "ChargeCategory": "Credit" if kind in CREDIT_KINDS else _CATEGORY[kind],
             "ChargeClass": "Correction" if kind in _CORRECTIONS else "",
-            "ChargeDescription": _DESCRIPTION[kind],
+            "ChargeDescription": _DESCRIPTION.get(kind) or billing_wording.label(kind),
             "ChargeFrequency": "Usage-Based" if kind in _PRICED else "One-Time",
             "ChargePeriodEnd": _utc(p.end),
             "ChargePeriodStart": _utc(p.start),

@@ -53,7 +53,6 @@ from app.metering import repository as metering_repository
 from app.rentals.models import Migration
 from app.rentals.service import customer_migrations
 from app.rentals.visibility import served
-from app.settings import get_settings
 
 MAX_INCIDENTS = 1000  # per period: a page lists them all; a fleet-wide storm is cut here
 BACKFILLED_AFTER_S = 3600  # a failure the service learned of later than this came from history
@@ -137,8 +136,14 @@ def latest_events(
 
 
 def incidents(
-    session: Session, customer: Customer, period: BillingPeriod, now: datetime, fmt: Formatter
+    session: Session,
+    customer: Customer,
+    period: BillingPeriod,
+    now: datetime,
+    fmt: Formatter,
+    config: UsageSettings,
 ) -> list[IncidentRead]:
+    """``config``: how the period to date is rated for a credit before the invoice."""
     lo, hi = period.span[0], min(period.span[1], epoch(now))
     events = latest_events(session, customer.id, lo, hi, MAX_INCIDENTS, failures_only=True)
     failures = [_failure(e) for e in reversed(events)]  # oldest first
@@ -152,7 +157,6 @@ def incidents(
     names = rental_labels.labels(session, customer.id, {f.rental_id for f, _ in pairs}, fmt)
     credits = _Credits(invoice.lines, False) if invoice is not None else None
     if credits is None and pairs:  # the period so far, rated as the invoice will rate it
-        config = UsageSettings.of(get_settings())
         rated = billing_usage.lines_to_date(session, customer, period, now, config)
         credits = _Credits(rated, True)
     return [

@@ -130,7 +130,7 @@ def overview(
     usage, rated = billing_usage.usage_and_rated(session, v.customer, period.name, now, config)
     hi = min(period.span[1], epoch(now))
     events = incidents.latest_events(session, v.customer.id, period.span[0], hi, LATEST_EVENTS)
-    found = incidents.incidents(session, v.customer, period, now, v.fmt)
+    found = incidents.incidents(session, v.customer, period, now, v.fmt, config)
     spend = budgets.status(budgets.budgets_of(session, v.customer), usage)
     currency = v.customer.currency
     prepaid = BalanceRead.of(
@@ -164,6 +164,7 @@ def rental_page(
     rental_id: uuid.UUID,
     period: BillingPeriod,
     now: datetime,
+    config: UsageSettings,
     gpu_page: int = 1,
 ) -> RentalPage:
     rental = get_rental(session, rental_id, v.principal)
@@ -173,7 +174,7 @@ def rental_page(
     label = rental_labels.label(rental, v.fmt)
     mine = [
         i
-        for i in incidents.incidents(session, v.customer, period, now, v.fmt)
+        for i in incidents.incidents(session, v.customer, period, now, v.fmt, config)
         if i.rental_id == rental.id
     ]
     if window[0] >= window[1]:

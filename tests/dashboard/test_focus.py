@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.billing.core.lines import LineKind
+from app.billing.core.lines import CREDIT_KINDS, LineKind
 from app.billing.loader import billing_period
 from app.billing.models import InvoiceLineRow
 from app.dashboard import focus
@@ -200,12 +200,7 @@ def test_every_line_kind_maps_including_credit_notes_and_ten_place_amounts() -> 
         assert "0000000" not in r["BilledCost"] + r["ListCost"] + r["ContractedCost"], r
 
 
-_NOT_ON_STATEMENT = {
-    LineKind.FAILURE_CREDIT,
-    LineKind.MIGRATION_CREDIT,
-    LineKind.DEGRADED_CREDIT,
-    LineKind.PREPAID_BALANCE,
-}
+_NOT_ON_STATEMENT = {*CREDIT_KINDS, LineKind.PREPAID_BALANCE}  # credits: the API test's
 
 
 # --- the FinOps Foundation's validator ------------------------------------------------------

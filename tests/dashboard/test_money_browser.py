@@ -127,5 +127,15 @@ def test_revenue_page_totals_include_the_prepaid_balance(
         row = page.locator(f'tr[data-period="{month["period"]}"]')
         for key in ("total", "prepaid", "amount_due"):
             expect(row.locator(f'[data-api="{key}"]')).to_have_attribute("data-raw", month[key])
+        for customer in month["customers"]:
+            row = page.locator(f'tr[data-customer="{customer["customer_id"]}"]')
+            expect(row.locator('[data-label="Customer"]')).to_have_text(customer["customer_name"])
+            due = row.locator('[data-api="amount_due"]')
+            expect(due).to_have_attribute("data-raw", customer["amount_due"])
     at_both_widths(page, "revenue", MONEY_SHOTS)
+    # Nothing cut off at 1440 px: no table scrolls inside its box either.
+    boxes = page.evaluate(
+        "[...document.querySelectorAll('main .scroll')].map(e => [e.scrollWidth, e.clientWidth])"
+    )
+    assert boxes and all(inner <= outer for inner, outer in boxes), boxes
     context.close()

@@ -256,7 +256,7 @@ def test_every_command_and_option_has_help() -> None:
         ),
         (
             ["admin", "create-key", "--name", "ops", "--kind", "root"],
-            "argument --kind: give one of admin, customer, node, not 'root'",
+            "argument --kind: give one of admin, customer, node, scheduler, not 'root'",
         ),
         (
             ["admin", "register-node", "--hostname", "h" * 254],

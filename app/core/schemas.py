@@ -42,12 +42,24 @@ def one_line(text: str) -> str:
     visible non-ASCII characters, where Persian, Indic scripts and emoji sequences need it."""
     for i, char in enumerate(text):
         if unicodedata.category(char) in _HIDDEN and not _joins(text, i):
-            name = unicodedata.name(char, "a control character")
+            name = unicodedata.name(char, "") or _control_name(char)
             raise ValueError(
                 f"must be one line of visible text: U+{ord(char):04X} ({name}) at position "
                 f"{i + 1} is a control or invisible format character"
             )
     return text
+
+
+# The C0 controls' names (Unicode gives them none): an error names the NUL it found.
+_C0 = (
+    "NUL SOH STX ETX EOT ENQ ACK BEL BS HT LF VT FF CR SO SI "
+    "DLE DC1 DC2 DC3 DC4 NAK SYN ETB CAN EM SUB ESC FS GS RS US"
+).split()
+
+
+def _control_name(char: str) -> str:
+    code = ord(char)
+    return _C0[code] if code < len(_C0) else "DEL" if code == 0x7F else "a control character"
 
 
 def _joins(text: str, i: int) -> bool:

@@ -66,7 +66,7 @@ NAMES = [customer, renamed_customer, plan, customer_key, admin_key, rental, node
         ("Acme\u2066", "U+2066 (LEFT-TO-RIGHT ISOLATE) at position 5"),
         ("Ac\u200dme", "U+200D (ZERO WIDTH JOINER) at position 3"),  # between ASCII letters
         ("Acme\u2028AI", "U+2028 (LINE SEPARATOR) at position 5"),
-        ("Acme\x1bAI", "U+001B (a control character) at position 5"),
+        ("Acme\x1bAI", "U+001B (ESC) at position 5"),
     ],
 )
 def test_a_name_with_a_hidden_character_is_422_naming_the_field(

@@ -195,8 +195,8 @@ def test_revenue_totals_include_the_prepaid_balance(
     # Per customer: each one's invoices, to the cent, adding up to the month.
     by_customer = {c["customer_name"]: c for c in month["customers"]}
     assert set(by_customer) == {"Acme", "Other"}
-    assert by_customer["Acme"]["amount_due"] == seeded.invoice["total"]
-    assert by_customer["Other"]["amount_due"] == drafted["total"]
+    assert by_customer["Acme"]["amount_due"] == seeded.invoice["amount_due"]
+    assert by_customer["Other"]["amount_due"] == drafted["amount_due"]
     assert (by_customer["Other"]["prepaid"], by_customer["Acme"]["prepaid"]) == ("-10.00", "0.00")
     for key in ("billed", "credited", "tax", "total", "prepaid", "amount_due"):
         assert sum(Decimal(c[key]) for c in month["customers"]) == Decimal(month[key]), key

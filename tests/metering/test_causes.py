@@ -50,9 +50,8 @@ def _stored_evidence(**fault: Any) -> dict[str, Any] | None:
         ({"clock_event_reasons": CLOCKS_EVENT_HW_THERMAL}, {C.THERMAL_SLOWDOWN}),
         ({"clock_event_reasons": CLOCKS_EVENT_SW_THERMAL}, {C.THERMAL_SLOWDOWN}),
         ({"clock_event_reasons": CLOCKS_EVENT_HW_POWER_BRAKE}, {C.POWER_BRAKE}),
-        # "HW slowdown": thermal or power brake, NVML does not say which.
-        ({"clock_event_reasons": CLOCKS_EVENT_HW_SLOWDOWN}, {C.THERMAL_SLOWDOWN, C.POWER_BRAKE}),
-        ({"nvlink_links_down": 2}, {C.NVLINK_DOWN}),
+        # "HW slowdown" without the power-brake bit: the agent reads it as thermal.
+        ({"clock_event_reasons": CLOCKS_EVENT_HW_SLOWDOWN}, {C.THERMAL_SLOWDOWN}),
         ({"nvlink_crc_errors": 500}, {C.NVLINK_SLOW}),
         ({"ecc_uncorrected_volatile": 1}, {C.CONTAINED_ECC}),  # Ampere+: contained
         ({"xids": [94]}, {C.CONTAINED_ECC}),
@@ -64,8 +63,8 @@ def _stored_evidence(**fault: Any) -> dict[str, Any] | None:
         ({"recovery_action": 3}, set()),
         # Two conditions at once: both causes.
         (
-            {"nvlink_links_down": 1, "clock_event_reasons": CLOCKS_EVENT_HW_THERMAL},
-            {C.NVLINK_DOWN, C.THERMAL_SLOWDOWN},
+            {"nvlink_crc_errors": 500, "clock_event_reasons": CLOCKS_EVENT_HW_THERMAL},
+            {C.NVLINK_SLOW, C.THERMAL_SLOWDOWN},
         ),
     ],
 )
@@ -81,6 +80,9 @@ def test_a_power_cap_is_not_a_slowdown_and_a_failure_is_no_degraded_cause() -> N
     assert _stored_evidence(clock_event_reasons=CLOCKS_EVENT_SW_POWER_CAP) is None  # healthy
     failed = _stored_evidence(xids=[79])
     assert failed is not None and causes_of(failed) == set()
+    # A link down fails the GPU (DCGM's verdict): the failure's failover moves it, at once.
+    link_down = _stored_evidence(nvlink_links_down=2)
+    assert link_down is not None and causes_of(link_down) == set()
 
 
 def test_a_newer_agents_cause_is_taken_as_sent_and_odd_evidence_names_nothing() -> None:

@@ -204,7 +204,8 @@ def create_one_customer_fleet(
 ) -> OneCustomerFleet:
     """One rental of ``gpus`` GPUs over ``[start, end)``, one spare node per ``SPARE_EVERY``.
 
-    The plan bills per second with no cap and no vouchers: the what-if swaps the increment in.
+    The plan bills per second with no cap, no vouchers and no stall credit: the what-if swaps
+    the increment in.
     Names derive from ``tag`` alone, so a seed gives the same GPU UUIDs (and history) each run.
     """
     rented_nodes = math.ceil(gpus / GPUS_PER_NODE)
@@ -239,6 +240,10 @@ def create_one_customer_fleet(
                 "prices": [
                     {"gpu_model": model, "price_per_hour": price_per_hour, "effective_from": since}
                 ],
+                # The one rental stands for a customer's whole fleet, not one job: a failure
+                # stalls no other GPU's work, so no stall credit (the what-if compares failure
+                # and migration credits alone).
+                "credit_stall": False,
             }
         ),
     )

@@ -144,6 +144,33 @@ def test_the_migration_window_and_the_stalled_gpu_are_credited_degraded_time_bil
     stall = next(line for line in lines if line["kind"] == "stall_credit")
     assert (stall["gpu_uuid"], stall["seconds"], stall["amount"]) == ("GPU-2", 20, "-0.02")
     assert "degraded" not in by_kind and "failure_credit" not in by_kind
+    migration = next(line for line in lines if line["kind"] == "migration_credit")
+    assert (
+        migration["evidence"]["reason"] == f"failover {failover['id']} (degraded: thermal_slowdown)"
+    )
+
+
+def test_with_no_free_spare_the_degraded_gpu_serves_on_billed_as_degraded(
+    fleet: Fleet, db: Engine
+) -> None:
+    fleet.node("node-1")
+    fleet.gpu("node-1", "GPU-1")
+    t0 = fleet.t0
+    fleet.plan_id = _policy_plan(fleet, "thermal-30", 30, ["thermal_slowdown"])
+    rental = fleet.rental("GPU-1")
+    _degrade(fleet, "GPU-1", t0 + 10, t0 + 45, THERMAL)
+    assert _check(db, t0 + 45) == ["GPU-1"]
+    assert _check(db, t0 + 50) == []  # not asked again while it stays degraded
+    [failover] = fleet.failovers(rental_id=rental)
+    assert (failover["state"], failover["spare_gpu_uuid"]) == ("no_spare", None)
+    [event] = fleet.events("failover.no_spare")
+    assert event["data"]["credited_as"] is None
+    assert event["data"]["reason"] == (
+        "no free H100 spare in fra1: the degraded GPU serves on, billed by the plan's degraded "
+        "rule, until it is repaired"
+    )
+    fleet.report("GPU-1", [(t0 + 45, t0 + 60, "healthy")])  # repaired
+    assert fleet.get(f"/v1/failovers/{failover['id']}")["state"] == "recovered"
 
 
 def test_a_policy_names_known_causes_only(fleet: Fleet) -> None:

@@ -164,11 +164,14 @@ def _expected(records: list[dict[str, Any]], gpus: int, slurm: LocalSlurm) -> li
     return sorted(expected)
 
 
+NODE_OF = {gpu(node, i): node for node in WORKERS + SPARES for i in range(2)}
+
+
 def _assigned(api: Api, rental_id: str) -> list[tuple]:
+    """(node, start, end) of each of the rental's assignments."""
     rental = api.get(f"/v1/rentals/{rental_id}")
     return sorted(
-        (a["gpu_uuid"].split("-")[1], _s(a["start_at"]), _s(a["end_at"]))
-        for a in rental["assignments"]
+        (NODE_OF[a["gpu_uuid"]], _s(a["start_at"]), _s(a["end_at"])) for a in rental["assignments"]
     )
 
 
@@ -216,8 +219,8 @@ def test_every_jobs_assignments_are_accountings_runs_to_the_second(
     wait_for(lambda: not work.active(), "the last jobs done", 30)
     time.sleep(ADAPTER_AWAY_S)  # the outage itself, past MinJobAge: nothing to wait for
     adapter = _adapter(fleet, cluster, key, adapters)
-    for session in work.interactive:  # one GPU on one node each
-        assert session.wait(timeout=30) == 0
+    for session in work.interactive:  # done, or preempted (Slurm cannot requeue them)
+        session.wait(timeout=30)
 
     accounting = _accounting(cluster)
     mapped = {j for j, records in accounting.items() if records[0]["account"] in CUSTOMERS}
@@ -236,7 +239,8 @@ def test_every_jobs_assignments_are_accountings_runs_to_the_second(
             assert job_id not in rows or rows[job_id]["rental_id"] is None
             continue
         assert rows[job_id]["rental_id"], rows[job_id]
-        assert _assigned(api, rows[job_id]["rental_id"]) == expected, (job_id, rows[job_id])
+        assigned = _assigned(api, rows[job_id]["rental_id"])
+        assert assigned == expected, (job_id, rows[job_id], assigned, expected)
         checked += 1
     unmapped = [j for j in accounting if j not in mapped]
     problems = Counter(r["problem"].split(":")[0] for r in rows.values() if r["problem"])

@@ -209,7 +209,8 @@ def _observe(session: Session, ctx: _Snapshot, row: SlurmJob | None, job: JobObs
     except _Deferred:
         ctx.deferred += 1
         return
-    row.problem = None
+    if row.rental_id is not None:  # a job never attributed keeps its reason
+        row.problem = None
     if changed:
         ctx.attributed += 1
     else:

@@ -252,12 +252,14 @@ def _attribute(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
 def _report_unseen_runs(
     session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservation, previous: int | None
 ) -> None:
-    """Runs accounting has between the one last attributed and the current one ran while the
-    adapter was away: which GPUs they held is not in accounting, so they are reported."""
+    """Runs accounting has between the one last attributed and the current one ran unseen
+    (the adapter away, or a run seen only in its first second): which GPUs they held is not
+    in accounting, so they are reported."""
     current = job.start_time if job.allocation else None  # attributed from the snapshot
     unseen = [
         r for r in job.runs or []
         if (previous is None or r.start > previous) and r.start != current
+        and r.end is not None and r.end > r.start
     ]  # fmt: skip
     if unseen:
         spans = ", ".join(f"{r.start}-{r.end} on {','.join(r.nodes)}" for r in unseen)
@@ -265,8 +267,8 @@ def _report_unseen_runs(
             session, ctx, row,
             _Unattributable(
                 "unseen_runs",
-                f"job {row.job_id} ran while the adapter was away ({spans}); accounting does "
-                "not say which GPUs: keep the adapter's outages shorter than MinJobAge",
+                f"job {row.job_id} ran unseen ({spans}); accounting does not say which GPUs: "
+                "keep the adapter's outages shorter than MinJobAge",
             ),
         )  # fmt: skip
 
@@ -276,7 +278,10 @@ def _first_run(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
         row.ended_at = from_epoch(job.end_time)  # ran for no whole second: nothing to bill
         return False
     if job.start_time is None or not job.allocation:
-        return False  # requeued before it was ever attributed: wait for its next run
+        # Requeued before it was ever attributed (a run seen only in its first second): the
+        # run accounting has is reported; the next one is attributed.
+        _report_unseen_runs(session, ctx, row, job, None)
+        return False
     if not ctx.begun(job, job.start_time):
         return False
     mapping = ctx.accounts.get(job.account)

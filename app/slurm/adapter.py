@@ -78,6 +78,7 @@ class Adapter:
         self._seen: dict[int, tuple[int, str]] = {}
         # What the service was last sent, job by job: later rounds send only what differs.
         self._posted: dict[int, JobObservation] | None = None
+        self._resend: set[int] = set()  # jobs the service asked to see again (too new)
         self.accounting = config.accounting  # False once sacct says accounting is disabled
 
     def run(self, stop: threading.Event) -> None:
@@ -130,7 +131,7 @@ class Adapter:
             news = [o for job_id, o in observations.items() if posted.get(job_id) != o]
             gone = [job_id for job_id in posted if job_id not in observations]
             missing = self._post(news, delta=True, gone=gone)
-        self._posted = observations
+        self._posted = {i: o for i, o in observations.items() if i not in self._resend}
         self._seen = {job.job_id: (job.restarts, job.state) for job in jobs}
         if missing:
             found = self._accounting(missing)
@@ -154,6 +155,7 @@ class Adapter:
         result = self.api.post("/v1/slurm/snapshots", snapshot.model_dump(mode="json"))
         for problem in result["problems"]:
             log.info("slurm_job_unattributed", extra=problem)
+        self._resend = {int(job_id) for job_id in result.get("too_new", [])}
         return [int(job_id) for job_id in result.get("missing", [])]
 
     def _accounting(self, job_ids: list[int]) -> dict[int, JobObservation]:

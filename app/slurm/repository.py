@@ -4,7 +4,7 @@ import uuid
 from collections.abc import Collection
 from datetime import datetime, timedelta
 
-from sqlalchemy import Select, select, update
+from sqlalchemy import ColumnElement, Select, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -76,55 +76,36 @@ def touch_seen(
         )
 
 
-def open_jobs_missing(session: Session, cluster: str, seen: Collection[int]) -> list[SlurmJob]:
-    """Attributed jobs not yet ended that a complete snapshot no longer lists."""
-    return list(
-        session.scalars(
-            select(SlurmJob)
-            .where(
-                SlurmJob.cluster == cluster,
-                SlurmJob.rental_id.is_not(None),
-                SlurmJob.ended_at.is_(None),
-                SlurmJob.job_id.not_in(seen),
-            )
-            .order_by(SlurmJob.job_id)
-            .with_for_update()
+def _open(cluster: str, among: ColumnElement[bool]) -> Select[SlurmJob]:
+    """The cluster's attributed jobs not yet ended, ``among`` these, in job order."""
+    return (
+        select(SlurmJob)
+        .where(
+            SlurmJob.cluster == cluster,
+            SlurmJob.rental_id.is_not(None),
+            SlurmJob.ended_at.is_(None),
+            among,
         )
+        .order_by(SlurmJob.job_id)
     )
+
+
+def open_jobs_missing(session: Session, cluster: str, seen: Collection[int]) -> list[SlurmJob]:
+    """Attributed jobs not yet ended that a complete snapshot no longer lists, locked."""
+    query = _open(cluster, SlurmJob.job_id.not_in(seen)).with_for_update()
+    return list(session.scalars(query))
 
 
 def open_job_ids(session: Session, cluster: str, job_ids: Collection[int]) -> list[int]:
     """Attributed jobs not yet ended among these."""
     if not job_ids:
         return []
-    return list(
-        session.scalars(
-            select(SlurmJob.job_id)
-            .where(
-                SlurmJob.cluster == cluster,
-                SlurmJob.rental_id.is_not(None),
-                SlurmJob.ended_at.is_(None),
-                SlurmJob.job_id.in_(job_ids),
-            )
-            .order_by(SlurmJob.job_id)
-        )
-    )
+    return [row.job_id for row in session.scalars(_open(cluster, SlurmJob.job_id.in_(job_ids)))]
 
 
 def open_job_ids_missing(session: Session, cluster: str, seen: Collection[int]) -> list[int]:
     """Attributed jobs not yet ended that a snapshot did not list."""
-    return list(
-        session.scalars(
-            select(SlurmJob.job_id)
-            .where(
-                SlurmJob.cluster == cluster,
-                SlurmJob.rental_id.is_not(None),
-                SlurmJob.ended_at.is_(None),
-                SlurmJob.job_id.not_in(seen),
-            )
-            .order_by(SlurmJob.job_id)
-        )
-    )
+    return [row.job_id for row in session.scalars(_open(cluster, SlurmJob.job_id.not_in(seen)))]
 
 
 def job_of_rental(session: Session, rental_id: uuid.UUID) -> SlurmJob | None:

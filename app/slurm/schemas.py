@@ -136,6 +136,9 @@ class SnapshotResult(Schema):
     # Attributed jobs still open that an incomplete snapshot did not list: the adapter reads
     # them from accounting and sends them (or lists them as forgotten).
     missing: list[int] = Field(default_factory=list)
+    # Jobs whose run began in the snapshot's own second: attributed from a later snapshot,
+    # so the adapter sends them again.
+    too_new: list[int] = Field(default_factory=list)
 
 
 class ActionRead(Schema):

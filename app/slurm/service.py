@@ -107,6 +107,15 @@ class _Snapshot:
     unchanged: int = 0
     deferred: int = 0
     problems: list[JobProblem] = field(default_factory=list)
+    too_new: list[int] = field(default_factory=list)
+
+    def begun(self, job: JobObservation, start: int) -> bool:
+        """Whether the run's first second is past: a run seen in the second it began may end
+        in it (cancelled at once), and a rental cannot last no second. Sent again later."""
+        if start < self.now.timestamp() or ended(job):
+            return True
+        self.too_new.append(job.job_id)
+        return False
 
 
 class _Unattributable(Exception):
@@ -152,6 +161,7 @@ def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
         deferred=context.deferred,
         problems=context.problems,
         missing=missing,
+        too_new=context.too_new,
     )
 
 
@@ -199,7 +209,8 @@ def _observe(session: Session, ctx: _Snapshot, row: SlurmJob | None, job: JobObs
     except _Deferred:
         ctx.deferred += 1
         return
-    row.problem = None
+    if row.rental_id is not None:  # a job never attributed keeps its reason
+        row.problem = None
     if changed:
         ctx.attributed += 1
     else:
@@ -241,12 +252,14 @@ def _attribute(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
 def _report_unseen_runs(
     session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservation, previous: int | None
 ) -> None:
-    """Runs accounting has between the one last attributed and the current one ran while the
-    adapter was away: which GPUs they held is not in accounting, so they are reported."""
+    """Runs accounting has between the one last attributed and the current one ran unseen
+    (the adapter away, or a run seen only in its first second): which GPUs they held is not
+    in accounting, so they are reported."""
     current = job.start_time if job.allocation else None  # attributed from the snapshot
     unseen = [
         r for r in job.runs or []
         if (previous is None or r.start > previous) and r.start != current
+        and r.end is not None and r.end > r.start
     ]  # fmt: skip
     if unseen:
         spans = ", ".join(f"{r.start}-{r.end} on {','.join(r.nodes)}" for r in unseen)
@@ -254,15 +267,25 @@ def _report_unseen_runs(
             session, ctx, row,
             _Unattributable(
                 "unseen_runs",
-                f"job {row.job_id} ran while the adapter was away ({spans}); accounting does "
-                "not say which GPUs: keep the adapter's outages shorter than MinJobAge",
+                f"job {row.job_id} ran unseen ({spans}); accounting does not say which GPUs: "
+                "keep the adapter's outages shorter than MinJobAge",
             ),
         )  # fmt: skip
 
 
 def _first_run(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservation) -> bool:
+    if ended(job) and job.end_time is not None and job.end_time <= (job.start_time or 0):
+        row.ended_at = from_epoch(job.end_time)  # ran for no whole second: nothing to bill
+        return False
     if job.start_time is None or not job.allocation:
-        return False  # requeued before it was ever attributed: wait for its next run
+        # Requeued before it was ever attributed (a run seen only in its first second): the
+        # run accounting has is reported; the next one is attributed.
+        _report_unseen_runs(session, ctx, row, job, None)
+        if ended(job) and job.end_time is not None:
+            row.ended_at = from_epoch(job.end_time)  # nothing more to wait for
+        return False
+    if not ctx.begun(job, job.start_time):
+        return False
     mapping = ctx.accounts.get(job.account)
     if mapping is None:
         raise _Unattributable(
@@ -276,9 +299,6 @@ def _first_run(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
         raise _Unattributable("mixed_models", f"the job holds GPUs of several models: {models}")
     start = from_epoch(job.start_time)
     end = from_epoch(job.end_time) if ended(job) and job.end_time is not None else None
-    if end is not None and end <= start:
-        row.ended_at = end  # ran for no whole second: nothing to bill
-        return False
     body = RentalCreate(
         customer_id=mapping.customer_id, plan_id=mapping.plan_id, gpu_model=models[0],
         gpu_count=len(gpus), start_at=start, end_at=end, name=f"slurm job {job.job_id}",
@@ -303,6 +323,8 @@ def _follow_run(
     assert job.start_time is not None
     start = from_epoch(job.start_time)
     new_run = row.run_start_at != start
+    if new_run and not ctx.begun(job, job.start_time):
+        return False
     gpus = {gpu.uuid for gpu in _gpus(ctx, job.allocation)}
     held = {a.gpu_uuid: a for a in rental.assignments if a.end_at is None}
     changed = False

@@ -164,11 +164,14 @@ def _expected(records: list[dict[str, Any]], gpus: int, slurm: LocalSlurm) -> li
     return sorted(expected)
 
 
+NODE_OF = {gpu(node, i): node for node in WORKERS + SPARES for i in range(2)}
+
+
 def _assigned(api: Api, rental_id: str) -> list[tuple]:
+    """(node, start, end) of each of the rental's assignments."""
     rental = api.get(f"/v1/rentals/{rental_id}")
     return sorted(
-        (a["gpu_uuid"].split("-")[1], _s(a["start_at"]), _s(a["end_at"]))
-        for a in rental["assignments"]
+        (NODE_OF[a["gpu_uuid"]], _s(a["start_at"]), _s(a["end_at"])) for a in rental["assignments"]
     )
 
 
@@ -216,8 +219,8 @@ def test_every_jobs_assignments_are_accountings_runs_to_the_second(
     wait_for(lambda: not work.active(), "the last jobs done", 30)
     time.sleep(ADAPTER_AWAY_S)  # the outage itself, past MinJobAge: nothing to wait for
     adapter = _adapter(fleet, cluster, key, adapters)
-    for session in work.interactive:  # one GPU on one node each
-        assert session.wait(timeout=30) == 0
+    for session in work.interactive:  # done, or preempted (Slurm cannot requeue them)
+        session.wait(timeout=30)
 
     accounting = _accounting(cluster)
     mapped = {j for j, records in accounting.items() if records[0]["account"] in CUSTOMERS}
@@ -229,30 +232,52 @@ def test_every_jobs_assignments_are_accountings_runs_to_the_second(
     wait_for(caught_up, "every mapped job's end attributed", 60)
     assert stop_child(adapter, "gpumeter-slurm") == 0
     rows = {r["job_id"]: r for r in _jobs(api)}
-    checked = 0
+    reported = _reported(api)
+    checked, partly = 0, 0
     for job_id in sorted(mapped):
         expected = _expected(accounting[job_id], work.gpus_per_node.get(job_id, 1), cluster)
         if not expected:
             assert job_id not in rows or rows[job_id]["rental_id"] is None
             continue
         assert rows[job_id]["rental_id"], rows[job_id]
-        assert _assigned(api, rows[job_id]["rental_id"]) == expected, (job_id, rows[job_id])
+        assigned = _assigned(api, rows[job_id]["rental_id"])
+        if "unseen_runs" in reported.get(job_id, set()):
+            # A run seen only in its first second, then requeued: reported, never guessed;
+            # every second billed is one accounting has.
+            assert not Counter(assigned) - Counter(expected), (job_id, assigned, expected)
+            partly += 1
+            continue
+        assert assigned == expected, (job_id, rows[job_id], assigned, expected)
         checked += 1
-    unmapped = [j for j in accounting if j not in mapped]
-    problems = Counter(r["problem"].split(":")[0] for r in rows.values() if r["problem"])
-    assert {rows[j]["problem"].split(":")[0] for j in unmapped} == {"unknown_account"}
+    unmapped = [j for j in accounting if j not in mapped and _ran(accounting[j])]
+    problems = Counter(reason for reasons in reported.values() for reason in reasons)
+    assert unmapped and all(rows[j]["rental_id"] is None for j in unmapped)
+    # Reported: the account (its run seen), or the run itself (seen only in its first second).
+    assert all(reported.get(j, set()) & {"unknown_account", "unseen_runs"} for j in unmapped)
+    assert sum("unknown_account" in reported.get(j, set()) for j in unmapped) >= len(unmapped) // 2
     requeued = [j for j in preempted if len(accounting[j]) > 1]
     assert requeued, "no job was preempted and requeued"
     assert all(accounting[j][-1]["state"]["current"] == "TIMEOUT" for j in timed_out)
     assert len(accounting) >= 200 and all(j in accounting for j in away)
     assert sum(1 for records in accounting.values() if records[0]["account"] in CUSTOMERS) > 150
+    assert checked >= 150
     print(json.dumps({"jobs": len(accounting), "assignments_checked_jobs": checked,
+                      "unseen_runs_reported_jobs": partly,
                       "requeued": len(requeued), "problems": dict(problems)}))  # fmt: skip
 
 
 def _attributed(api: Api, job_ids: list[int]) -> bool:
     rows = {r["job_id"]: r for r in _jobs(api)}
     return all(rows.get(j, {}).get("rental_id") for j in job_ids)
+
+
+def _reported(api: Api) -> dict[int, set[str]]:
+    """Every problem published (slurm.job_unattributed), job by job."""
+    events = api.get("/v1/events", type="slurm.job_unattributed", limit=1000)["items"]
+    reported: dict[int, set[str]] = {}
+    for event in events:
+        reported.setdefault(event["data"]["job_id"], set()).add(event["data"]["reason"])
+    return reported
 
 
 def _ran(records: list[dict[str, Any]]) -> bool:

@@ -76,3 +76,19 @@ def test_runs_the_adapter_never_saw_are_reported_with_their_spans(world: SlurmWo
         (gpu_of("n1", 0), t0, t0 + 100),
         (gpu_of("n1", 0), t0 + 210, None),
     ]
+
+
+def test_a_job_cancelled_in_the_second_it_began_bills_nothing_and_frees_its_gpu(
+    world: SlurmWorld,
+) -> None:
+    """Seen running in its first second, job 7 is not attributed yet (it may end in that very
+    second, and a rental cannot last no second): the adapter is asked to send it again. It
+    was cancelled in that second: no rental, no problem, and job 8 gets the GPU at once."""
+    t0 = world.t0
+    first = world.snapshot(job(7, "RUNNING", start=t0, nodes=ONE_GPU), at=t0)
+    assert (first["too_new"], first["attributed"], first["problems"]) == ([7], 0, [])
+    cancelled = job(7, "CANCELLED", start=t0, end=t0) | {"runs": [_run(t0, t0, "CANCELLED")]}
+    later = world.snapshot(cancelled, job(8, "RUNNING", start=t0, nodes=ONE_GPU), at=t0 + 1)
+    assert (later["too_new"], later["attributed"], later["problems"]) == ([], 1, [])
+    assert world.job_row(7)["rental_id"] is None and world.job_row(7)["ended_at"] is not None
+    assert world.assignments(8) == [(gpu_of("n1", 0), t0, None)]

@@ -114,7 +114,7 @@ def test_requeuing_a_job_beside_an_ended_one_does_not_crash_the_failover() -> No
     """Two records in slurmctld (job 2 ended within MinJobAge): the failover of job 1 drains
     n1 and requeues job 1, reading its own record among both."""
     slurm = RecordedSlurm("22.05")
-    adapter = Adapter(cast(Api, None), slurm, AdapterConfig("hpc", "gpu", "spares"))
+    adapter = Adapter(cast(Api, None), slurm, AdapterConfig("hpc"))
     action = {"id": 1, "kind": "failover", "job_id": 1, "restarts_before": 0, "node": "n1",
               "spare_node": "n3", "nodes_after": ["n2", "n3"], "reason": "gpumeter: xid 79",
               "created_at": datetime.now(UTC).isoformat()}  # fmt: skip

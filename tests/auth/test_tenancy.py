@@ -58,6 +58,7 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("POST", "/v1/keys"): Case(Expect.ADMIN_ONLY, body={"name": "x"}),
     ("GET", "/v1/keys"): Case(Expect.ADMIN_ONLY),
     ("POST", "/v1/keys/{key_id}/revoke"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/keys/scheduler"): Case(Expect.ADMIN_ONLY, body={"name": "x"}),
     ("POST", "/v1/customers"): Case(Expect.ADMIN_ONLY, body={"name": "x"}),
     ("GET", "/v1/customers"): Case(Expect.SCOPED),
     ("GET", "/v1/customers/{customer_id}"): Case(Expect.HIDDEN),
@@ -177,6 +178,10 @@ ROUTES: dict[tuple[str, str], Case] = {
     ("GET", "/v1/slurm/jobs"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/slurm/actions"): Case(Expect.ADMIN_ONLY, query="?cluster=hpc"),
     ("POST", "/v1/slurm/actions/{action_id}/done"): Case(Expect.ADMIN_ONLY, body={"outcome": "x"}),
+    ("POST", "/v1/slurm/actions/{action_id}/resumed"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/slurm/actions/{action_id}/abandoned"): Case(
+        Expect.ADMIN_ONLY, body={"reason": "x"}
+    ),
     ("GET", "/v1/slurm/layout"): Case(Expect.ADMIN_ONLY),
     ("GET", "/v1/spare-policies"): Case(Expect.ADMIN_ONLY),
     ("PUT", "/v1/spare-policies"): Case(
@@ -340,9 +345,13 @@ def ghost_ids(ids: dict[str, str]) -> dict[str, str]:
 
 
 # Deletions last: A's own DELETE removes the object other cases (a PATCH of it) read.
-@pytest.mark.parametrize(
-    ("method", "template"), sorted(ROUTES, key=lambda r: (r[0] == "DELETE", r))
-)
+DELETIONS_LAST = [
+    *sorted(route for route in ROUTES if route[0] != "DELETE"),
+    *sorted(route for route in ROUTES if route[0] == "DELETE"),
+]
+
+
+@pytest.mark.parametrize(("method", "template"), DELETIONS_LAST)
 def test_second_customer_sees_nothing_of_the_first(
     module_console: Console, world: World, method: str, template: str
 ) -> None:

@@ -216,10 +216,18 @@ def run_the_failure_loop(
     (listed,) = api.get("/v1/invoices", customer_id=provider.customer)["items"]
     invoice = api.get(f"/v1/invoices/{listed['id']}")
     credits = [line for line in invoice["lines"] if line["kind"].endswith("_credit")]
+    down = [line for line in credits if line["kind"] != "stall_credit"]
     assert failed_s is not None and resumed_s is not None
-    assert sum(line["seconds"] for line in credits) == resumed_s - failed_s
-    assert -sum(Decimal(line["amount"]) for line in credits) == Decimal(resumed_s - failed_s) / 100
-    assert {line["gpu_uuid"] for line in credits} == {gpu("n1", 0)}
+    assert sum(line["seconds"] for line in down) == resumed_s - failed_s
+    assert -sum(Decimal(line["amount"]) for line in down) == Decimal(resumed_s - failed_s) / 100
+    assert {line["gpu_uuid"] for line in down} == {gpu("n1", 0)}
+    # The job stalled with its GPU: its other three are credited from the failure until Slurm
+    # requeued it (their first run's end), not billed for a job that could not run.
+    stalled: dict[str, int] = {}
+    for line in (line for line in credits if line not in down):
+        stalled[line["gpu_uuid"]] = stalled.get(line["gpu_uuid"], 0) + line["seconds"]
+    others = (gpu("n1", 1), gpu("n2", 0), gpu("n2", 1))
+    assert stalled == {g: cut - failed_s for g in others if cut > failed_s}
 
 
 def test_a_gpu_failure_fails_the_job_over_to_the_spare_through_slurm(

@@ -149,18 +149,15 @@ def _minimums(rated: RatedRental, manual_recovery_s: int) -> Iterator[tuple[int,
     for session in rated.sessions:
         if session.billed_s:
             continue
-        down = [
-            p
-            for p in rated.pieces
-            if p.gpu_uuid == session.gpu_uuid
-            and session.start <= p.start < session.end
-            and p.bucket in _DOWNTIME
-        ]
-        down_s = sum(p.seconds for p in down)
-        top_ups = sum(max(manual_recovery_s - (end - start), 0) for start, end in _incidents(down))
+        # The downtime runs that begin in the session, whole: stored rollups cut a run at each
+        # day, and a run (a migration's wait) may outlast the session it began in.
+        gpu_pieces = [p for p in rated.pieces if p.gpu_uuid == session.gpu_uuid]
+        down = [run for run in _incidents(gpu_pieces) if session.start <= run[0] < session.end]
+        down_s = sum(end - start for start, end in down)
+        top_ups = sum(max(manual_recovery_s - (end - start), 0) for start, end in down)
         rounded_s = max(-(-down_s // plan.increment_s) * plan.increment_s, plan.minimum_s)
         if down_s and (extra_s := rounded_s - down_s - top_ups) > 0:
-            yield extra_s, max(p.end for p in down) - 1
+            yield extra_s, max(end for _, end in down) - 1
 
 
 def _capped(rated: RatedRental, cost: Decimal) -> Decimal:

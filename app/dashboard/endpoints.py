@@ -647,26 +647,25 @@ def delete_budget(p: FormPage, budget_id: uuid.UUID) -> Response:
 
 
 def _budgets(p: Page, form: BudgetForm, status_code: int = 200) -> Response:
-    view = service.budgets_view(p.session, p.v, p.now, UsageSettings.of(get_settings()))
-    return p.render(
-        "budgets.html",
-        status_code=status_code,
-        period=view.period,
-        view=view,
-        form=form,
-        assumes=FORECAST_ASSUMES,
-    )
+    return _budget_page(p, "budgets.html", form, status_code, None)
 
 
 def _budget(p: Page, budget: Budget, form: BudgetForm, status_code: int = 200) -> Response:
+    return _budget_page(p, "budget.html", form, status_code, budget)
+
+
+def _budget_page(
+    p: Page, template: str, form: BudgetForm, status_code: int, budget: Budget | None
+) -> Response:
+    """The budgets list, or one budget's page (``budget``): each against this month."""
     view = service.budgets_view(p.session, p.v, p.now, UsageSettings.of(get_settings()))
-    [status] = [s for s in view.statuses if s.budget.id == budget.id]
+    shown = [s for s in view.statuses if budget is not None and s.budget.id == budget.id]
     return p.render(
-        "budget.html",
+        template,
         status_code=status_code,
         period=view.period,
         view=view,
-        s=status,
+        s=shown[0] if shown else None,
         form=form,
         assumes=FORECAST_ASSUMES,
     )

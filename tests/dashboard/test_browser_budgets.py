@@ -64,8 +64,8 @@ def test_budget_pages_create_change_and_delete_at_both_widths(
     customer, key = northwind(console, db)
     usage = console.client.get(f"/v1/customers/{customer['id']}/usage", headers=console.headers)
     forecast = usage.json()["forecast"]
-    assert float(forecast) > 0
-    amount = f"{float(forecast) * 0.95:.2f}"  # the forecast is over it: that alert shows
+    assert Decimal(forecast) > 0
+    amount = str((Decimal(forecast) * Decimal("0.95")).quantize(Decimal("0.01")))  # below forecast
     body = {
         "amount": amount,
         "thresholds": [

@@ -32,7 +32,10 @@ from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
 from tests.e2e.conftest import BIN, Fleet
 from tests.harness import wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("slurm")]
+# Alone: with the suite's four workers on two cores, the adapter's rounds slip and a requeue
+# seen late was attributed from the first run's start once (job 3: 125 s too early, see the
+# closing note of issue 41); on a machine of its own it holds to the second.
+pytestmark = [pytest.mark.e2e, pytest.mark.alone, pytest.mark.xdist_group("slurm")]
 
 CLUSTER = "provider"
 WORKERS, SPARES = ["n1", "n2", "n3", "n4"], ["n5"]

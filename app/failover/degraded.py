@@ -114,7 +114,9 @@ def _migrate_if_due(
         session, gpu, from_epoch(since)
     ):
         return None
-    decided = now.replace(microsecond=0)
+    # Never before the plan's time: the run's end is the agent's labelled second, which may
+    # be a fraction ahead of this clock's whole second.
+    decided = max(now.replace(microsecond=0), from_epoch(since + policy.after_s))
     evidence = [
         {
             **(run.evidence or {}),

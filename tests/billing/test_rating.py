@@ -14,7 +14,14 @@ from app.billing.core.domain import (
     Segment,
 )
 from app.billing.core.lines import LineKind
-from app.billing.core.rating import RatedRental, rate_rental, rate_rentals
+from app.billing.core.rating import (
+    RatedRental,
+    classify_rentals,
+    rate_pieces,
+    rate_rental,
+    rate_rentals,
+    session_runs,
+)
 
 from .factories import DAY, MONTH, failed, healthy, rental, usd_plan
 
@@ -374,3 +381,34 @@ def test_a_plan_without_stall_credit_bills_the_other_gpus() -> None:
     assert job.buckets[Bucket.STALL_CREDIT] == 0
     assert not [x for x in job.lines if x.kind is LineKind.STALL_CREDIT]
     assert job.buckets[Bucket.BILLABLE] + job.buckets[Bucket.DEGRADED] == 4 * (F + DAY) - 2850 - 60
+
+
+def test_pieces_read_back_rate_a_migration_window_outside_every_session_as_live() -> None:
+    """Rollups hand ``rate_pieces`` their stored pieces, which no longer say which session they
+    came from: a migration window in the old GPU's run must stay out of its rounding there too.
+    A 5-s window at the end of an hour on A, at a 7-s increment: A's 3,600 billed seconds round
+    to 3,605 on their own (515 x 7), not to 3,600 (the 3,605 with the window's 5 s rounded
+    in, less the 5 s)."""
+    assignments = [Assignment("r1", "A", 0, 3605), Assignment("r1", "B", 3605, 7200)]
+    segments = {"A": [healthy("A", 0, 3605)], "B": [healthy("B", 3605, 7200)]}
+    window = Migration("r1", "A", "B", 3600, 3605)
+    inputs = RatingInputs(
+        [rental(usd_plan("3.60", increment_s=7), rental_end=7200)],
+        assignments,
+        segments,
+        {},
+        [window],
+        MONTH,
+    )
+    live = rate_rental(inputs)
+    [classified] = classify_rentals(inputs)
+    runs = session_runs(assignments, classified.bounds)
+    read_back = rate_pieces(
+        classified.rental, classified.bounds, classified.pieces, runs, MONTH[1] - MONTH[0]
+    )
+    assert [(s.gpu_uuid, s.billed_s, s.charged_s) for s in live.sessions] == [
+        ("A", 3600, 3605),
+        ("B", 3595, 3598),
+    ]
+    assert read_back.sessions == live.sessions
+    assert read_back.lines == live.lines

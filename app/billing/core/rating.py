@@ -402,10 +402,13 @@ def rate_pieces(
 ) -> RatedRental:
     """The rating of already classified ``pieces`` (sorted by GPU and start; e.g. stored
     daily rollups followed by the open day rated live): sessions, lines and the cap by the
-    same rules as ``rate_rentals``. ``runs`` are the sessions per GPU (``session_runs``)."""
+    same rules as ``rate_rentals``. ``runs`` are the sessions per GPU (``session_runs``).
+    A migration window belongs to no session (``_window_pieces``), wherever it lies: a stored
+    piece no longer says so, but its bucket does."""
     of_gpu: dict[str, list[Piece]] = defaultdict(list)
     for piece in pieces:
-        of_gpu[piece.gpu_uuid].append(piece)
+        if piece.bucket is not Bucket.MIGRATION_CREDIT:
+            of_gpu[piece.gpu_uuid].append(piece)
     sessions = [
         _session(gpu, run, [p for p in of_gpu[gpu] if run[0] <= p.start < run[1]], rental.plan)
         for gpu, gpu_runs in runs.items()

@@ -252,8 +252,10 @@ def _ranked_spares(session: Session, gpu: Gpu, node: Node, now: datetime) -> lis
 def _preempt(session: Session, failover: Failover, rental_id: uuid.UUID, now: datetime) -> None:
     at = _second(now)
     rental = rentals.rental_by_id(session, rental_id)
-    reason = f"its GPU {failover.spare_gpu_uuid} is the hot spare of failover {failover.id}"
-    rentals.preempt(session, rental, at, reason, {"failover_id": failover.id})
+    # The preempted customer reads this event: it names their own GPU, never the failover,
+    # which is another tenant's (operators find it by ``preempted_rental_id``).
+    reason = f"its GPU {failover.spare_gpu_uuid} was taken as the hot spare of a failed GPU"
+    rentals.preempt(session, rental, at, reason)
     failover.preempted_rental_id = rental.id
     session.flush()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Collection
 from datetime import datetime
-from typing import Any
 from zoneinfo import ZoneInfo
 
 from sqlalchemy.exc import IntegrityError
@@ -271,12 +270,10 @@ def preemptible_seconds(
     return repository.preemptible_seconds(session, gpu_uuids, start, end)
 
 
-def preempt(
-    session: Session, rental: Rental, at: datetime, reason: str, data: dict[str, Any]
-) -> Rental:
+def preempt(session: Session, rental: Rental, at: datetime, reason: str) -> Rental:
     """End a preemptible rental at ``at`` because its GPU is needed (a failover): it is never
-    billed past that second, and it is an ending, not a failure credit. ``data`` adds the
-    caller's context (e.g. the failover) to the ``rental.preempted`` event."""
+    billed past that second, and it is an ending, not a failure credit. ``reason`` is what
+    the ``rental.preempted`` event tells the rental's customer."""
     if not rental.preemptible:
         raise Conflict(f"rental {rental.id} is not preemptible", ("path", "rental_id"))
     gpus = [a.gpu_uuid for a in rental.assignments if a.end_at is None or a.end_at > at]
@@ -289,7 +286,6 @@ def preempt(
         "gpu_uuids": gpus,
         "preempted_at": at.isoformat(),
         "reason": reason,
-        **data,
     }
     publish(
         session,

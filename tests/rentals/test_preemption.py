@@ -30,8 +30,8 @@ def test_only_a_preemptible_rental_is_preempted(console: Console, db: Engine) ->
     spot = console.rental(customer, plan, preemptible=True)["id"]
     with transaction(db) as session:
         with pytest.raises(Conflict, match="is not preemptible"):
-            service.preempt(session, service.rental_by_id(session, regular), AT, "test", {})
-        ended = service.preempt(session, service.rental_by_id(session, spot), AT, "test", {})
+            service.preempt(session, service.rental_by_id(session, regular), AT, "test")
+        ended = service.preempt(session, service.rental_by_id(session, spot), AT, "test")
         assert (ended.end_at, ended.preempted_at) == (AT, AT)
     read = console.client.get(f"/v1/rentals/{spot}", headers=console.headers).json()
     assert (read["preemptible"], read["end_at"]) == (True, "2026-11-02T03:04:05Z")

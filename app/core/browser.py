@@ -13,11 +13,14 @@ own caching.
 
 from __future__ import annotations
 
+from typing import Annotated
 from urllib.parse import urlsplit
 
-from fastapi import HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.settings import Settings, get_settings
 
 # Styles may be inline (the pages' bars are sized by style attributes; the invoice HTML is
 # one self-contained document); scripts come from this site alone.
@@ -61,14 +64,20 @@ class SecurityHeaders:
         await self.app(scope, receive, send_hardened)
 
 
-def same_origin(request: Request) -> None:
+def same_origin(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> None:
     """Refuse (403) a form post another site's page made: its Origin (or, without one, its
-    Referer) must name this host. Browsers send one of them with every cross-site POST; a
-    client that sends neither is no browser and carries no ambient cookie to abuse."""
+    Referer) must name this site, by the Host the request came with or by
+    ``GPUMETER_PUBLIC_URL`` (a proxy that rewrites Host still lets the site's own pages
+    post). Browsers send one of them with every cross-site POST; a client that sends neither
+    is no browser and carries no ambient cookie to abuse."""
     origin = request.headers.get("origin") or request.headers.get("referer")
     if origin is None:
         return
-    host = request.headers.get("host", "")
-    if origin == "null" or urlsplit(origin).netloc != host:
+    sent = urlsplit(origin)
+    this_site = {("", request.headers.get("host", ""))}
+    if settings.public_url:
+        public = urlsplit(settings.public_url)
+        this_site.add((public.scheme, public.netloc))
+    if origin == "null" or not {("", sent.netloc), (sent.scheme, sent.netloc)} & this_site:
         # Neither header is echoed back: the answer says what failed, not what was sent.
         raise HTTPException(403, "a form from another site may not post here: cross-site")

@@ -590,12 +590,13 @@ def form_page(
     request: Request,
     session: DbSession,
     now: Now,
+    settings: AppSettings,
     customer: Annotated[uuid.UUID | None, Query()] = None,
 ) -> Page:
     """A dashboard form's post, by the signed-in session (its cookie authenticates no other
     POST): refused unless it came from this site's own page (``same_origin``; the Lax cookie is
     not sent with another site's POST either)."""
-    same_origin(request)
+    same_origin(request, settings)
     claims = sessions.session_claims(request)
     engine = request.app.state.engine
     principal = None if claims is None else sessions.principal_from_claims(claims, engine)

@@ -180,6 +180,27 @@ def test_the_host_header_is_never_reflected(
     assert refused.status_code == 403 and "example" not in refused.text
 
 
+def test_behind_a_proxy_that_rewrites_host_the_public_url_is_this_sites_origin(
+    client: TestClient, console: Console, setenv: Callable[[str, str], None]
+) -> None:
+    """A proxy that forwards to the service's own address (Host: gpumeter:8000) still lets the
+    site's own forms post when GPUMETER_PUBLIC_URL names the address browsers use; another
+    site, or the same host under another scheme, is still refused."""
+    customer = console.customer()
+    site = "https://meter.example.com"  # where the portal link signs in (a Secure cookie)
+    proxied = {"Host": "gpumeter:8000"}
+    setenv("GPUMETER_PUBLIC_URL", "https://meter.example.com/")
+    for origin in ("https://evil.example", "http://meter.example.com"):
+        sign_in_with_link(client, portal_link(console, customer["id"]))
+        refused = client.post(f"{site}/dashboard/sign-out", headers={**proxied, "Origin": origin})
+        assert refused.status_code == 403
+        assert client.get(f"{site}/v1/customers/{customer['id']}").status_code == 200  # still in
+    own = {**proxied, "Origin": "https://meter.example.com"}
+    signed_out = client.post(f"{site}/dashboard/sign-out", headers=own, follow_redirects=False)
+    assert signed_out.status_code == 303
+    assert client.get(f"{site}/v1/customers/{customer['id']}").status_code == 401
+
+
 def test_metrics_take_an_admin_key_unless_opened(
     client: TestClient, console: Console, setenv: Callable[[str, str], None]
 ) -> None:

@@ -155,3 +155,11 @@ def test_the_readme_links_every_docs_page() -> None:
     readme = (REPO / "README.md").read_text()
     unlinked = [p.name for p in sorted(DOCS.glob("*.md")) if f"(docs/{p.name})" not in readme]
     assert not unlinked, f"README.md links no {unlinked}"
+
+
+def test_bench_readme_says_how_to_run_every_bench() -> None:
+    readme = (REPO / "bench" / "README.md").read_text()
+    unnamed = [
+        p.name for p in sorted((REPO / "bench").glob("*.py")) if f"bench/{p.name}" not in readme
+    ]
+    assert not unnamed, f"bench/README.md does not name {unnamed}"

@@ -72,13 +72,13 @@ def test_a_forbidden_import_breaks_its_contract(tmp_path: Path) -> None:
     assert "Contracts: 0 kept, 6 broken." in result.stdout
 
 
-def test_the_readme_pictures_the_layers_of_the_contract() -> None:
-    """Each line of the README's layer picture (``a > b`` for layers in order, ``a : b`` and
-    ``a | b`` for one layer) reads, top to bottom, as the contract's layers."""
+def test_the_architecture_page_pictures_the_layers_of_the_contract() -> None:
+    """Each line of docs/architecture.md's layer picture (``a > b`` for layers in order,
+    ``a : b`` and ``a | b`` for one layer) reads, top to bottom, as the contract's layers."""
     contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]
     [layers] = [c["layers"] for c in contracts["contracts"] if c["type"] == "layers"]
-    readme = (REPO / "README.md").read_text()
-    picture = readme.split("packages joined by `|` may not:")[1].split("```")[1]
+    architecture = (REPO / "docs" / "architecture.md").read_text()
+    picture = architecture.split("packages joined by `|` may not:")[1].split("```")[1]
     pictured = [
         layer.replace("app.", "").strip()
         for line in picture.splitlines()

@@ -5,8 +5,8 @@ keys, which may show a new API key): Fernet tokens (the
 
 Keys: ``GPUMETER_ENCRYPTION_KEYS``, a JSON list of Fernet keys, newest first: the first
 encrypts, every one decrypts. Unset: one key derived (HKDF-SHA256) from
-``GPUMETER_SECRET_KEY``, so a deployment encrypts without more configuration. README
-("Configuration") says how to rotate.
+``GPUMETER_SECRET_KEY``, so a deployment encrypts without more configuration.
+docs/operations.md ("Rotating the encryption key") says how to rotate.
 """
 
 from __future__ import annotations

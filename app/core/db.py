@@ -152,7 +152,7 @@ def pipelined(
     escapes every array element in Python (a regex per element; a bytea element as hex,
     then escaped again) and Postgres parses the hex back: for ingest's statements, arrays
     over a group's GPUs, that was a third of the writer's Python and a fifth of Postgres's
-    CPU per batch (``bench/README.md``)."""
+    CPU per batch (``bench/HISTORY.md``)."""
     session.flush()  # ORM changes first: the statements below bypass the session
     connection = session.connection()
     raw: psycopg.Connection[Any] = connection.connection.driver_connection  # type: ignore[assignment]

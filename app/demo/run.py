@@ -163,7 +163,7 @@ def month_start(moment: datetime, back: int = 0) -> datetime:
 
 
 # The demo's invoices are complete documents: a (fictional) seller with a postal address and a
-# tax id, unless the environment names one (GPUMETER_SELLER_*, README "Settings").
+# tax id, unless the environment names one (GPUMETER_SELLER_*, docs/configuration.md).
 DEMO_SELLER = {
     "GPUMETER_SELLER_NAME": "Example GPU Cloud GmbH",
     "GPUMETER_SELLER_ADDRESS": "Hauptstr. 1\n10115 Berlin\nGermany",

@@ -3,7 +3,7 @@ together, in one transaction with one set of statements (``service.store_togethe
 
 Why: most of a small batch's cost is per transaction and per statement, not per record. In
 process, with the same 8-GPU batches, stored one per transaction: 4.4 ms of Python and 3.8 ms
-of Postgres CPU each; ten to a transaction: 1.8 and 1.6 ms (``bench/README.md``).
+of Postgres CPU each; ten to a transaction: 1.8 and 1.6 ms (``bench/HISTORY.md``).
 
 Each worker process runs ``ingest_writers`` threads over one bounded queue. A writer takes
 the oldest waiting batch and whatever else is waiting (up to ``ingest_group_max``, one batch

@@ -59,7 +59,7 @@ def test_short_incident_is_billed_at_least_the_manual_recovery_time() -> None:
 
 
 def _fully_credited_session() -> RatingInputs:
-    """The README's worked example: 3.60/h (0.001 $/s), 60-s increment, 1-h minimum per
+    """docs/billing.md's worked example: 3.60/h (0.001 $/s), 60-s increment, 1-h minimum per
     session. GPU A fails for its whole 10-minute session; the rental goes on on GPU B for 2 h."""
     plan = usd_plan("3.60", increment_s=60, minimum_s=3600)
     assignments = [Assignment("r1", "A", 0, 600), Assignment("r1", "B", 600, 7800)]
@@ -85,9 +85,9 @@ def test_a_session_none_of_whose_seconds_was_billed_bills_no_minimum() -> None:
             assert row.difference == Decimal("3.60") > Decimal("0.60")
 
 
-def test_the_readme_states_the_no_minimum_rule_with_its_worked_example() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    rules = readme[readme.index("## Billing rules") : readme.index("## Development")]
+def test_the_billing_page_states_the_no_minimum_rule_with_its_worked_example() -> None:
+    billing = (Path(__file__).parents[2] / "docs" / "billing.md").read_text()
+    rules = billing[billing.index("## Billing rules") : billing.index("## Invoice runs")]
     assert "**A session none of whose seconds was billed bills nothing: no minimum**" in rules
     [row] = {
         (r.with_credits.amount, r.without_credits.amount, r.difference)

@@ -13,14 +13,11 @@ own caching.
 
 from __future__ import annotations
 
-from typing import Annotated
 from urllib.parse import urlsplit
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import HTTPException, Request
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from app.settings import Settings, get_settings
 
 # Styles may be inline (the pages' bars are sized by style attributes; the invoice HTML is
 # one self-contained document); scripts come from this site alone.
@@ -64,10 +61,10 @@ class SecurityHeaders:
         await self.app(scope, receive, send_hardened)
 
 
-def same_origin(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> None:
+def same_origin(request: Request, public_url: str | None) -> None:
     """Refuse (403) a form post another site's page made: its Origin (or, without one, its
-    Referer) must name this site, by the Host the request came with or by
-    ``GPUMETER_PUBLIC_URL`` (a proxy that rewrites Host still lets the site's own pages
+    Referer) must name this site, by the request's Host or by ``public_url``
+    (``GPUMETER_PUBLIC_URL``: behind a proxy that rewrites Host, the site's own pages still
     post). Browsers send one of them with every cross-site POST; a client that sends neither
     is no browser and carries no ambient cookie to abuse."""
     origin = request.headers.get("origin") or request.headers.get("referer")
@@ -75,8 +72,8 @@ def same_origin(request: Request, settings: Annotated[Settings, Depends(get_sett
         return
     sent = urlsplit(origin)
     this_site = {("", request.headers.get("host", ""))}
-    if settings.public_url:
-        public = urlsplit(settings.public_url)
+    if public_url:
+        public = urlsplit(public_url)
         this_site.add((public.scheme, public.netloc))
     if origin == "null" or not {("", sent.netloc), (sent.scheme, sent.netloc)} & this_site:
         # Neither header is echoed back: the answer says what failed, not what was sent.

@@ -343,7 +343,11 @@ def open_portal_link(token: str, request: Request, session: DbSession) -> Respon
     return _switch_session(request, session_token)
 
 
-@pages.post("/portal/{token}", dependencies=[Depends(same_origin)])
+def _from_this_site(request: Request, settings: AppSettings) -> None:
+    same_origin(request, settings.public_url)
+
+
+@pages.post("/portal/{token}", dependencies=[Depends(_from_this_site)])
 def confirm_portal_link(token: str, request: Request) -> Response:
     """The confirmation form's answer: end the open session, sign in with the link."""
     return _switch_session(request, _portal_session(request, token))
@@ -388,7 +392,7 @@ async def _form(request: Request) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(body, max_num_fields=10).items()}
 
 
-@pages.post("/sign-in", dependencies=[Depends(same_origin)])
+@pages.post("/sign-in", dependencies=[Depends(_from_this_site)])
 def sign_in(
     request: Request, session: DbSession, form: Annotated[dict[str, str], Depends(_form)]
 ) -> Response:
@@ -411,7 +415,7 @@ def sign_in(
     return response
 
 
-@pages.post("/sign-out", dependencies=[Depends(same_origin)])
+@pages.post("/sign-out", dependencies=[Depends(_from_this_site)])
 def sign_out(request: Request) -> Response:
     """End the session on the server too: a copy of the cookie stops working."""
     _end_session(request)
@@ -596,7 +600,7 @@ def form_page(
     """A dashboard form's post, by the signed-in session (its cookie authenticates no other
     POST): refused unless it came from this site's own page (``same_origin``; the Lax cookie is
     not sent with another site's POST either)."""
-    same_origin(request, settings)
+    same_origin(request, settings.public_url)
     claims = sessions.session_claims(request)
     engine = request.app.state.engine
     principal = None if claims is None else sessions.principal_from_claims(claims, engine)

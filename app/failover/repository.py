@@ -128,13 +128,13 @@ def policies_query() -> Select[SparePolicy]:
 
 _SUMMARY = text("""
 WITH f AS (
-    SELECT datacenter, model,
+    SELECT datacenter, model, trigger,
            extract(epoch FROM detected_at - failed_at) AS detection,
            extract(epoch FROM requested_at - failed_at) AS request,
            extract(epoch FROM resumed_at - failed_at) AS resume
     FROM failovers
 )
-SELECT datacenter, model, count(*),
+SELECT datacenter, model, trigger, count(*),
        count(detection),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY detection),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY detection),
@@ -144,12 +144,12 @@ SELECT datacenter, model, count(*),
        count(resume),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY resume),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY resume)
-FROM f GROUP BY datacenter, model ORDER BY datacenter, model
+FROM f GROUP BY datacenter, model, trigger ORDER BY datacenter, model, trigger
 """)
 
 
 def latency_rows(session: Session) -> list[tuple[Any, ...]]:
-    """Per (datacenter, model): failovers, then (count, p50, p99) of detection, request and
+    """Per (datacenter, model, trigger): failovers, then (count, p50, p99) of detection, request and
     resume seconds, from the stored failovers."""
     return [tuple(row) for row in session.execute(_SUMMARY)]
 

@@ -74,6 +74,7 @@ class LatencyFigures(Schema):
 class SiteLatency(Schema):
     datacenter: str
     model: str
+    trigger: str = Field(description="`failed`, or `degraded` (moved by the plan's policy).")
     failovers: int
     detection: LatencyFigures = Field(description="First failed second -> service knows.")
     request: LatencyFigures = Field(description="First failed second -> failover requested.")

@@ -449,11 +449,13 @@ def get_failover(session: Session, failover_id: uuid.UUID, principal: Principal)
 
 
 def summary(session: Session) -> FailoverSummary:
-    """p50/p99 of detection, request and resume latency per datacenter and model, from the
-    stored failovers (seconds from the first failed second)."""
+    """p50/p99 of detection, request and resume latency per datacenter, model and trigger,
+    from the stored failovers (seconds from the first failed second, or from the second the
+    plan's degraded policy moved the GPU): a failure's figures are never mixed with the
+    degraded moves', which wait out the policy's threshold first."""
     sites = []
     for row in repository.latency_rows(session):
-        datacenter, model, total, *figures = row
+        datacenter, model, trigger, total, *figures = row
         triples = [figures[i : i + 3] for i in (0, 3, 6)]
         detection, request, resumed = (
             LatencyFigures(count=n, p50_s=_float(p50), p99_s=_float(p99)) for n, p50, p99 in triples
@@ -462,6 +464,7 @@ def summary(session: Session) -> FailoverSummary:
             SiteLatency(
                 datacenter=datacenter,
                 model=model,
+                trigger=trigger,
                 failovers=total,
                 detection=detection,
                 request=request,

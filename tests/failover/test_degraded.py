@@ -201,3 +201,27 @@ def test_a_policy_names_known_causes_only(fleet: Fleet) -> None:
     )
     assert off.status_code == 200, off.text
     assert off.json()["migrate_degraded_after_s"] is None
+
+
+def test_the_latency_summary_keeps_degraded_moves_apart_from_failures(
+    fleet: Fleet, db: Engine
+) -> None:
+    """A degraded move's clock starts at the policy's decision, a failure's at its first failed
+    second: operators read the failure SLO (fault -> running) from the failures alone."""
+    _site(fleet)
+    t0 = fleet.t0
+    fleet.plan_id = _policy_plan(fleet, "thermal-30", 30, ["thermal_slowdown"])
+    fleet.rental("GPU-1")
+    fleet.rental("GPU-3")
+    _degrade(fleet, "GPU-1", t0 + 10, t0 + 40, THERMAL)
+    assert _check(db, t0 + 40) == ["GPU-1"]
+    failed_at = fleet.fail("GPU-3")
+    moved, failed = sorted(fleet.failovers(), key=lambda f: f["trigger"])
+    for failover, resumed_at in ((moved, t0 + 52), (failed, failed_at + 25)):
+        path = f"/v1/failovers/{failover['id']}/resumed"
+        fleet.console.post(path, {"resumed_at": iso(resumed_at)}, 200)
+    sites = fleet.get("/v1/failovers/summary")["sites"]
+    assert [(s["trigger"], s["failovers"], s["resume"]) for s in sites] == [
+        ("degraded", 1, {"count": 1, "p50_s": 12.0, "p99_s": 12.0}),
+        ("failed", 1, {"count": 1, "p50_s": 25.0, "p99_s": 25.0}),
+    ]

@@ -21,24 +21,25 @@ QUEUE_JOBS = Gauge(
     "Jobs in the queue by task and status (todo includes those scheduled for later).",
     ["task", "status"],
 )
-# The failure loop (app.failover observes them where it records each step).
+# The failure loop (app.failover observes them where it records each step), by trigger:
+# a degraded move's clock starts at the policy's decision, a failure's at its first second.
 _FAILOVER_BUCKETS = (0.5, 1, 2, 3, 5, 10, 15, 30, 60, 120, 300, 900)
 FAILOVER_DETECTION_SECONDS = Histogram(
     "gpumeter_failover_detection_seconds",
     "First failed second (telemetry) to the service knowing of the failure.",
-    ["datacenter", "model"],
+    ["datacenter", "model", "trigger"],
     buckets=_FAILOVER_BUCKETS,
 )
 FAILOVER_REQUEST_SECONDS = Histogram(
     "gpumeter_failover_request_seconds",
     "First failed second to failover.requested (or failover.no_spare).",
-    ["datacenter", "model"],
+    ["datacenter", "model", "trigger"],
     buckets=_FAILOVER_BUCKETS,
 )
 FAILOVER_RESUME_SECONDS = Histogram(
     "gpumeter_failover_resume_seconds",
     "First failed second to the job resumed on the spare.",
-    ["datacenter", "model"],
+    ["datacenter", "model", "trigger"],
     buckets=_FAILOVER_BUCKETS,
 )
 SLURM_JOB_PROBLEMS = Counter(

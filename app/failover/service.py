@@ -154,7 +154,7 @@ def open_failover(
         degraded_causes=sorted(degraded_causes),
     )
     spare = _reserve_spare(session, failover, gpu, node, now, config.reservation_ttl_s)
-    labels = (node.datacenter, gpu.model)
+    labels = (node.datacenter, gpu.model, failover.trigger)
     FAILOVER_DETECTION_SECONDS.labels(*labels).observe(_seconds(failed_at, detected_at))
     FAILOVER_REQUEST_SECONDS.labels(*labels).observe(_seconds(failed_at, now))
     if spare is None:
@@ -325,7 +325,7 @@ def resume(
     failover.migration_id = migration.id
     fleet.move_to_pool(session, spare, Pool.RENTABLE, f"serves rental {rental.id} (failover)")
     session.flush()
-    FAILOVER_RESUME_SECONDS.labels(failover.datacenter, failover.model).observe(
+    FAILOVER_RESUME_SECONDS.labels(failover.datacenter, failover.model, failover.trigger).observe(
         _seconds(failover.failed_at, at)
     )
     publish_failover(session, "failover.resumed", failover)

@@ -92,6 +92,7 @@ def test_summary_and_histograms_from_stored_failovers(fleet: Fleet) -> None:
     assert site["request"]["p50_s"] >= detected["p50_s"]
     metrics = fleet.client.get("/metrics", headers=fleet.console.headers).text
     for name in ("detection", "request", "resume"):
-        assert f'gpumeter_failover_{name}_seconds_count{{datacenter="fra1",model="H100"}}' in (
-            metrics
+        assert (
+            f'gpumeter_failover_{name}_seconds_count{{datacenter="fra1",model="H100",trigger="failed"}}'
+            in (metrics)
         )

@@ -402,7 +402,7 @@ def sign_in(
     if (wait := throttle.key_refused(key)) is not None:
         raise TooManyRequests.after(wait)
     principal = authenticate(session, key)
-    if principal is None or principal.kind == KeyKind.NODE:
+    if principal is None or principal.kind not in sessions.PEOPLE:
         # A valid key is served from a throttled address; a failure there is answered 429.
         wait = throttle.address_throttled(address)
         throttle.failed(address, key)

@@ -144,11 +144,16 @@ def clear_session_cookie(response: Response) -> None:
     response.delete_cookie(COOKIE_NAME, path="/", secure=True, httponly=True, samesite="lax")
 
 
+# The keys that open a dashboard session: a node's token or a scheduler adapter's key is a
+# machine's, valid on its own API routes only.
+PEOPLE = frozenset({KeyKind.ADMIN, KeyKind.CUSTOMER})
+
+
 def principal_from_claims(claims: dict[str, Any], engine: Engine) -> Principal | None:
     """The session's principal; None once signed out of, or its key or the customer's portal
     access revoked (a cookie from before sessions had ids is refused: sign in again)."""
     kind = KeyKind(claims["kind"])
-    if kind == KeyKind.NODE or "sid" not in claims:
+    if kind not in PEOPLE or "sid" not in claims:
         return None
     key_id = uuid.UUID(claims["kid"])
     customer = None if claims["cid"] is None else uuid.UUID(claims["cid"])

@@ -283,6 +283,22 @@ def test_api_key_sign_in_and_admin_view(client: TestClient, admin_key: str, seed
     assert "admin view" in html and f"customer={acme}" in html
 
 
+def test_only_people_sign_in_a_node_or_scheduler_key_is_refused(
+    client: TestClient, console: Console
+) -> None:
+    """The dashboard is for operators and customers: a node's token or a scheduler adapter's
+    key, valid on the API, opens no session there."""
+    scheduler = console.post("/v1/keys/scheduler", {"name": "slurm"})["key"]
+    for key in (scheduler, console.node()["token"]["key"]):
+        response = client.post(
+            "/dashboard/sign-in",
+            data={"api_key": key, "next": "/dashboard"},
+            follow_redirects=False,
+        )
+        assert "error=invalid" in response.headers["location"]
+        assert sessions.COOKIE_NAME not in client.cookies
+
+
 def test_signed_out_browser_is_sent_to_sign_in(client: TestClient, seeded: World) -> None:
     response = client.get(f"/dashboard/what-if?period={PERIOD}", follow_redirects=False)
     assert response.status_code == 303

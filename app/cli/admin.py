@@ -82,7 +82,7 @@ KEY_COLUMNS = [
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
-    from app.auth.repository import keys_query
+    from app.auth.reads import keys_query
 
     with transaction(args) as session:
         query = keys_query(kind=args.kind, customer_id=args.customer)

@@ -127,7 +127,7 @@ CUSTOMER_COLUMNS = [
 
 
 def cmd_customers_list(args: argparse.Namespace) -> int:
-    from app.customers.repository import readable_customers
+    from app.customers.reads import readable_customers
 
     with transaction(args) as session:
         page = paginate(session, readable_customers(OPERATOR), paging(args), CustomerRead)

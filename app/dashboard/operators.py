@@ -38,7 +38,7 @@ from app.billing.schemas import money
 from app.billing.usage import UsageSettings
 from app.core.epoch import epoch, from_epoch
 from app.core.schemas import Schema
-from app.customers import repository as customers_repository
+from app.customers import reads as customers_reads
 from app.customers.service import customers_by_zone
 from app.dashboard import wording
 from app.failover.schemas import SiteLatency, SparePoolRead
@@ -326,7 +326,7 @@ def _to_date(
 def customer_names(session: Session, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
     if not ids:
         return {}
-    return {id_: name for id_, name in session.execute(customers_repository.names_query(ids))}
+    return {id_: name for id_, name in session.execute(customers_reads.names_query(ids))}
 
 
 def _figures(cells: dict[str, Decimal], invoices: int, currency: str) -> dict[str, Any]:

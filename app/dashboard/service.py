@@ -36,7 +36,7 @@ from app.budgets.schemas import BudgetStatus
 from app.core.epoch import epoch
 from app.core.errors import NotFound, Unprocessable, not_found
 from app.customers.models import Customer
-from app.customers.repository import customers_query
+from app.customers.reads import customers_query
 from app.customers.service import customer_by_id, get_customer
 from app.dashboard import bands, incidents, rental_labels
 from app.dashboard.formatting import Formatter

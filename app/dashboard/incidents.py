@@ -47,7 +47,7 @@ from app.core.schemas import Schema
 from app.customers.models import Customer
 from app.dashboard import exports, rental_labels, wording
 from app.dashboard.formatting import Formatter, duration
-from app.failover import repository as failover_repository
+from app.failover import reads as failover_reads
 from app.failover.models import Failover, FailoverState
 from app.metering import repository as metering_repository
 from app.rentals.models import Migration
@@ -151,7 +151,7 @@ def incidents(
     invoice = exports.find_invoice(session, customer, period)
     failovers = {
         (fo.rental_id, fo.failed_gpu_uuid, epoch(fo.failed_at)): fo
-        for fo in failover_repository.failovers_of(session, customer.id, lo, hi, MAX_INCIDENTS)
+        for fo in failover_reads.failovers_of(session, customer.id, lo, hi, MAX_INCIDENTS)
     }
     pairs = _pair(failures, migrations)
     names = rental_labels.labels(session, customer.id, {f.rental_id for f, _ in pairs}, fmt)

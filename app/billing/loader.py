@@ -40,7 +40,7 @@ from app.core.epoch import epoch, from_epoch
 from app.core.errors import Unprocessable
 from app.fleet import repository as fleet_repository
 from app.metering.repository import segments_between
-from app.plans import repository as plans_repository
+from app.plans import reads as plans_reads
 from app.plans.service import price_schedule
 from app.rentals import repository as rentals_repository
 from app.rentals.visibility import served
@@ -227,7 +227,7 @@ class _PlanBook:
     def __init__(self, session: Session, customer_ids: Collection[uuid.UUID]) -> None:
         self._session = session
         self._terms: dict[tuple[uuid.UUID, str, uuid.UUID | None, bool], PlanTerms] = {}
-        self._overridden = plans_repository.contract_priced(session, customer_ids)
+        self._overridden = plans_reads.contract_priced(session, customer_ids)
 
     def terms(
         self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID, preemptible: bool
@@ -242,7 +242,7 @@ class _PlanBook:
     def _load(
         self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID, preemptible: bool
     ) -> PlanTerms:
-        plan = plans_repository.plan_by_id(self._session, plan_id)
+        plan = plans_reads.plan_by_id(self._session, plan_id)
         schedule = price_schedule(
             self._session, plan_id, gpu_model, customer_id, preemptible=preemptible
         )

@@ -38,7 +38,7 @@ from app.billing.core.domain import (
 from app.billing.core.intervals import Span
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import Unprocessable
-from app.fleet import repository as fleet_repository
+from app.fleet import reads as fleet_reads
 from app.metering.repository import segments_between
 from app.plans import reads as plans_reads
 from app.plans.service import price_schedule
@@ -211,9 +211,7 @@ def _migrations(session: Session, rental_ids: list[uuid.UUID], span: Span) -> li
 
 
 def _maintenance(session: Session, gpus: list[str], span: Span) -> dict[str, list[Span]]:
-    rows = fleet_repository.maintenance_spans(
-        session, gpus, from_epoch(span[0]), from_epoch(span[1])
-    )
+    rows = fleet_reads.maintenance_spans(session, gpus, from_epoch(span[0]), from_epoch(span[1]))
     out: dict[str, list[Span]] = defaultdict(list)
     for gpu, start, end in rows:
         out[gpu].append((epoch(start), span[1] if end is None else epoch(end)))

@@ -39,7 +39,7 @@ from app.customers.models import Customer
 from app.dashboard.exports import DayPart, Statement, csv_chunks
 from app.dashboard.formatting import Formatter
 from app.dashboard.rental_labels import label
-from app.fleet import repository as fleet_repository
+from app.fleet import reads as fleet_reads
 from app.plans.service import price_rows
 from app.rentals import repository as rentals_repository
 from app.rentals.visibility import served
@@ -245,7 +245,7 @@ def catalogue(session: Session, customer: Customer, source: Statement, fmt: Form
         for (rental_id, kind), amount in sums.items()
         if kind is LineKind.CAP and rental_id is not None and sums.get((rental_id, LineKind.CHARGE))
     }
-    gpus = fleet_repository.gpu_places(session, _credited_gpus(session, source))
+    gpus = fleet_reads.gpu_places(session, _credited_gpus(session, source))
     gpu_regions = {gpu: datacenter for gpu, (_, datacenter) in gpus.items()}
     return Catalogue(facts, gpu_regions, prices, caps)
 
@@ -275,7 +275,7 @@ def _rental_regions(
     if not rental_ids:
         return {}
     rows = session.execute(served(customer_id=customer.id, rental_ids=rental_ids)).all()
-    places = fleet_repository.gpu_places(session, {row[2] for row in rows})
+    places = fleet_reads.gpu_places(session, {row[2] for row in rows})
     seconds: dict[uuid.UUID, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for rental_id, _, gpu, start, end in rows:
         if gpu in places:

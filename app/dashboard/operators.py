@@ -44,7 +44,7 @@ from app.dashboard import wording
 from app.failover.schemas import SiteLatency, SparePoolRead
 from app.failover.service import pool_view
 from app.failover.service import summary as failover_summary
-from app.fleet import repository as fleet_repository
+from app.fleet import reads as fleet_reads
 from app.metering import repository as metering_repository
 from app.rentals import repository as rentals_repository
 
@@ -104,7 +104,7 @@ def fleet(session: Session, now: datetime, spare_target: Decimal) -> FleetRead:
     pools = _spare_pools(session, now, spare_target)
     return FleetRead(
         at=now,
-        groups=_groups(fleet_repository.fleet_counts(session), per_group, pools),
+        groups=_groups(fleet_reads.fleet_counts(session), per_group, pools),
         failures_24h=failures,
         reported_after=_latency([f.reported_after_s for f in failures]),
         resumed_after=_latency([f.resumed_after_s for f in failures]),
@@ -159,7 +159,7 @@ def _failures(session: Session, since: int, until: int) -> list[FailureRead]:
     """Failures since ``since``, each with its GPU's place and, when a rental was moved off
     the GPU after it, when that rental resumed on its new GPU."""
     rows = metering_repository.failures_between(session, since, until, MAX_FAILURES)
-    places = fleet_repository.gpu_places(session, {row["gpu_uuid"] for row in rows})
+    places = fleet_reads.gpu_places(session, {row["gpu_uuid"] for row in rows})
     moves = rentals_repository.moved_after(session, [(r["gpu_uuid"], r["at"]) for r in rows])
     failures = []
     for row in rows:

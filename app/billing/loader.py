@@ -42,8 +42,8 @@ from app.fleet import reads as fleet_reads
 from app.metering.repository import segments_between
 from app.plans import reads as plans_reads
 from app.plans.service import price_schedule
-from app.rentals import repository as rentals_repository
-from app.rentals.visibility import served
+from app.rentals import reads as rentals_reads
+from app.rentals.reads import served
 from metering_agent.protocol import GpuState
 
 _T = TypeVar("_T", Assignment, Migration)
@@ -140,7 +140,7 @@ def load_inputs(
 ) -> PeriodInputs:
     """Rentals of ``customer_ids`` overlapping ``span`` (optionally only ``rental_ids``)."""
     inputs = PeriodInputs(span)
-    rentals = rentals_repository.rentals_overlapping(
+    rentals = rentals_reads.rentals_overlapping(
         session, customer_ids, from_epoch(span[0]), from_epoch(span[1]), rental_ids
     )
     if not rentals:
@@ -193,7 +193,7 @@ def _assignments(session: Session, rental_ids: list[uuid.UUID], span: Span) -> l
 
 
 def _migrations(session: Session, rental_ids: list[uuid.UUID], span: Span) -> list[Migration]:
-    rows = rentals_repository.migrations_overlapping(
+    rows = rentals_reads.migrations_overlapping(
         session, rental_ids, from_epoch(span[0]), from_epoch(span[1])
     )
     return [

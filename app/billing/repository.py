@@ -32,7 +32,7 @@ from app.billing.models import (
     VoucherEntryRow,
 )
 from app.core.db import lock_keys, pipelined
-from app.rentals.visibility import served
+from app.rentals.reads import served
 
 # What a rental cost on its invoice: everything but vouchers, tax and adjustments of others.
 _NOT_RENTAL = (LineKind.VOUCHER, LineKind.TAX, LineKind.ADJUSTMENT, LineKind.CREDIT_NOTE)

@@ -44,7 +44,7 @@ from app.dashboard import rental_labels
 from app.dashboard.exports import allocate
 from app.dashboard.formatting import Formatter
 from app.fleet import reads as fleet_reads
-from app.rentals.visibility import served
+from app.rentals.reads import served
 
 MAX_RANGE_DAYS = 92  # a custom range rates each month it touches: at most five
 _BILLED = {Bucket.BILLABLE, Bucket.DEGRADED}

@@ -41,8 +41,8 @@ from app.dashboard.formatting import Formatter
 from app.dashboard.rental_labels import label
 from app.fleet import reads as fleet_reads
 from app.plans.service import price_rows
-from app.rentals import repository as rentals_repository
-from app.rentals.visibility import served
+from app.rentals import reads as rentals_reads
+from app.rentals.reads import served
 
 FOCUS_VERSION = "1.2"
 HOURS = Decimal("0.000001")  # PricingQuantity's places: a hundredth of a second and finer
@@ -211,7 +211,7 @@ def catalogue(session: Session, customer: Customer, source: Statement, fmt: Form
     """Everything but the lines, read before the rows stream (a few queries)."""
     sums = _line_sums(session, source)
     rental_ids = {rental_id for rental_id, _ in sums if rental_id is not None}
-    rentals = rentals_repository.rentals_of(session, customer.id, rental_ids) if rental_ids else []
+    rentals = rentals_reads.rentals_of(session, customer.id, rental_ids) if rental_ids else []
     regions = _rental_regions(session, customer, rental_ids)
     facts = {
         r.id: RentalFacts(

@@ -51,8 +51,8 @@ from app.failover import reads as failover_reads
 from app.failover.models import Failover, FailoverState
 from app.metering import repository as metering_repository
 from app.rentals.models import Migration
+from app.rentals.reads import served
 from app.rentals.service import customer_migrations
-from app.rentals.visibility import served
 
 MAX_INCIDENTS = 1000  # per period: a page lists them all; a fleet-wide storm is cut here
 BACKFILLED_AFTER_S = 3600  # a failure the service learned of later than this came from history

@@ -46,7 +46,7 @@ from app.failover.service import pool_view
 from app.failover.service import summary as failover_summary
 from app.fleet import reads as fleet_reads
 from app.metering import repository as metering_repository
-from app.rentals import repository as rentals_repository
+from app.rentals import reads as rentals_reads
 
 FAILURE_WINDOW_S = 86_400
 MAX_FAILURES = 500
@@ -160,7 +160,7 @@ def _failures(session: Session, since: int, until: int) -> list[FailureRead]:
     the GPU after it, when that rental resumed on its new GPU."""
     rows = metering_repository.failures_between(session, since, until, MAX_FAILURES)
     places = fleet_reads.gpu_places(session, {row["gpu_uuid"] for row in rows})
-    moves = rentals_repository.moved_after(session, [(r["gpu_uuid"], r["at"]) for r in rows])
+    moves = rentals_reads.moved_after(session, [(r["gpu_uuid"], r["at"]) for r in rows])
     failures = []
     for row in rows:
         model, datacenter = places[row["gpu_uuid"]]

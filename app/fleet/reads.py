@@ -14,7 +14,7 @@ from sqlalchemy import ARRAY, Text, and_, any_, cast, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
-from app.rentals.visibility import served
+from app.rentals.reads import served
 
 
 def maintenance_spans(

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.core.db import pipelined
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool, RefusedClaim
-from app.rentals.visibility import ever_served
+from app.rentals.reads import ever_served
 
 
 def nodes_query() -> Select[Node]:

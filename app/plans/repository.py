@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.plans.models import PlanPrice, PricePlan
-from app.rentals.visibility import rents_on
+from app.rentals.reads import rents_on
 
 
 def readable_plans(principal: Principal) -> Select[PricePlan]:

@@ -21,8 +21,8 @@ from app.core.epoch import epoch, from_epoch
 from app.fleet import reads as fleet_reads
 from app.rentals import service as rentals
 from app.rentals.models import Rental
+from app.rentals.reads import served
 from app.rentals.schemas import MigrationCreate
-from app.rentals.visibility import served
 from app.simulate.history import Failure, SimGpu
 
 FOREVER = 2**62

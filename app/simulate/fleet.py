@@ -23,7 +23,7 @@ from app.fleet import service as fleet_service
 from app.fleet.models import Pool
 from app.plans.schemas import PlanCreate
 from app.plans.service import create_plan
-from app.rentals import repository as rentals_repository
+from app.rentals import service as rentals_service
 from app.simulate.history import DAY, SimGpu
 from metering_agent.nvml.simulated import sim_uuid
 
@@ -87,7 +87,7 @@ def create_fleet(
     ]
     rentals, assignments = _rentals(gpu_rows, plan.id, customers, start, end, rng)
     if rentals:
-        rentals_repository.insert_rentals(session, rentals, assignments)
+        rentals_service.insert_rentals(session, rentals, assignments)
     sims = [SimGpu(g["uuid"], g["model"]) for g in gpu_rows]
     return Fleet(sims, len(customers), len(rentals))
 
@@ -258,7 +258,7 @@ def create_one_customer_fleet(
         "start_at": from_epoch(start),
         "end_at": from_epoch(end),
     }
-    rentals_repository.insert_rentals(
+    rentals_service.insert_rentals(
         session,
         [rental],
         [

@@ -30,7 +30,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
 
-from app.billing import repository as billing_repository
+from app.billing import reads as billing_reads
 from app.billing import wording as billing_wording
 from app.billing.core.lines import CREDIT_KINDS, LineKind
 from app.core.epoch import epoch, from_epoch
@@ -254,7 +254,7 @@ def _line_sums(
     session: Session, source: Statement
 ) -> dict[tuple[uuid.UUID | None, LineKind], Decimal]:
     if source.invoice is not None:
-        rows = billing_repository.line_sums(session, source.invoice.id)
+        rows = billing_reads.line_sums(session, source.invoice.id)
         return {(rental_id, LineKind(kind)): amount for rental_id, kind, amount in rows}
     out: dict[tuple[uuid.UUID | None, LineKind], Decimal] = defaultdict(Decimal)
     for line in source.to_date:
@@ -264,7 +264,7 @@ def _line_sums(
 
 def _credited_gpus(session: Session, source: Statement) -> set[str]:
     if source.invoice is not None:
-        return set(billing_repository.line_gpus(session, source.invoice.id))
+        return set(billing_reads.line_gpus(session, source.invoice.id))
     return {line.gpu_uuid for line in source.to_date if line.gpu_uuid}
 
 

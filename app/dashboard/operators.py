@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import Field
 from sqlalchemy.orm import Session
 
-from app.billing import repository as billing_repository
+from app.billing import reads as billing_reads
 from app.billing import usage as billing_usage
 from app.billing.core.lines import LineKind
 from app.billing.loader import billing_period, current_period
@@ -264,7 +264,7 @@ def revenue(
     current month with no invoice yet is rated to date (``to_date``)."""
     sums: dict[tuple[str, str], dict[uuid.UUID, dict[str, Decimal]]] = defaultdict(dict)
     invoices: dict[tuple[str, str, uuid.UUID], int] = {}
-    for row in billing_repository.revenue_by_period(session, first, last):
+    for row in billing_reads.revenue_by_period(session, first, last):
         month, customer = (str(row["period"]), str(row["currency"])), row["customer_id"]
         cells = sums[month].setdefault(customer, defaultdict(Decimal))
         key = (*month, customer)
@@ -314,7 +314,7 @@ def _to_date(
     out = {}
     for customer in customers_by_zone(session):
         name = current_period(customer.billing_timezone, now)
-        if not first <= name <= last or billing_repository.live_invoice(session, customer.id, name):
+        if not first <= name <= last or billing_reads.live_invoice(session, customer.id, name):
             continue
         period = billing_period(name, customer.billing_timezone)
         lines = billing_usage.lines_to_date(session, customer, period, now, config)

@@ -39,7 +39,7 @@ from app.billing.core.intervals import Span
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import Unprocessable
 from app.fleet import reads as fleet_reads
-from app.metering.repository import segments_between
+from app.metering.reads import segments_between
 from app.plans import reads as plans_reads
 from app.plans.service import price_schedule
 from app.rentals import reads as rentals_reads

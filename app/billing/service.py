@@ -89,7 +89,7 @@ from app.customers.models import Customer
 from app.customers.service import existing_customer
 from app.events.service import publish
 from app.fleet import service as fleet_service
-from app.metering.repository import late_segments_since
+from app.metering.reads import late_segments_since
 from app.plans import service as plans_service
 from app.rentals import service as rentals_service
 from app.rentals.service import display_names

@@ -49,7 +49,7 @@ from app.dashboard import exports, rental_labels, wording
 from app.dashboard.formatting import Formatter, duration
 from app.failover import reads as failover_reads
 from app.failover.models import Failover, FailoverState
-from app.metering import repository as metering_repository
+from app.metering import reads as metering_reads
 from app.rentals.models import Migration
 from app.rentals.reads import served
 from app.rentals.service import customer_migrations
@@ -130,7 +130,7 @@ def latest_events(
 ) -> list[dict[str, Any]]:
     """Newest first: events of [lo, hi) on GPUs during (or ending) the customer's assignments."""
     held = served(customer_id=customer_id, start=from_epoch(lo), end=from_epoch(hi)).subquery()
-    return metering_repository.events_while_held(
+    return metering_reads.events_while_held(
         session, held, lo, hi, limit, failures_only=failures_only
     )
 

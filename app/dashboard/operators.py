@@ -45,7 +45,7 @@ from app.failover.schemas import SiteLatency, SparePoolRead
 from app.failover.service import pool_view
 from app.failover.service import summary as failover_summary
 from app.fleet import reads as fleet_reads
-from app.metering import repository as metering_repository
+from app.metering import reads as metering_reads
 from app.rentals import reads as rentals_reads
 
 FAILURE_WINDOW_S = 86_400
@@ -158,7 +158,7 @@ def _groups(
 def _failures(session: Session, since: int, until: int) -> list[FailureRead]:
     """Failures since ``since``, each with its GPU's place and, when a rental was moved off
     the GPU after it, when that rental resumed on its new GPU."""
-    rows = metering_repository.failures_between(session, since, until, MAX_FAILURES)
+    rows = metering_reads.failures_between(session, since, until, MAX_FAILURES)
     places = fleet_reads.gpu_places(session, {row["gpu_uuid"] for row in rows})
     moves = rentals_reads.moved_after(session, [(r["gpu_uuid"], r["at"]) for r in rows])
     failures = []

@@ -8,12 +8,25 @@ naming the offending module.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import shutil
 import subprocess
 import sys
 import tomllib
+from decimal import Decimal
 from pathlib import Path
+
+from sqlalchemy.orm import Session
+
+from app import wiring
+from app.balances.service import grant_trial_credit
+from app.core.reactions import registrations, render
+from app.customers.models import Customer
+from app.customers.service import add_created_hook
+from app.events.service import subscribe
+from app.settings import get_settings
+from app.webhooks.service import on_event as deliver_to_webhooks
 
 REPO = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
@@ -157,4 +170,85 @@ def test_a_service_reading_settings_is_caught(tmp_path: Path) -> None:
     assert [m for m in readers if not _allowed(m)] == [
         "app/billing/usage.py",
         "app/budgets/service.py",
+    ]
+
+
+# --- who reacts to what (docs/reactions.md) ---------------------------------------------------
+
+# A subscriber list's or hook list's registrar, by the names the packages give them.
+REGISTRAR = re.compile(r"^(subscribe|add_\w+_(check|hook))$")
+
+
+def test_the_reactions_table_is_the_wiring() -> None:
+    """docs/reactions.md is what ``app.wiring`` registers; after a change to the wiring (or to
+    a handler's docstring), regenerate it with the command the page names."""
+    assert (REPO / "docs" / "reactions.md").read_text() == wiring.reactions_table(), (
+        f"docs/reactions.md is stale: {wiring.REACTIONS_COMMAND}"
+    )
+
+
+def _planted_install() -> None:
+    """A wiring a newcomer might write (never called: only read): a subscriber that queues a
+    job, and a hook under a setting."""
+    subscribe("invoice.paid", deliver_to_webhooks)
+    if get_settings().trial_credit:
+        add_created_hook(_welcome)
+
+
+def _welcome(session: Session, customer: Customer) -> None:
+    grant_trial_credit(session, customer, Decimal("5.00"))  # a wrapper: the table names its callee
+
+
+def test_a_planted_registration_reaches_the_table() -> None:
+    registered = registrations(_planted_install, wiring.TRIGGERS, wiring.BLUEPRINTS)
+    assert [(r.trigger, r.handler, r.condition, r.jobs) for r in registered] == [
+        ("`invoice.paid` is published", deliver_to_webhooks, None, ("webhooks:deliver",)),
+        (
+            "a customer is created",
+            grant_trial_credit,
+            "get_settings().trial_credit",
+            (),
+        ),
+    ]
+    table = render(registered, [], "planted")
+    assert "| `invoice.paid` is published | `app.webhooks.service.on_event` |" in table
+    assert "only if `get_settings().trial_credit`" in table
+
+
+def registrations_outside_wiring(root: Path) -> list[str]:
+    """Modules under ``root``/app, but ``app/wiring.py``, that call a registrar: a subscriber or
+    hook registered there would be missing from the table."""
+    found = []
+    for path in sorted((root / "app").rglob("*.py")):
+        if path.relative_to(root).as_posix() == "app/wiring.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+                if name and REGISTRAR.match(name):
+                    found.append(path.relative_to(root).as_posix())
+                    break
+    return found
+
+
+def test_only_the_wiring_registers_reactions(tmp_path: Path) -> None:
+    assert registrations_outside_wiring(REPO) == []
+    # Each registrar the wiring calls is one the table reads.
+    called = {
+        n.func.id
+        for n in ast.walk(ast.parse(inspect.getsource(wiring.install)))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and REGISTRAR.match(n.func.id)
+    }
+    assert called == set(wiring.TRIGGERS)
+    planted = {
+        "app/budgets/service.py": "from app.events import service\nservice.subscribe('a.b', f)\n",
+        "app/rentals/endpoints.py": "add_create_check(print)\n",
+    }
+    for module, source in planted.items():
+        (tmp_path / module).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / module).write_text(source)
+    assert registrations_outside_wiring(tmp_path) == [
+        "app/budgets/service.py",
+        "app/rentals/endpoints.py",
     ]

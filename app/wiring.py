@@ -8,13 +8,15 @@ imports payments).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import procrastinate
 from sqlalchemy.orm import Session
 
 from app.balances.service import grant_trial_credit
 from app.billing.usage import UsageSettings
 from app.budgets.service import refuse_rental_over_hard_limit
-from app.core import idempotency
+from app.core import idempotency, reactions
 from app.core import queue as job_queue
 from app.customers.models import Customer
 from app.customers.service import add_created_hook
@@ -101,3 +103,36 @@ def _grant_trial_credit(session: Session, customer: Customer) -> None:
 
 def _refuse_rental_over_hard_limit(session: Session, customer: Customer) -> None:
     refuse_rental_over_hard_limit(session, customer, UsageSettings.of(get_settings()))
+
+
+# --- the "who reacts to what" table (docs/reactions.md) --------------------------------------
+
+REACTIONS_COMMAND = "python -m app.wiring --reactions > docs/reactions.md"
+
+
+def _published(event_type: str) -> str:
+    return "any event is published" if event_type == ALL_TYPES else f"`{event_type}` is published"
+
+
+# What sets off the handlers each registrar of ``install`` registers.
+TRIGGERS: dict[str, Callable[..., str]] = {
+    subscribe.__name__: _published,
+    add_create_check.__name__: lambda: "a rental is about to be created (may refuse it)",
+    add_assign_check.__name__: lambda: "a GPU is about to be assigned to a rental (may refuse it)",
+    add_created_hook.__name__: lambda: "a customer is created",
+}
+
+
+def reactions_table() -> str:
+    """docs/reactions.md: each subscriber and hook ``install`` registers, in order, and the
+    jobs on a schedule."""
+    registered = reactions.registrations(install, TRIGGERS, BLUEPRINTS)
+    return reactions.render(registered, reactions.periodic(BLUEPRINTS), REACTIONS_COMMAND)
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--reactions"]:
+        sys.exit(f"usage: {REACTIONS_COMMAND}")
+    sys.stdout.write(reactions_table())

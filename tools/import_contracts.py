@@ -2,9 +2,8 @@
 queries its tables), and a pure core imports only what it is allowed.
 
 Each table has one owning package, which alone queries and writes it through its
-``repository`` module. Other packages go through the owner's service or its documented read
-interface (a ``reads`` or ``visibility`` module, or an entry of ``read_interfaces``: the README
-lists them), never through the repository itself.
+``repository`` module. Other packages go through the owner's service or its one public read
+surface, its ``reads`` module; the repository itself is private, with no exceptions.
 """
 
 from __future__ import annotations
@@ -23,30 +22,21 @@ from importlinter import Contract, ContractCheck, fields, output
 
 
 class OwnRepositoryContract(Contract):
-    """Options: ``containers`` (packages whose subpackages are the domain packages) and
-    ``read_interfaces`` (``"importer -> owner.repository"`` pairs allowed on purpose; an
-    importer names a package or module and covers what is inside it)."""
+    """Options: ``containers`` (packages whose subpackages are the domain packages). A
+    package's ``repository`` may be imported only from inside that package: no exceptions."""
 
     type_name = "own repository"
 
     containers = fields.ListField(subfield=fields.StringField())
-    read_interfaces = fields.ListField(subfield=fields.StringField(), required=False, default=[])
 
     def check(self, graph: ImportGraph, verbose: bool) -> ContractCheck:
-        pairs: list[str] = self.read_interfaces  # type: ignore[assignment]  # parsed by then
-        containers: list[str] = self.containers  # type: ignore[assignment]
-        allowed = [tuple(part.strip() for part in pair.split("->")) for pair in pairs]
+        containers: list[str] = self.containers  # type: ignore[assignment]  # parsed by then
         violations: list[dict[str, Any]] = []
-        used: set[tuple[str, ...]] = set()
         for container in containers:
             for repository in sorted(_repositories(graph, container)):
                 owner = repository.rsplit(".", 1)[0]
                 for importer in sorted(graph.find_modules_that_directly_import(repository)):
                     if importer == owner or importer.startswith(owner + "."):
-                        continue
-                    pair = next((p for p in allowed if _covers(p, importer, repository)), None)
-                    if pair is not None:
-                        used.add(pair)
                         continue
                     lines = graph.get_import_details(importer=importer, imported=repository)
                     violations.append(
@@ -56,19 +46,12 @@ class OwnRepositoryContract(Contract):
                             "lines": [d["line_number"] for d in lines],
                         }
                     )
-        unused = [" -> ".join(p) for p in allowed if p not in used]
-        return ContractCheck(
-            kept=not violations and not unused,
-            metadata={"violations": violations, "unused": unused},
-        )
+        return ContractCheck(kept=not violations, metadata={"violations": violations})
 
     def render_broken_contract(self, check: ContractCheck) -> None:
         for v in check.metadata["violations"]:
             lines = ", ".join(f"l.{n}" for n in v["lines"])
             output.print_error(f"{v['importer']} imports {v['imported']} ({lines})", bold=False)
-            output.new_line()
-        for pair in check.metadata["unused"]:
-            output.print_error(f"read_interfaces entry matches no import: {pair}", bold=False)
             output.new_line()
 
 
@@ -78,11 +61,6 @@ def _repositories(graph: ImportGraph, container: str) -> set[str]:
         for module in graph.find_descendants(container)
         if module.count(".") == container.count(".") + 2 and module.endswith(".repository")
     }
-
-
-def _covers(pair: tuple[str, ...], importer: str, repository: str) -> bool:
-    source, target = pair
-    return target == repository and (importer == source or importer.startswith(source + "."))
 
 
 class OnlyImportsContract(Contract):
@@ -150,9 +128,18 @@ _QUERY_CALLS = frozenset(
         "with_entities",
     }
 )
-# A table named in SQL text; the keywords are written in capitals throughout, so prose in a
-# message ("moved from gpus") does not count.
-_SQL_TABLE = re.compile(r"\b(?:FROM|JOIN|INTO|UPDATE|TABLE)\s+(?:ONLY\s+)?([a-z_][a-z0-9_]*)")
+# A table named in SQL text, schema-qualified or not, quoted or not (public."invoices"). The
+# keywords count in capitals anywhere, and in any case in a string that is an SQL statement
+# (it begins with one), so prose in a message ("moved from gpus") does not count.
+_IDENTIFIER = r'"?[A-Za-z_][A-Za-z0-9_]*"?'
+_AFTER_KEYWORD = rf"\s+(?:ONLY\s+)?(?:{_IDENTIFIER}\s*\.\s*)?({_IDENTIFIER})"
+_SQL_TABLE = re.compile(rf"\b(?:FROM|JOIN|INTO|UPDATE|TABLE){_AFTER_KEYWORD}")
+_SQL_TABLE_ANY_CASE = re.compile(rf"\b(?:from|join|into|update|table){_AFTER_KEYWORD}", re.I)
+_SQL_STATEMENT = re.compile(
+    r"\s*(?:select|insert|update|delete|with|copy|lock|truncate|merge)\b", re.I
+)
+# Calls that name a table by its name: ``table("invoices")``, ``Table("invoices", metadata)``.
+_TABLE_CALLS = frozenset({"table", "Table"})
 
 
 @dataclass(frozen=True)
@@ -169,9 +156,12 @@ class OwnTablesContract(Contract):
     Options: ``containers`` (as above) and ``exempt`` (modules that name every table on
     purpose: the metadata for Alembic). A package's tables are the classes with a
     ``__tablename__`` in its ``models`` module. Broken by, outside the owner: a mapped class
-    imported from its ``models`` and used in a query (``Invoice.status``, ``select(Invoice)``,
-    ``session.get(Invoice, ...)``, ``Invoice(...)``), or its table named in SQL text. Taking
-    an instance the owner's service returned, or the class as a type hint, is fine.
+    used in a query (``Invoice.status``, ``select(Invoice)``, ``session.get(Invoice, ...)``,
+    ``Invoice(...)``), however it was imported (from ``models`` or a module of the owner that
+    re-exports it, under an alias, or through an imported module: ``billing_models.Invoice``);
+    its table named in SQL text (schema-qualified or quoted, and in lowercase in a string that
+    is an SQL statement), or in ``table("invoices")``. Taking an instance the owner's service
+    returned, or the class as a type hint, is fine.
     """
 
     type_name = "own tables"
@@ -190,7 +180,7 @@ class OwnTablesContract(Contract):
             for module in modules:
                 tree = ast.parse(_source_path(root, container, module).read_text())
                 owner = ".".join(module.split(".")[: container.count(".") + 2])
-                for line, what in _foreign_queries(tree, owner, tables):
+                for line, what in _foreign_queries(tree, module, owner, tables):
                     violations.append({"module": module, "line": line, "what": what})
         return ContractCheck(kept=not violations, metadata={"violations": violations})
 
@@ -240,64 +230,129 @@ def _tablename(cls: ast.ClassDef) -> str | None:
     return None
 
 
-def _foreign_queries(tree: ast.Module, owner: str, tables: _Tables) -> Iterator[tuple[int, str]]:
+def _foreign_queries(
+    tree: ast.Module, module: str, owner: str, tables: _Tables
+) -> Iterator[tuple[int, str]]:
     """(line, what) for each use of another package's table, once per line."""
-    foreign = _foreign_classes(tree, owner, tables)
+    foreign = _Foreign(_import_paths(tree, module), owner, tables)
     docstrings = _docstrings(tree)
     seen: set[tuple[int, str]] = set()
     for node in ast.walk(tree):
-        for what in _uses(node, foreign, docstrings, owner, tables):
+        for what in _uses(node, foreign, docstrings):
             line: int = node.lineno  # type: ignore[attr-defined]  # every node _uses yields for
             if (line, what) not in seen:
                 seen.add((line, what))
                 yield line, what
 
 
-def _uses(
-    node: ast.AST,
-    foreign: dict[str, str],
-    docstrings: set[int],
-    owner: str,
-    tables: _Tables,
-) -> Iterator[str]:
+@dataclass(frozen=True)
+class _Foreign:
+    """What in one module stands for another package's mapped class or table."""
+
+    paths: dict[str, str]  # local name -> the dotted path it was imported as
+    owner: str
+    tables: _Tables
+
+    def cls(self, expr: ast.expr) -> str | None:
+        """ "owner's Class" when ``expr`` is a mapped class of another package, however it was
+        imported: from its ``models`` or a module that re-exports it (the owner's service),
+        under an alias, or reached through an imported module (``billing_models.Invoice``)."""
+        path = _dotted(expr, self.paths)
+        if path is None or "." not in path:
+            return None
+        where, name = path.rsplit(".", 1)
+        package = self._package_of(where)
+        if package is None or name not in self.tables.classes[package]:
+            return None
+        return f"{package}'s {name}"
+
+    def table(self, name: str) -> str | None:
+        """ "owner's table name" when ``name`` (as written in SQL: quoted, any case) is
+        another package's table."""
+        table = name.strip('"').lower()
+        package = self.tables.names.get(table, self.owner)
+        return None if package == self.owner else f"{package}'s table {table}"
+
+    def _package_of(self, module: str) -> str | None:
+        for package in self.tables.classes:
+            if package != self.owner and (module == package or module.startswith(package + ".")):
+                return package
+        return None
+
+
+def _import_paths(tree: ast.Module, module: str) -> dict[str, str]:
+    """Local name -> dotted path, for every name an import binds (``import a.b`` binds ``a``)."""
+    paths: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    paths[alias.asname] = alias.name
+                else:
+                    root = alias.name.split(".")[0]
+                    paths[root] = root
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(node, module)
+            for alias in node.names:
+                paths[alias.asname or alias.name] = f"{source}.{alias.name}"
+    return paths
+
+
+def _absolute(node: ast.ImportFrom, module: str) -> str:
+    """The module ``from ... import`` reads, relative imports (``from ..billing``) resolved."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")[: -node.level]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _dotted(expr: ast.expr, paths: dict[str, str]) -> str | None:
+    if isinstance(expr, ast.Name):
+        return paths.get(expr.id)
+    if isinstance(expr, ast.Attribute):
+        base = _dotted(expr.value, paths)
+        return None if base is None else f"{base}.{expr.attr}"
+    return None
+
+
+def _uses(node: ast.AST, foreign: _Foreign, docstrings: set[int]) -> Iterator[str]:
     """What foreign table ``node`` queries, for each."""
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-        if node.value.id in foreign:
-            yield foreign[node.value.id]
+    if isinstance(node, ast.Attribute):
+        if what := foreign.cls(node.value):
+            yield what  # Invoice.status, billing_models.Invoice.status
     elif isinstance(node, ast.Call):
-        callee = node.func.attr if isinstance(node.func, ast.Attribute) else None
-        if isinstance(node.func, ast.Name):
-            callee = node.func.id
-            if callee in foreign:
-                yield foreign[callee]
-        if callee in _QUERY_CALLS:
-            for arg in node.args:
-                if isinstance(arg, ast.Name) and arg.id in foreign:
-                    yield foreign[arg.id]
+        yield from _call_uses(node, foreign)
+    elif isinstance(node, ast.JoinedStr):
+        parts = (v.value if isinstance(v, ast.Constant) else "x" for v in node.values)
+        text = "".join(str(part) for part in parts)  # each {value} stands for a word
+        yield from _sql_uses(text, foreign)
     elif (
         isinstance(node, ast.Constant)
         and isinstance(node.value, str)
         and id(node) not in docstrings
     ):
-        for table in _SQL_TABLE.findall(node.value):
-            table_owner = tables.names.get(table, owner)
-            if table_owner != owner:
-                yield f"{table_owner}'s table {table} in SQL"
+        yield from _sql_uses(node.value, foreign)
 
 
-def _foreign_classes(tree: ast.Module, owner: str, tables: _Tables) -> dict[str, str]:
-    """Local name -> "owner's Class" for mapped classes imported from another package."""
-    foreign: dict[str, str] = {}
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.ImportFrom) or not node.module:
-            continue
-        package = node.module.removesuffix(".models")
-        if package == node.module or package == owner or package not in tables.classes:
-            continue
-        for alias in node.names:
-            if alias.name in tables.classes[package]:
-                foreign[alias.asname or alias.name] = f"{package}'s {alias.name}"
-    return foreign
+def _call_uses(node: ast.Call, foreign: _Foreign) -> Iterator[str]:
+    if what := foreign.cls(node.func):
+        yield what  # constructing the class writes its table
+    callee = node.func.attr if isinstance(node.func, ast.Attribute) else None
+    if isinstance(node.func, ast.Name):
+        callee = node.func.id
+    if callee in _QUERY_CALLS:
+        yield from filter(None, (foreign.cls(arg) for arg in node.args))
+    name = node.args[0] if callee in _TABLE_CALLS and node.args else None
+    named = name.value if isinstance(name, ast.Constant) else None
+    if isinstance(named, str) and (what := foreign.table(named.rsplit(".", 1)[-1])):
+        yield f"{what} in {callee}()"
+
+
+def _sql_uses(text: str, foreign: _Foreign) -> Iterator[str]:
+    pattern = _SQL_TABLE_ANY_CASE if _SQL_STATEMENT.match(text) else _SQL_TABLE
+    for name in pattern.findall(text):
+        if what := foreign.table(name):
+            yield f"{what} in SQL"
 
 
 def _docstrings(tree: ast.Module) -> set[int]:

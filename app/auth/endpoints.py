@@ -4,7 +4,7 @@ import uuid
 
 from fastapi import APIRouter
 
-from app.auth import repository, service
+from app.auth import reads, service
 from app.auth.deps import Admin
 from app.auth.models import KeyKind
 from app.auth.schemas import IssuedKeyRead, KeyCreate, KeyRead
@@ -37,7 +37,7 @@ def create_scheduler_key(body: KeyCreate, session: DbSession, _: Admin) -> Issue
 def list_keys(
     session: DbSession, _: Admin, page: Paging, kind: KeyKind | None = None
 ) -> Page[KeyRead]:
-    return paginate(session, repository.keys_query(kind=kind), page, KeyRead)
+    return paginate(session, reads.keys_query(kind=kind), page, KeyRead)
 
 
 @router.post("/{key_id}/revoke", responses=error_responses(404, 409))

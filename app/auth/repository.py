@@ -4,7 +4,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import Select, delete, exists, select
+from sqlalchemy import delete, exists, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -43,17 +43,6 @@ def lock_active_admin_keys(session: Session) -> list[uuid.UUID]:
             .with_for_update()
         )
     )
-
-
-def keys_query(
-    *, kind: KeyKind | None = None, customer_id: uuid.UUID | None = None
-) -> Select[ApiKey]:
-    query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
-    if kind is not None:
-        query = query.where(ApiKey.kind == kind)
-    if customer_id is not None:
-        query = query.where(ApiKey.customer_id == customer_id)
-    return query
 
 
 def record_sign_out(

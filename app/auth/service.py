@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from sqlalchemy import Engine, Select
 from sqlalchemy.orm import Session
 
-from app.auth import cache, repository
+from app.auth import cache, reads, repository
 from app.auth.models import ApiKey, KeyKind
 from app.auth.principal import Principal as Principal  # callers import it from here
 from app.core.errors import Conflict, not_found
@@ -82,7 +82,7 @@ def session_signed_out(session: Session, session_id: uuid.UUID) -> bool:
 
 def customer_keys_query(customer_id: uuid.UUID) -> Select[ApiKey]:
     """The customer's API keys (revoked ones too), oldest first."""
-    return repository.keys_query(kind=KeyKind.CUSTOMER, customer_id=customer_id)
+    return reads.keys_query(kind=KeyKind.CUSTOMER, customer_id=customer_id)
 
 
 def get_key(session: Session, key_id: uuid.UUID) -> ApiKey:

@@ -27,7 +27,7 @@ from decimal import Decimal
 from sqlalchemy.orm import Session
 
 from app.balances import service as balances
-from app.billing import repository
+from app.billing import reads, repository
 from app.billing.core.invoice import build_invoice
 from app.billing.core.lines import CREDIT_KINDS, LineKind
 from app.billing.core.rating import RatedRental
@@ -109,7 +109,7 @@ def of_period(
 ) -> AmountDueRead:
     """The period's invoice's chain, else the period to date's; ``rated``: the rentals rated
     to date when the caller has them (the overview), so they are not rated twice."""
-    invoice = repository.live_invoice(session, customer.id, period.name)
+    invoice = reads.live_invoice(session, customer.id, period.name)
     if invoice is not None:
         return of_invoice(session, invoice, customer, now)
     if rated is None:

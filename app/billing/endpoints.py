@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import HTMLResponse
 
 from app.auth.deps import Admin, ConsoleUser
-from app.billing import amount_due, repository, service, usage
+from app.billing import amount_due, reads, repository, service, usage
 from app.billing.html import Seller, invoice_document, render_invoice
 from app.billing.loader import PERIOD_PATTERN, current_period, started_period
 from app.billing.models import InvoiceStatus
@@ -91,10 +91,8 @@ def list_invoices(
     status: InvoiceStatus | None = None,
 ) -> Page[InvoiceSummary]:
     """Newest period first; customers see only their own invoices."""
-    readable = repository.readable_invoices(caller)
-    query = repository.invoices_query(
-        readable, customer_id=customer_id, period=period, status=status
-    )
+    readable = reads.readable_invoices(caller)
+    query = reads.invoices_query(readable, customer_id=customer_id, period=period, status=status)
     return paginate(session, query, page, InvoiceSummary, InvoiceSummary.of)
 
 

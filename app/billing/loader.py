@@ -38,12 +38,12 @@ from app.billing.core.domain import (
 from app.billing.core.intervals import Span
 from app.core.epoch import epoch, from_epoch
 from app.core.errors import Unprocessable
-from app.fleet import repository as fleet_repository
-from app.metering.repository import segments_between
-from app.plans import repository as plans_repository
+from app.fleet import reads as fleet_reads
+from app.metering.reads import segments_between
+from app.plans import reads as plans_reads
 from app.plans.service import price_schedule
-from app.rentals import repository as rentals_repository
-from app.rentals.visibility import served
+from app.rentals import reads as rentals_reads
+from app.rentals.reads import served
 from metering_agent.protocol import GpuState
 
 _T = TypeVar("_T", Assignment, Migration)
@@ -140,7 +140,7 @@ def load_inputs(
 ) -> PeriodInputs:
     """Rentals of ``customer_ids`` overlapping ``span`` (optionally only ``rental_ids``)."""
     inputs = PeriodInputs(span)
-    rentals = rentals_repository.rentals_overlapping(
+    rentals = rentals_reads.rentals_overlapping(
         session, customer_ids, from_epoch(span[0]), from_epoch(span[1]), rental_ids
     )
     if not rentals:
@@ -193,7 +193,7 @@ def _assignments(session: Session, rental_ids: list[uuid.UUID], span: Span) -> l
 
 
 def _migrations(session: Session, rental_ids: list[uuid.UUID], span: Span) -> list[Migration]:
-    rows = rentals_repository.migrations_overlapping(
+    rows = rentals_reads.migrations_overlapping(
         session, rental_ids, from_epoch(span[0]), from_epoch(span[1])
     )
     return [
@@ -211,9 +211,7 @@ def _migrations(session: Session, rental_ids: list[uuid.UUID], span: Span) -> li
 
 
 def _maintenance(session: Session, gpus: list[str], span: Span) -> dict[str, list[Span]]:
-    rows = fleet_repository.maintenance_spans(
-        session, gpus, from_epoch(span[0]), from_epoch(span[1])
-    )
+    rows = fleet_reads.maintenance_spans(session, gpus, from_epoch(span[0]), from_epoch(span[1]))
     out: dict[str, list[Span]] = defaultdict(list)
     for gpu, start, end in rows:
         out[gpu].append((epoch(start), span[1] if end is None else epoch(end)))
@@ -227,7 +225,7 @@ class _PlanBook:
     def __init__(self, session: Session, customer_ids: Collection[uuid.UUID]) -> None:
         self._session = session
         self._terms: dict[tuple[uuid.UUID, str, uuid.UUID | None, bool], PlanTerms] = {}
-        self._overridden = plans_repository.contract_priced(session, customer_ids)
+        self._overridden = plans_reads.contract_priced(session, customer_ids)
 
     def terms(
         self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID, preemptible: bool
@@ -242,7 +240,7 @@ class _PlanBook:
     def _load(
         self, plan_id: uuid.UUID, gpu_model: str, customer_id: uuid.UUID, preemptible: bool
     ) -> PlanTerms:
-        plan = plans_repository.plan_by_id(self._session, plan_id)
+        plan = plans_reads.plan_by_id(self._session, plan_id)
         schedule = price_schedule(
             self._session, plan_id, gpu_model, customer_id, preemptible=preemptible
         )

@@ -58,7 +58,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.balances import service as balances_service
-from app.billing import repository
+from app.billing import reads, repository
 from app.billing.core.intervals import Span
 from app.billing.core.invoice import Invoice as BuiltInvoice
 from app.billing.core.invoice import build_invoice
@@ -89,7 +89,7 @@ from app.customers.models import Customer
 from app.customers.service import existing_customer
 from app.events.service import publish
 from app.fleet import service as fleet_service
-from app.metering.repository import late_segments_since
+from app.metering.reads import late_segments_since
 from app.plans import service as plans_service
 from app.rentals import service as rentals_service
 from app.rentals.service import display_names
@@ -113,7 +113,7 @@ def get_invoice(
     session: Session, invoice_id: uuid.UUID, principal: Principal, *, lock: bool = False
 ) -> Invoice:
     """The invoice, if the caller may see it; 404 otherwise, so existence never leaks."""
-    statement = repository.readable_invoices(principal).where(Invoice.id == invoice_id)
+    statement = reads.readable_invoices(principal).where(Invoice.id == invoice_id)
     invoice = session.scalars(statement.with_for_update() if lock else statement).one_or_none()
     if invoice is None:
         raise not_found("invoice", invoice_id)

@@ -58,7 +58,7 @@ from app.core.epoch import epoch, from_epoch
 from app.core.memory import rare_collections
 from app.core.money import round_money
 from app.customers.models import Customer
-from app.metering.repository import idle_minutes
+from app.metering.reads import idle_minutes
 from app.settings import Settings
 
 T = TypeVar("T")

@@ -82,7 +82,7 @@ KEY_COLUMNS = [
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
-    from app.auth.repository import keys_query
+    from app.auth.reads import keys_query
 
     with transaction(args) as session:
         query = keys_query(kind=args.kind, customer_id=args.customer)
@@ -127,7 +127,7 @@ CUSTOMER_COLUMNS = [
 
 
 def cmd_customers_list(args: argparse.Namespace) -> int:
-    from app.customers.repository import readable_customers
+    from app.customers.reads import readable_customers
 
     with transaction(args) as session:
         page = paginate(session, readable_customers(OPERATOR), paging(args), CustomerRead)

@@ -80,7 +80,7 @@ INVOICE_COLUMNS = [
 
 
 def cmd_invoices_list(args: argparse.Namespace) -> int:
-    from app.billing.repository import invoices_query, readable_invoices
+    from app.billing.reads import invoices_query, readable_invoices
 
     query = invoices_query(
         readable_invoices(OPERATOR),

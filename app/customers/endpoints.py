@@ -11,7 +11,7 @@ from app.auth.models import KeyKind
 from app.auth.schemas import IssuedKeyRead, KeyCreate, KeyRead
 from app.core.deps import DbSession
 from app.core.pagination import Page, Paging, paginate
-from app.customers import repository, service
+from app.customers import reads, service
 from app.customers.schemas import CustomerCreate, CustomerRead, CustomerUpdate
 
 router = APIRouter(prefix="/v1/customers", tags=["customers"])
@@ -25,7 +25,7 @@ def create_customer(body: CustomerCreate, session: DbSession, _: Admin) -> Custo
 @router.get("")
 def list_customers(session: DbSession, caller: ConsoleUser, page: Paging) -> Page[CustomerRead]:
     """Admins see every customer; a customer key sees only its own."""
-    query = repository.readable_customers(caller)
+    query = reads.readable_customers(caller)
     return paginate(session, query, page, CustomerRead)
 
 

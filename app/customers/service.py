@@ -9,14 +9,14 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.core.errors import Conflict, not_found
-from app.customers import repository
+from app.customers import reads
 from app.customers.models import Customer
 from app.customers.schemas import CustomerCreate, CustomerUpdate
 
 
 def get_customer(session: Session, customer_id: uuid.UUID, principal: Principal) -> Customer:
     """The customer, if the caller may see it; 404 otherwise, so existence never leaks."""
-    query = repository.readable_customers(principal).where(Customer.id == customer_id)
+    query = reads.readable_customers(principal).where(Customer.id == customer_id)
     customer = session.scalar(query)
     if customer is None:
         raise not_found("customer", customer_id)

@@ -43,8 +43,8 @@ from app.customers.models import Customer
 from app.dashboard import rental_labels
 from app.dashboard.exports import allocate
 from app.dashboard.formatting import Formatter
-from app.fleet import repository as fleet_repository
-from app.rentals.visibility import served
+from app.fleet import reads as fleet_reads
+from app.rentals.reads import served
 
 MAX_RANGE_DAYS = 92  # a custom range rates each month it touches: at most five
 _BILLED = {Bucket.BILLABLE, Bucket.DEGRADED}
@@ -314,7 +314,7 @@ def _places(
     datacenter."""
     start, end = from_epoch(period.span[0]), from_epoch(period.span[1])
     rows = session.execute(served(customer_id=customer.id, start=start, end=end)).all()
-    places = fleet_repository.gpu_places(session, {row[2] for row in rows})
+    places = fleet_reads.gpu_places(session, {row[2] for row in rows})
     dc = {gpu: datacenter for gpu, (_, datacenter) in places.items()}
     out: dict[str, dict[int, dict[str, int]]] = defaultdict(lambda: defaultdict(dict))
     for rental_id, _, gpu, a_start, a_end in rows:

@@ -32,7 +32,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
 
-from app.billing import repository as billing_repository
+from app.billing import reads as billing_reads
 from app.billing import usage as billing_usage
 from app.billing.core.lines import LineKind
 from app.billing.loader import BillingPeriod
@@ -84,7 +84,7 @@ class DayPart:
 
 def find_invoice(session: Session, customer: Customer, period: BillingPeriod) -> Invoice | None:
     """The customer's invoice for the period (draft or finalized), if the run made one."""
-    return billing_repository.live_invoice(session, customer.id, period.name)
+    return billing_reads.live_invoice(session, customer.id, period.name)
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def day_parts(session: Session, source: Statement) -> Iterator[DayPart]:
         for line in source.to_date:
             yield from _split(line, days, period, currency)
         return
-    for line in billing_repository.lines_of(session, source.invoice.id, _BATCH):
+    for line in billing_reads.lines_of(session, source.invoice.id, _BATCH):
         yield from _split(line, days, period, currency)
         session.expunge(line)  # keep the identity map (and memory) flat
 

@@ -30,7 +30,7 @@ from zoneinfo import ZoneInfo
 
 from sqlalchemy.orm import Session
 
-from app.billing import repository as billing_repository
+from app.billing import reads as billing_reads
 from app.billing import wording as billing_wording
 from app.billing.core.lines import CREDIT_KINDS, LineKind
 from app.core.epoch import epoch, from_epoch
@@ -39,10 +39,10 @@ from app.customers.models import Customer
 from app.dashboard.exports import DayPart, Statement, csv_chunks
 from app.dashboard.formatting import Formatter
 from app.dashboard.rental_labels import label
-from app.fleet import repository as fleet_repository
+from app.fleet import reads as fleet_reads
 from app.plans.service import price_rows
-from app.rentals import repository as rentals_repository
-from app.rentals.visibility import served
+from app.rentals import reads as rentals_reads
+from app.rentals.reads import served
 
 FOCUS_VERSION = "1.2"
 HOURS = Decimal("0.000001")  # PricingQuantity's places: a hundredth of a second and finer
@@ -211,7 +211,7 @@ def catalogue(session: Session, customer: Customer, source: Statement, fmt: Form
     """Everything but the lines, read before the rows stream (a few queries)."""
     sums = _line_sums(session, source)
     rental_ids = {rental_id for rental_id, _ in sums if rental_id is not None}
-    rentals = rentals_repository.rentals_of(session, customer.id, rental_ids) if rental_ids else []
+    rentals = rentals_reads.rentals_of(session, customer.id, rental_ids) if rental_ids else []
     regions = _rental_regions(session, customer, rental_ids)
     facts = {
         r.id: RentalFacts(
@@ -245,7 +245,7 @@ def catalogue(session: Session, customer: Customer, source: Statement, fmt: Form
         for (rental_id, kind), amount in sums.items()
         if kind is LineKind.CAP and rental_id is not None and sums.get((rental_id, LineKind.CHARGE))
     }
-    gpus = fleet_repository.gpu_places(session, _credited_gpus(session, source))
+    gpus = fleet_reads.gpu_places(session, _credited_gpus(session, source))
     gpu_regions = {gpu: datacenter for gpu, (_, datacenter) in gpus.items()}
     return Catalogue(facts, gpu_regions, prices, caps)
 
@@ -254,7 +254,7 @@ def _line_sums(
     session: Session, source: Statement
 ) -> dict[tuple[uuid.UUID | None, LineKind], Decimal]:
     if source.invoice is not None:
-        rows = billing_repository.line_sums(session, source.invoice.id)
+        rows = billing_reads.line_sums(session, source.invoice.id)
         return {(rental_id, LineKind(kind)): amount for rental_id, kind, amount in rows}
     out: dict[tuple[uuid.UUID | None, LineKind], Decimal] = defaultdict(Decimal)
     for line in source.to_date:
@@ -264,7 +264,7 @@ def _line_sums(
 
 def _credited_gpus(session: Session, source: Statement) -> set[str]:
     if source.invoice is not None:
-        return set(billing_repository.line_gpus(session, source.invoice.id))
+        return set(billing_reads.line_gpus(session, source.invoice.id))
     return {line.gpu_uuid for line in source.to_date if line.gpu_uuid}
 
 
@@ -275,7 +275,7 @@ def _rental_regions(
     if not rental_ids:
         return {}
     rows = session.execute(served(customer_id=customer.id, rental_ids=rental_ids)).all()
-    places = fleet_repository.gpu_places(session, {row[2] for row in rows})
+    places = fleet_reads.gpu_places(session, {row[2] for row in rows})
     seconds: dict[uuid.UUID, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for rental_id, _, gpu, start, end in rows:
         if gpu in places:

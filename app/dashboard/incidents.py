@@ -47,12 +47,12 @@ from app.core.schemas import Schema
 from app.customers.models import Customer
 from app.dashboard import exports, rental_labels, wording
 from app.dashboard.formatting import Formatter, duration
-from app.failover import repository as failover_repository
+from app.failover import reads as failover_reads
 from app.failover.models import Failover, FailoverState
-from app.metering import repository as metering_repository
+from app.metering import reads as metering_reads
 from app.rentals.models import Migration
+from app.rentals.reads import served
 from app.rentals.service import customer_migrations
-from app.rentals.visibility import served
 
 MAX_INCIDENTS = 1000  # per period: a page lists them all; a fleet-wide storm is cut here
 BACKFILLED_AFTER_S = 3600  # a failure the service learned of later than this came from history
@@ -130,7 +130,7 @@ def latest_events(
 ) -> list[dict[str, Any]]:
     """Newest first: events of [lo, hi) on GPUs during (or ending) the customer's assignments."""
     held = served(customer_id=customer_id, start=from_epoch(lo), end=from_epoch(hi)).subquery()
-    return metering_repository.events_while_held(
+    return metering_reads.events_while_held(
         session, held, lo, hi, limit, failures_only=failures_only
     )
 
@@ -151,7 +151,7 @@ def incidents(
     invoice = exports.find_invoice(session, customer, period)
     failovers = {
         (fo.rental_id, fo.failed_gpu_uuid, epoch(fo.failed_at)): fo
-        for fo in failover_repository.failovers_of(session, customer.id, lo, hi, MAX_INCIDENTS)
+        for fo in failover_reads.failovers_of(session, customer.id, lo, hi, MAX_INCIDENTS)
     }
     pairs = _pair(failures, migrations)
     names = rental_labels.labels(session, customer.id, {f.rental_id for f, _ in pairs}, fmt)

@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import Field
 from sqlalchemy.orm import Session
 
-from app.billing import repository as billing_repository
+from app.billing import reads as billing_reads
 from app.billing import usage as billing_usage
 from app.billing.core.lines import LineKind
 from app.billing.loader import billing_period, current_period
@@ -38,15 +38,15 @@ from app.billing.schemas import money
 from app.billing.usage import UsageSettings
 from app.core.epoch import epoch, from_epoch
 from app.core.schemas import Schema
-from app.customers import repository as customers_repository
+from app.customers import reads as customers_reads
 from app.customers.service import customers_by_zone
 from app.dashboard import wording
 from app.failover.schemas import SiteLatency, SparePoolRead
 from app.failover.service import pool_view
 from app.failover.service import summary as failover_summary
-from app.fleet import repository as fleet_repository
-from app.metering import repository as metering_repository
-from app.rentals import repository as rentals_repository
+from app.fleet import reads as fleet_reads
+from app.metering import reads as metering_reads
+from app.rentals import reads as rentals_reads
 
 FAILURE_WINDOW_S = 86_400
 MAX_FAILURES = 500
@@ -104,7 +104,7 @@ def fleet(session: Session, now: datetime, spare_target: Decimal) -> FleetRead:
     pools = _spare_pools(session, now, spare_target)
     return FleetRead(
         at=now,
-        groups=_groups(fleet_repository.fleet_counts(session), per_group, pools),
+        groups=_groups(fleet_reads.fleet_counts(session), per_group, pools),
         failures_24h=failures,
         reported_after=_latency([f.reported_after_s for f in failures]),
         resumed_after=_latency([f.resumed_after_s for f in failures]),
@@ -158,9 +158,9 @@ def _groups(
 def _failures(session: Session, since: int, until: int) -> list[FailureRead]:
     """Failures since ``since``, each with its GPU's place and, when a rental was moved off
     the GPU after it, when that rental resumed on its new GPU."""
-    rows = metering_repository.failures_between(session, since, until, MAX_FAILURES)
-    places = fleet_repository.gpu_places(session, {row["gpu_uuid"] for row in rows})
-    moves = rentals_repository.moved_after(session, [(r["gpu_uuid"], r["at"]) for r in rows])
+    rows = metering_reads.failures_between(session, since, until, MAX_FAILURES)
+    places = fleet_reads.gpu_places(session, {row["gpu_uuid"] for row in rows})
+    moves = rentals_reads.moved_after(session, [(r["gpu_uuid"], r["at"]) for r in rows])
     failures = []
     for row in rows:
         model, datacenter = places[row["gpu_uuid"]]
@@ -264,7 +264,7 @@ def revenue(
     current month with no invoice yet is rated to date (``to_date``)."""
     sums: dict[tuple[str, str], dict[uuid.UUID, dict[str, Decimal]]] = defaultdict(dict)
     invoices: dict[tuple[str, str, uuid.UUID], int] = {}
-    for row in billing_repository.revenue_by_period(session, first, last):
+    for row in billing_reads.revenue_by_period(session, first, last):
         month, customer = (str(row["period"]), str(row["currency"])), row["customer_id"]
         cells = sums[month].setdefault(customer, defaultdict(Decimal))
         key = (*month, customer)
@@ -314,7 +314,7 @@ def _to_date(
     out = {}
     for customer in customers_by_zone(session):
         name = current_period(customer.billing_timezone, now)
-        if not first <= name <= last or billing_repository.live_invoice(session, customer.id, name):
+        if not first <= name <= last or billing_reads.live_invoice(session, customer.id, name):
             continue
         period = billing_period(name, customer.billing_timezone)
         lines = billing_usage.lines_to_date(session, customer, period, now, config)
@@ -326,7 +326,7 @@ def _to_date(
 def customer_names(session: Session, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
     if not ids:
         return {}
-    return {id_: name for id_, name in session.execute(customers_repository.names_query(ids))}
+    return {id_: name for id_, name in session.execute(customers_reads.names_query(ids))}
 
 
 def _figures(cells: dict[str, Decimal], invoices: int, currency: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from app.dashboard.formatting import Formatter
-from app.rentals import repository as rentals_repository
+from app.rentals import reads as rentals_reads
 from app.rentals.models import Rental
 from app.rentals.service import display_name, display_names
 
@@ -29,5 +29,5 @@ def labels_overlapping(
     session: Session, customer_id: uuid.UUID, start: datetime, end: datetime, fmt: Formatter
 ) -> dict[uuid.UUID, str]:
     """Each of the customer's rentals overlapping [start, end) with its label (one query)."""
-    rentals = rentals_repository.rentals_overlapping(session, [customer_id], start, end)
+    rentals = rentals_reads.rentals_overlapping(session, [customer_id], start, end)
     return {rental.id: label(rental, fmt) for rental in rentals}

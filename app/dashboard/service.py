@@ -22,7 +22,7 @@ from app.auth.service import Principal
 from app.balances import service as balances
 from app.balances.schemas import BalanceRead
 from app.billing import amount_due
-from app.billing import repository as billing_repository
+from app.billing import reads as billing_reads
 from app.billing import schemas as billing_schemas
 from app.billing import service as billing
 from app.billing import usage as billing_usage
@@ -36,7 +36,7 @@ from app.budgets.schemas import BudgetStatus
 from app.core.epoch import epoch
 from app.core.errors import NotFound, Unprocessable, not_found
 from app.customers.models import Customer
-from app.customers.repository import customers_query
+from app.customers.reads import customers_query
 from app.customers.service import customer_by_id, get_customer
 from app.dashboard import bands, incidents, rental_labels
 from app.dashboard.formatting import Formatter
@@ -194,7 +194,7 @@ def _rented_window(rental: Rental, period: BillingPeriod, now: datetime) -> tupl
 
 
 def invoices(session: Session, v: Viewer) -> list[billing_schemas.InvoiceSummary]:
-    query = billing_repository.invoices_query(customer_id=v.customer.id)
+    query = billing_reads.invoices_query(customer_id=v.customer.id)
     return [billing_schemas.InvoiceSummary.of(i) for i in session.scalars(query)]
 
 

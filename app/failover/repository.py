@@ -12,7 +12,6 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.auth.tenancy import readable_by
-from app.core.epoch import from_epoch
 from app.failover.models import (
     OPEN_STATES,
     Failover,
@@ -152,21 +151,3 @@ def latency_rows(session: Session) -> list[tuple[Any, ...]]:
     """Per (datacenter, model, trigger): failovers, then (count, p50, p99) of detection, request and
     resume seconds, from the stored failovers."""
     return [tuple(row) for row in session.execute(_SUMMARY)]
-
-
-def failovers_of(
-    session: Session, customer_id: uuid.UUID, lo: int, hi: int, limit: int
-) -> list[Failover]:
-    """The customer's failovers whose failure fell in [lo, hi), oldest first (the dashboard's
-    failover timeline)."""
-    query = (
-        select(Failover)
-        .where(
-            Failover.customer_id == customer_id,
-            Failover.failed_at >= from_epoch(lo),
-            Failover.failed_at < from_epoch(hi),
-        )
-        .order_by(Failover.failed_at)
-        .limit(limit)
-    )
-    return list(session.scalars(query))

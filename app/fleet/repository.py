@@ -3,21 +3,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection, Iterable
 from datetime import datetime
-from typing import Any
 
 from psycopg.errors import LockNotAvailable
 from sqlalchemy import (
-    ARRAY,
     Exists,
     Select,
-    Text,
-    and_,
-    any_,
-    cast,
     delete,
-    func,
-    insert,
-    or_,
     select,
     text,
 )
@@ -28,7 +19,7 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.core.db import pipelined
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool, RefusedClaim
-from app.rentals.visibility import ever_served, served
+from app.rentals.reads import ever_served
 
 
 def nodes_query() -> Select[Node]:
@@ -109,24 +100,6 @@ def maintenance_windows(
             )
         )
     )
-
-
-def maintenance_spans(
-    session: Session, gpu_uuids: list[str], start: datetime, end: datetime
-) -> list[tuple[str, datetime, datetime | None]]:
-    """(GPU, start, end or None while open) of the GPUs' windows overlapping [start, end)."""
-    rows = session.execute(
-        select(
-            MaintenanceWindow.gpu_uuid, MaintenanceWindow.start_at, MaintenanceWindow.end_at
-        ).where(
-            # One array parameter, not one per GPU: a 3,000-GPU customer's IN list cost more
-            # to build and send than the query took.
-            MaintenanceWindow.gpu_uuid == any_(cast(gpu_uuids, ARRAY(Text))),
-            MaintenanceWindow.start_at < end,
-            or_(MaintenanceWindow.end_at.is_(None), MaintenanceWindow.end_at > start),
-        )
-    )
-    return [(gpu, window_start, window_end) for gpu, window_start, window_end in rows]
 
 
 def gpus_of_pool_site(
@@ -288,53 +261,6 @@ def gpu_counts(session: Session) -> list[tuple[str | None, str, int]]:
         text("SELECT last_state, pool::text, count(*) FROM gpus GROUP BY 1, 2 ORDER BY 1, 2")
     )
     return [(state, pool, n) for state, pool, n in rows]
-
-
-# --- read by the operators' dashboard -------------------------------------------------------
-
-
-def fleet_counts(session: Session) -> list[dict[str, Any]]:
-    """GPUs per model, datacenter, pool, last state and whether a rental holds one now."""
-    held = served().subquery()
-    keys = (
-        Gpu.model,
-        Node.datacenter,
-        cast(Gpu.pool, Text).label("pool"),
-        func.coalesce(Gpu.last_state, "unknown").label("state"),
-        held.c.gpu_uuid.is_not(None).label("rented"),
-    )
-    query = (
-        select(*keys, func.count().label("gpus"))
-        .join(Node, Node.id == Gpu.node_id)
-        .outerjoin(held, and_(held.c.gpu_uuid == Gpu.uuid, held.c.end_at.is_(None)))
-        .group_by(*keys)
-        .order_by(*keys)
-    )
-    return [dict(r._mapping) for r in session.execute(query)]
-
-
-def gpu_places(session: Session, gpu_uuids: Collection[str]) -> dict[str, tuple[str, str]]:
-    """Each GPU's model and datacenter."""
-    query = select(Gpu.uuid, Gpu.model, Node.datacenter).join(Node, Node.id == Gpu.node_id)
-    rows = session.execute(query.where(Gpu.uuid.in_(gpu_uuids)))
-    return {gpu: (model, datacenter) for gpu, model, datacenter in rows}
-
-
-# --- written by the fleet simulator -------------------------------------------------------
-
-
-def insert_nodes_and_gpus(
-    session: Session, nodes: list[dict[str, Any]], gpus: list[dict[str, Any]]
-) -> None:
-    """Bulk insert (thousands of rows): nodes and GPUs as column-value dicts."""
-    session.execute(insert(Node), nodes)
-    session.execute(insert(Gpu), gpus)
-
-
-def spare_uuids(session: Session, gpu_uuids: list[str]) -> set[str]:
-    """Those of the GPUs in the spare pool."""
-    query = select(Gpu.uuid).where(Gpu.uuid.in_(gpu_uuids), Gpu.pool == Pool.SPARE)
-    return set(session.scalars(query))
 
 
 def gpus_in_state(session: Session, state: str, seen_since: datetime, limit: int) -> list[str]:

@@ -4,7 +4,9 @@ import uuid
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
+from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from app.auth import service as key_service
@@ -337,3 +339,12 @@ def maintenance_recorded_since(
     ``since`` (billing: a correction to a finalized period)."""
     windows = repository.maintenance_windows(session, gpu_uuids, start, end)
     return any(window.created_at > since for window in windows)
+
+
+# The fleet simulator's bulk writer, beside the rules above (it builds fleets whole).
+def insert_nodes_and_gpus(
+    session: Session, nodes: list[dict[str, Any]], gpus: list[dict[str, Any]]
+) -> None:
+    """Bulk insert (thousands of rows): nodes and GPUs as column-value dicts."""
+    session.execute(insert(Node), nodes)
+    session.execute(insert(Gpu), gpus)

@@ -2,7 +2,7 @@
 
 Customers see only GPUs that served their rentals, and only the seconds of those rentals:
 everything is clipped to the customer's assignment intervals of that GPU (the visibility rule
-of ``app.rentals.visibility``). The telemetry itself comes from metering's read interface.
+of ``app.rentals.reads``). The telemetry itself comes from metering's read interface.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from app.core.errors import not_found
 from app.fleet import repository
 from app.fleet.models import Gpu
 from app.metering import reads, schemas
-from app.rentals.visibility import served
+from app.rentals.reads import served
 
 FAILED_LOOKBACK_S = 86_400
 _OPEN_END = 2**62  # an assignment still running: visible to the end of any window

@@ -2,8 +2,7 @@
 
 Ingest sends its statements in two pipelines (``app.core.db.pipelined``): the ``*_statement``
 functions build them, and the plain functions run the same statements one by one (the
-simulator, billing's reads). Billing reads segments and idle time through
-``segments_between``, ``idle_minutes`` and ``late_segments_since``.
+simulator). Other packages read metering through ``app.metering.reads``, never here.
 """
 
 from __future__ import annotations
@@ -13,18 +12,12 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
-    BigInteger,
-    Subquery,
-    cast,
     delete,
-    extract,
     func,
     insert,
-    or_,
     select,
     text,
 )
@@ -32,19 +25,9 @@ from sqlalchemy.orm import Session
 
 from app.core.db import Statement, lock_keys_statement, pipelined
 from app.metering import idle, packing
-from app.metering.models import HealthEventRow, HeldItem
+from app.metering.models import HeldItem
 from app.metering.segments import Span
 from metering_agent.protocol import HealthEvent
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentRow:
-    gpu_uuid: str
-    start: int
-    end: int
-    state: str
-    evidence: dict[str, Any] | None
-
 
 # Segments of each (gpu, lo, hi) that overlap or touch [lo, hi]: from the one containing or
 # preceding lo (an index probe), so the scan never walks a GPU's whole history.
@@ -487,95 +470,7 @@ def write_metric_rows(
     _run(session, metric_rows_write_statement(rows, closed=closed))
 
 
-# --- reads (console and billing) ---------------------------------------------------------
-
-
-def segments_between(
-    session: Session, gpu_uuids: Sequence[str], start: int, end: int
-) -> dict[str, list[SegmentRow]]:
-    """Each GPU's segments overlapping ``[start, end)``, clipped to it, sorted by start."""
-    near = segments_near(session, dict.fromkeys(gpu_uuids, (start, end)))
-    out: dict[str, list[SegmentRow]] = {gpu: [] for gpu in gpu_uuids}
-    for gpu, spans in near.items():
-        out[gpu] = [
-            SegmentRow(gpu, max(s.start, start), min(s.end, end), s.state, s.evidence)
-            for s in spans
-            if s.start < end and s.end > start
-        ]
-    return out
-
-
-_HOURS_OVERLAPPING = text("""
-SELECT gpu_uuid, hour, slots FROM (
-    SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics
-    WHERE CAST(:idle AS smallint) IS NULL OR util_min_tenths < :idle
-    UNION ALL SELECT gpu_uuid, hour, slots FROM gpu_minute_metrics_open
-) AS m
-WHERE gpu_uuid = ANY(CAST(:u AS text[])) AND hour >= :lo AND hour < :hi
-ORDER BY gpu_uuid, hour
-""")
-
-
-def _metric_rows(
-    session: Session,
-    gpu_uuids: Sequence[str],
-    start: int,
-    end: int,
-    *,
-    idle_below_tenths: int | None = None,
-) -> Iterable[tuple[str, int, bytes]]:
-    """(GPU, hour, packed slots as stored) of the hours overlapping ``[start, end)``, closed
-    and open; with ``idle_below_tenths``, only closed hours holding a minute below that
-    utilisation."""
-    params = {
-        "u": list(gpu_uuids),
-        "lo": packing.hour_of(start),
-        "hi": end,
-        "idle": idle_below_tenths,
-    }
-    [rows] = pipelined(session, [(_HOURS_OVERLAPPING, params)])  # binary: bytes, not hex
-    return rows
-
-
-def minute_rows(
-    session: Session, gpu_uuids: Sequence[str], start: int, end: int
-) -> dict[str, list[packing.Minute]]:
-    """Each GPU's observed minutes whose start lies in ``[start, end)``, in time order."""
-    out: dict[str, list[packing.Minute]] = {gpu: [] for gpu in gpu_uuids}
-    for gpu, hour, slots in _metric_rows(session, gpu_uuids, start, end):
-        minutes = packing.minutes(hour, packing.loaded(slots))
-        out[gpu].extend(m for m in minutes if start <= m.start < end)
-    return out
-
-
-def idle_minutes(
-    session: Session, gpu_uuids: Sequence[str], start: int, end: int, threshold_tenths: int
-) -> dict[str, list[int]]:
-    """Starts of each GPU's observed minutes in [start, end) with mean utilisation below
-    ``threshold_tenths`` tenths of a percent, in time order."""
-    out: dict[str, list[int]] = {gpu: [] for gpu in gpu_uuids}
-    rows = _metric_rows(session, gpu_uuids, start, end, idle_below_tenths=threshold_tenths)
-    for gpu, hour, slots in rows:
-        minutes = idle.idle_minutes(hour, slots, threshold_tenths)
-        inside = start <= hour and hour + packing.HOUR <= end  # most hours: nothing to clip
-        out[gpu].extend(minutes if inside else (m for m in minutes if start <= m < end))
-    return out
-
-
-def late_segments_since(
-    session: Session, gpu_uuids: Sequence[str], start: int, end: int, since: datetime
-) -> bool:
-    """Whether telemetry received after ``since`` created or changed a segment in [start, end)."""
-    return bool(
-        session.scalar(
-            text("""
-            SELECT EXISTS (SELECT 1 FROM gpu_state_segments
-                WHERE gpu_uuid = ANY(CAST(:u AS text[])) AND start < :end AND "end" > :start
-                  AND received_at > :since)
-            """),
-            {"u": list(gpu_uuids), "start": start, "end": end, "since": since},
-        )
-    )
+# --- reads behind app.metering.reads (the console's timelines, fleet health) ----------
 
 
 def events_of(
@@ -608,52 +503,6 @@ def failed_since(session: Session, since: int) -> list[dict[str, Any]]:
         {"since": since},
     )
     return [dict(row._mapping) for row in rows]
-
-
-# --- read by the dashboard: a customer's events and the fleet's failures -------------------
-
-
-def events_while_held(
-    session: Session, held: Subquery, lo: int, hi: int, limit: int, *, failures_only: bool
-) -> list[dict[str, Any]]:
-    """Newest first: events of [lo, hi) on the GPUs of ``held`` (assignment intervals
-    ``rental_id, gpu_uuid, start_at, end_at``, as rentals' ``served``) while held; with
-    ``failures_only``, only the state changes to ``failed``.
-
-    An interval's end second is included: a migration ends the failed GPU's assignment at
-    ``failed_at``, the very second of the failure event that caused it."""
-    held_from = func.greatest(cast(extract("epoch", held.c.start_at), BigInteger), lo)
-    held_end = cast(extract("epoch", held.c.end_at), BigInteger)
-    e = HealthEventRow
-    received_s = cast(extract("epoch", e.received_at), BigInteger).label("received_s")
-    query = (
-        select(e.event_id, e.gpu_uuid, e.at, e.kind, e.code, e.state, e.rule, e.detail)
-        .add_columns(held.c.rental_id, received_s)
-        .join(held, e.gpu_uuid == held.c.gpu_uuid)
-        .where(e.at >= held_from, e.at < hi, or_(held.c.end_at.is_(None), e.at <= held_end))
-        .order_by(e.at.desc(), e.event_id)
-        .limit(limit)
-    )
-    if failures_only:
-        query = query.where(e.kind == "state_change", e.state == "failed")
-    return [dict(row._mapping) for row in session.execute(query)]
-
-
-_FAILURES = text("""
-SELECT event_id, gpu_uuid, at, code, rule, detail,
-  extract(epoch FROM received_at)::bigint AS received_s
-FROM health_events
-WHERE kind = 'state_change' AND state = 'failed' AND at >= :since AND at < :until
-ORDER BY at DESC, event_id
-LIMIT :limit
-""")
-
-
-def failures_between(session: Session, since: int, until: int, limit: int) -> list[dict[str, Any]]:
-    """The newest ``limit`` changes to ``failed`` in [since, until), newest first, each with
-    when the service heard of it."""
-    params = {"since": since, "until": until, "limit": limit}
-    return [dict(r._mapping) for r in session.execute(_FAILURES, params)]
 
 
 # --- held telemetry (a GPU in dispute) ------------------------------------------------------

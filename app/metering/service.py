@@ -13,7 +13,7 @@ Late data: segments carry ``received_at``, set to the transaction time whenever 
 creates or changes the row (insert, extension, merge). A record that lands in a period whose
 invoice is already finalized therefore leaves a segment overlapping that period with
 ``received_at`` after the finalization; the billing engine looks for exactly that
-(``repository.late_segments_since``), re-rates the period and bills the difference as an
+(``reads.late_segments_since``), re-rates the period and bills the difference as an
 adjustment on the next invoice. Any age within ``ingest_retention_days`` is accepted.
 """
 
@@ -36,6 +36,12 @@ from app.core.errors import ApiError, Conflict, PayloadTooLarge, Unprocessable
 from app.events.service import publish
 from app.metering import packing, repository
 from app.metering.ports import Claim, GpuRegistry
+
+# Ingest's own writers, which the simulator writes its history with (app.simulate.store).
+from app.metering.repository import attach_evidence as attach_evidence
+from app.metering.repository import insert_events as insert_events
+from app.metering.repository import write_metric_rows as write_metric_rows
+from app.metering.repository import write_segments as write_segments
 from app.metering.segments import Judgement, Span, changes, judge, merge
 from app.metering.validation import batch_errors
 from app.settings import Settings

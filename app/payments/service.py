@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.balances import service as balances_service
-from app.billing import repository as billing_repository
+from app.billing import reads as billing_reads
 from app.billing import service as billing_service
 from app.billing.models import Invoice, InvoiceStatus
 from app.core.epoch import from_epoch
@@ -75,7 +75,7 @@ class StripeSettings:
 def on_invoice_event(session: Session, event: DomainEvent, stripe_keys: StripeSettings) -> None:
     """``invoice.finalized`` / ``invoice.voided``: queue the Stripe mirror of the invoice, in
     the transaction that finalized or voided it (the outbox guarantee)."""
-    invoice = billing_repository.invoice_by_id(session, uuid.UUID(event.data["invoice_id"]))
+    invoice = billing_reads.invoice_by_id(session, uuid.UUID(event.data["invoice_id"]))
     queue_stripe_sync(session, invoice, stripe_keys)
 
 
@@ -255,7 +255,7 @@ def _top_up(session: Session, obj: dict[str, Any]) -> str:
 def _our_invoice(session: Session, obj: dict[str, Any]) -> Invoice | None:
     if obj.get("object") != "invoice":
         return None
-    return billing_repository.invoice_for_stripe(
+    return billing_reads.invoice_for_stripe(
         session, obj.get("id", ""), (obj.get("metadata") or {}).get(META_INVOICE)
     )
 

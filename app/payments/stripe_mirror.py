@@ -41,7 +41,7 @@ import stripe
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from app.billing import repository as billing_repository
+from app.billing import reads as billing_reads
 from app.billing.models import CreditNote, Invoice, InvoiceLineRow
 from app.core.db import transaction
 from app.customers.models import Customer
@@ -132,7 +132,7 @@ class SyncJob:
             if item is None:
                 raise LeaseLost(self.outbox_id)
             item.leased_until = _now() + timedelta(seconds=self.settings.stripe_lease_s)
-            yield session, item, billing_repository.invoice_by_id(session, item.invoice_id)
+            yield session, item, billing_reads.invoice_by_id(session, item.invoice_id)
 
     def run(self) -> None:
         try:
@@ -373,17 +373,17 @@ def sync_due(
 def sync_credit_notes(engine: Engine, client: stripe.StripeClient) -> int:
     """Mirror every credit note that is due (see the module's doc); how many were worked."""
     with transaction(engine) as session:
-        due = [note.id for note in billing_repository.credit_notes_to_mirror(session)]
+        due = [note.id for note in billing_reads.credit_notes_to_mirror(session)]
     for credit_note_id in due:
         with transaction(engine) as session:
-            note = billing_repository.lock_credit_note(session, credit_note_id)
+            note = billing_reads.lock_credit_note(session, credit_note_id)
             if note is not None:
                 _mirror_credit_note(session, client, note)
     return len(due)
 
 
 def _mirror_credit_note(session: Session, client: stripe.StripeClient, note: CreditNote) -> None:
-    invoice = billing_repository.invoice_by_id(session, note.invoice_id)
+    invoice = billing_reads.invoice_by_id(session, note.invoice_id)
     try:
         found = _find_credit_note(client, invoice, note) or client.v1.credit_notes.create(
             _credit_note_params(invoice, note), _options(credit_note_key(note.id))

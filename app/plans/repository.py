@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
 from datetime import datetime
 
 from sqlalchemy import Select, exists, or_, select
@@ -9,7 +8,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.plans.models import PlanPrice, PricePlan
-from app.rentals.visibility import rents_on
+from app.rentals.reads import rents_on
 
 
 def readable_plans(principal: Principal) -> Select[PricePlan]:
@@ -60,22 +59,6 @@ def prices_added_since(
 
 
 # --- read by billing's loader -------------------------------------------------------------
-
-
-def plan_by_id(session: Session, plan_id: uuid.UUID) -> PricePlan:
-    return session.get_one(PricePlan, plan_id)
-
-
-def contract_priced(
-    session: Session, customer_ids: Collection[uuid.UUID]
-) -> set[tuple[uuid.UUID, uuid.UUID | None]]:
-    """(plan, customer) for each plan with a contract price of one of the customers."""
-    query = (
-        select(PlanPrice.plan_id, PlanPrice.customer_id)
-        .distinct()
-        .where(PlanPrice.customer_id.in_(customer_ids))
-    )
-    return {(plan, customer) for plan, customer in session.execute(query)}
 
 
 def degraded_migrating_plans(session: Session) -> list[PricePlan]:

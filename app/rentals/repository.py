@@ -1,26 +1,20 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import (
-    ARRAY,
     ColumnElement,
     Select,
-    Uuid,
-    any_,
-    cast,
     exists,
     func,
-    insert,
     or_,
     select,
     text,
     update,
 )
-from sqlalchemy.orm import Session, lazyload
+from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.rentals.models import GpuAssignment, Migration, Rental
@@ -41,18 +35,6 @@ def rename(session: Session, rental_id: uuid.UUID, name: str | None) -> None:
     session.execute(
         update(Rental).where(Rental.id == rental_id).values(name=name, changed_at=Rental.changed_at)
     )
-
-
-def rentals_of(
-    session: Session, customer_id: uuid.UUID, rental_ids: Collection[uuid.UUID]
-) -> list[Rental]:
-    """The customer's rentals among ``rental_ids`` (for their names and descriptions)."""
-    query = (
-        select(Rental)
-        .where(Rental.customer_id == customer_id, Rental.id.in_(rental_ids))
-        .options(lazyload(Rental.assignments), lazyload(Rental.migrations))
-    )
-    return list(session.scalars(query))
 
 
 def rentals_query(
@@ -228,82 +210,3 @@ def holdings_at(session: Session, gpu_uuids: list[str], at: datetime) -> list[Ho
         {"gpus": gpu_uuids, "at": at},
     )
     return [Holding(*row) for row in rows]
-
-
-# --- read by billing's loader -------------------------------------------------------------
-
-
-def rentals_overlapping(
-    session: Session,
-    customer_ids: Collection[uuid.UUID],
-    start: datetime,
-    end: datetime,
-    rental_ids: Collection[uuid.UUID] | None = None,
-) -> list[Rental]:
-    """Rentals of ``customer_ids`` overlapping [start, end) (optionally only ``rental_ids``),
-    by customer and start."""
-    query = (
-        select(Rental)
-        .where(
-            Rental.customer_id.in_(customer_ids),
-            Rental.start_at < end,
-            or_(Rental.end_at.is_(None), Rental.end_at > start),
-        )
-        # The caller reads assignments and migrations in one query each, not per rental.
-        .options(lazyload(Rental.assignments), lazyload(Rental.migrations))
-        .order_by(Rental.customer_id, Rental.start_at, Rental.id)
-    )
-    if rental_ids is not None:
-        query = query.where(Rental.id.in_(rental_ids))
-    return list(session.scalars(query))
-
-
-def migrations_overlapping(
-    session: Session, rental_ids: list[uuid.UUID], start: datetime, end: datetime
-) -> list[Migration]:
-    """The rentals' migrations whose [failed_at, resumed_at) overlaps [start, end)."""
-    return list(
-        session.scalars(
-            select(Migration).where(
-                Migration.rental_id == any_(cast(rental_ids, ARRAY(Uuid))),
-                Migration.failed_at < end,
-                Migration.resumed_at > start,
-            )
-        )
-    )
-
-
-# When a rental was moved off a GPU after it failed at ``at`` (within a day), when that rental
-# resumed on its new GPU.
-_MOVED_AFTER = text("""
-SELECT f.gpu, f.at, extract(epoch FROM m.resumed_at)::bigint AS resumed_s, m.to_gpu_uuid
-FROM unnest(CAST(:g AS text[]), CAST(:a AS bigint[])) AS f(gpu, at)
-JOIN LATERAL (
-  SELECT resumed_at, to_gpu_uuid FROM rental_migrations
-  WHERE from_gpu_uuid = f.gpu AND failed_at >= to_timestamp(f.at)
-    AND failed_at < to_timestamp(f.at) + interval '1 day'
-  ORDER BY failed_at LIMIT 1
-) m ON true
-""")
-
-
-def moved_after(
-    session: Session, failures: Collection[tuple[str, int]]
-) -> dict[tuple[str, int], tuple[int, str]]:
-    """For each (GPU, failure second), the first migration off that GPU in the day after it:
-    (resumed second, the GPU it moved to); failures nothing moved after are left out."""
-    params = {"g": [gpu for gpu, _ in failures], "a": [at for _, at in failures]}
-    rows = session.execute(_MOVED_AFTER, params)
-    return {(gpu, at): (resumed_s, to_gpu) for gpu, at, resumed_s, to_gpu in rows}
-
-
-# --- written by the fleet simulator -------------------------------------------------------
-
-
-def insert_rentals(
-    session: Session, rentals: list[dict[str, Any]], assignments: list[dict[str, Any]]
-) -> None:
-    """Bulk insert (thousands of rows): rentals and their assignments as column-value dicts;
-    the GPU-overlap trigger still checks every assignment."""
-    session.execute(insert(Rental), rentals)
-    session.execute(insert(GpuAssignment), assignments)

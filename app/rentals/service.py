@@ -7,6 +7,7 @@ from collections.abc import Callable, Collection
 from datetime import datetime
 from zoneinfo import ZoneInfo
 
+from sqlalchemy import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -15,7 +16,7 @@ from app.core.errors import Conflict, Loc, NotFound, Unprocessable, not_found
 from app.customers.models import Customer
 from app.customers.service import customer_by_id
 from app.events.service import publish
-from app.rentals import repository
+from app.rentals import reads, repository
 from app.rentals.models import GpuAssignment, Migration, Rental
 from app.rentals.ports import Catalogue, RentalGpu
 from app.rentals.schemas import AssignmentCreate, Holding, MigrationCreate, RentalCreate
@@ -48,7 +49,7 @@ def display_names(
     """Each of the customer's ``rental_ids`` with its ``display_name`` (one query)."""
     if not rental_ids:
         return {}
-    rentals = repository.rentals_of(session, customer_id, rental_ids)
+    rentals = reads.rentals_of(session, customer_id, rental_ids)
     return {rental.id: display_name(rental, timezone) for rental in rentals}
 
 
@@ -388,3 +389,13 @@ def changed_since(
     """Whether a rental, assignment or migration of the customer overlapping [start, end) was
     created or changed after ``since`` (billing: a correction to a finalized period)."""
     return repository.changed_since(session, customer_id, start, end, since)
+
+
+# The fleet simulator's bulk writer, beside the rules above (it builds fleets whole).
+def insert_rentals(
+    session: Session, rentals: list[dict[str, Any]], assignments: list[dict[str, Any]]
+) -> None:
+    """Bulk insert (thousands of rows): rentals and their assignments as column-value dicts;
+    the GPU-overlap trigger still checks every assignment."""
+    session.execute(insert(Rental), rentals)
+    session.execute(insert(GpuAssignment), assignments)

@@ -18,11 +18,11 @@ from enum import StrEnum
 from sqlalchemy.orm import Session
 
 from app.core.epoch import epoch, from_epoch
-from app.fleet import repository as fleet_repository
+from app.fleet import reads as fleet_reads
 from app.rentals import service as rentals
 from app.rentals.models import Rental
+from app.rentals.reads import served
 from app.rentals.schemas import MigrationCreate
-from app.rentals.visibility import served
 from app.simulate.history import Failure, SimGpu
 
 FOREVER = 2**62
@@ -93,7 +93,7 @@ def migrate_failures(
     Returns the migrations recorded.
     """
     model = {g.uuid: g.model for g in gpus}
-    pool = fleet_repository.spare_uuids(session, list(model))
+    pool = fleet_reads.spare_uuids(session, list(model))
     down: dict[str, list[Failure]] = defaultdict(list)
     for f in failures:
         down[f.gpu_uuid].append(f)

@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session
 from app.core.epoch import from_epoch
 from app.customers.schemas import CustomerCreate
 from app.customers.service import create_customer
-from app.fleet import repository as fleet_repository
+from app.fleet import service as fleet_service
 from app.fleet.models import Pool
 from app.plans.schemas import PlanCreate
 from app.plans.service import create_plan
-from app.rentals import repository as rentals_repository
+from app.rentals import service as rentals_service
 from app.simulate.history import DAY, SimGpu
 from metering_agent.nvml.simulated import sim_uuid
 
@@ -72,7 +72,7 @@ def create_fleet(
     """Nodes, GPUs, a plan, customers and rentals whose assignments cover ``[start, end)``."""
     nodes = _nodes(math.ceil(gpus / GPUS_PER_NODE), rng, tag)
     gpu_rows = _gpus(nodes, gpus)
-    fleet_repository.insert_nodes_and_gpus(
+    fleet_service.insert_nodes_and_gpus(
         session, [{k: v for k, v in n.items() if k != "model"} for n in nodes], gpu_rows
     )
     plan = create_plan(
@@ -87,7 +87,7 @@ def create_fleet(
     ]
     rentals, assignments = _rentals(gpu_rows, plan.id, customers, start, end, rng)
     if rentals:
-        rentals_repository.insert_rentals(session, rentals, assignments)
+        rentals_service.insert_rentals(session, rentals, assignments)
     sims = [SimGpu(g["uuid"], g["model"]) for g in gpu_rows]
     return Fleet(sims, len(customers), len(rentals))
 
@@ -230,7 +230,7 @@ def create_one_customer_fleet(
         for i in range(GPUS_PER_NODE)
     ]
     rows = rows[:gpus] + rows[rented_nodes * GPUS_PER_NODE :]  # a part node rents its first GPUs
-    fleet_repository.insert_nodes_and_gpus(session, nodes, rows)
+    fleet_service.insert_nodes_and_gpus(session, nodes, rows)
     since = from_epoch(start).isoformat()
     plan = create_plan(
         session,
@@ -258,7 +258,7 @@ def create_one_customer_fleet(
         "start_at": from_epoch(start),
         "end_at": from_epoch(end),
     }
-    rentals_repository.insert_rentals(
+    rentals_service.insert_rentals(
         session,
         [rental],
         [

@@ -1,7 +1,8 @@
-"""Write simulated telemetry with the metering repository's own writers.
+"""Write simulated telemetry with ingest's own writers.
 
 Segments, health events, evidence links, the GPUs' last state and the open hour go through
-``app.metering.repository`` exactly as ingest calls it. Closed GPU-hours, the bulk of a month
+metering's repository writers (``app.metering.service`` offers them) exactly as ingest calls
+them. Closed GPU-hours, the bulk of a month
 (~1.2 KB each, millions of rows), are streamed with binary COPY into the closed-hours table the
 repository writes them to, in key order, while the next rows are being built.
 """
@@ -15,7 +16,7 @@ from itertools import islice
 from sqlalchemy.orm import Session
 
 from app.fleet.service import record_latest
-from app.metering import repository
+from app.metering import service as metering
 from app.metering.idle import util_floor_tenths
 from app.metering.segments import Span
 from app.simulate.history import SimGpu
@@ -43,13 +44,13 @@ def _chunks(items: list, size: int = CHUNK) -> Iterator[list]:
 def write_history(session: Session, runs: dict[str, list[Span]], events: list[HealthEvent]) -> None:
     """Segments, events and their evidence links, and each GPU's last state."""
     for chunk in _chunks(events):
-        repository.insert_events(session, chunk)
+        metering.insert_events(session, chunk)
     upserts = [(gpu, span) for gpu, spans in runs.items() for span in spans]
     for chunk in _chunks(upserts):
-        repository.write_segments(session, chunk, [])
+        metering.write_segments(session, chunk, [])
     starts = sorted((gpu, span.start) for gpu, span in upserts)
     for chunk in _chunks(starts):
-        repository.attach_evidence(session, chunk)
+        metering.attach_evidence(session, chunk)
 
 
 def touch(session: Session, gpus: list[SimGpu], runs: dict[str, list[Span]], end: int) -> None:
@@ -120,5 +121,5 @@ def write_metrics(session: Session, rows: Iterator[Row], counter: Counter) -> in
             newest[(pending[0], pending[1])] = (pending[3], pending[2])
             counter.add()
     for chunk in _chunks(list(newest)):
-        repository.write_metric_rows(session, {k: newest[k] for k in chunk}, closed=False)
+        metering.write_metric_rows(session, {k: newest[k] for k in chunk}, closed=False)
     return written + len(newest)

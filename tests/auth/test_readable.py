@@ -9,7 +9,7 @@ from sqlalchemy import Engine, Select
 
 from app.auth.models import KeyKind
 from app.auth.service import Principal
-from app.billing.repository import readable_invoices
+from app.billing.reads import readable_invoices
 from app.core.db import transaction
 from app.events.models import DomainEvent
 from app.events.repository import readable_events

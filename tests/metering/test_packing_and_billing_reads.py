@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, text
 
 from app.core.db import transaction
-from app.metering import idle, packing, repository, summaries
+from app.metering import idle, packing, reads, repository, summaries
 from metering_agent.protocol import GpuState, UsageRecord
 from tests.harness import Console
 from tests.metering.conftest import Agent, minute_ago, rec
@@ -79,25 +79,23 @@ def test_billing_reads_clip_and_report_late_data(agent: Agent, db: Engine) -> No
         ]
     )
     with transaction(db) as session:
-        rows = repository.segments_between(session, ["GPU-1", "GPU-X"], t + 30, t + 80)
+        rows = reads.segments_between(session, ["GPU-1", "GPU-X"], t + 30, t + 80)
         assert [(r.start, r.end, r.state) for r in rows["GPU-1"]] == [
             (t + 30, t + 60, "healthy"),
             (t + 60, t + 80, "failed"),
         ]
         assert rows["GPU-X"] == []
         # 1 % threshold: the failed minute (0 %) is idle, the 25 % one is not.
-        assert repository.idle_minutes(session, ["GPU-1"], t, t + 600, 10) == {"GPU-1": [t + 60]}
-        assert repository.idle_minutes(session, ["GPU-1"], t, t + 600, 260) == {
-            "GPU-1": [t, t + 60]
-        }
-        assert repository.idle_minutes(session, ["GPU-1"], t + 60, t + 600, 0) == {"GPU-1": []}
+        assert reads.idle_minutes(session, ["GPU-1"], t, t + 600, 10) == {"GPU-1": [t + 60]}
+        assert reads.idle_minutes(session, ["GPU-1"], t, t + 600, 260) == {"GPU-1": [t, t + 60]}
+        assert reads.idle_minutes(session, ["GPU-1"], t + 60, t + 600, 0) == {"GPU-1": []}
         finalized = datetime.now(UTC)
     agent.post([rec("GPU-1", t - 60, t)])  # late: extends the first segment backwards
     with transaction(db) as session:
-        assert repository.late_segments_since(session, ["GPU-1"], t, t + 60, finalized)
-        assert not repository.late_segments_since(session, ["GPU-1"], t + 60, t + 90, finalized)
+        assert reads.late_segments_since(session, ["GPU-1"], t, t + 60, finalized)
+        assert not reads.late_segments_since(session, ["GPU-1"], t + 60, t + 90, finalized)
         later = finalized + timedelta(hours=1)
-        assert not repository.late_segments_since(session, ["GPU-1"], t - 60, t + 90, later)
+        assert not reads.late_segments_since(session, ["GPU-1"], t - 60, t + 90, later)
 
 
 @given(
@@ -138,7 +136,7 @@ def test_each_gpu_keeps_one_open_hour_and_late_minutes_reach_closed_hours(
         closed = session.execute(
             text("SELECT hour, mem_total_mib FROM gpu_minute_metrics ORDER BY hour")
         ).all()
-        minutes = repository.minute_rows(session, ["GPU-1"], hour, hour + 3 * packing.HOUR)
+        minutes = reads.minute_rows(session, ["GPU-1"], hour, hour + 3 * packing.HOUR)
     assert open_rows == [("GPU-1", hour + 2 * packing.HOUR)]
     assert closed == [(hour, 80), (hour + packing.HOUR, None)]
     assert [m.start for m in minutes["GPU-1"]] == [
@@ -200,9 +198,9 @@ def test_closed_hours_carry_the_summary_and_busy_ones_are_not_read(db: Engine) -
         query = text("SELECT hour, util_min_tenths FROM gpu_minute_metrics")
         stored = {hour: tenths for hour, tenths in session.execute(query)}
         assert stored == {0: 400, 3600: 5}
-        idle_at_1_percent = repository.idle_minutes(session, ["GPU-1"], 0, 7200, 10)
+        idle_at_1_percent = reads.idle_minutes(session, ["GPU-1"], 0, 7200, 10)
         assert idle_at_1_percent == {"GPU-1": [3600 + 60 * i for i in range(60)]}
-        assert repository.idle_minutes(session, ["GPU-1"], 0, 7200, 5) == {"GPU-1": []}
+        assert reads.idle_minutes(session, ["GPU-1"], 0, 7200, 5) == {"GPU-1": []}
 
 
 _readings = st.fixed_dictionaries(
@@ -286,7 +284,7 @@ def test_uploads_every_few_seconds_store_what_one_upload_of_all_would(
     idle_below_half = {gpu: idle.idle_minutes(hour, expected[(gpu, hour)][0], 500) for gpu in gpus}
     assert all(idle_below_half.values())
     with transaction(db) as session:  # unsummarised hours are scanned, not skipped
-        assert repository.idle_minutes(session, gpus, hour, hour + 3600, 500) == idle_below_half
+        assert reads.idle_minutes(session, gpus, hour, hour + 3600, 500) == idle_below_half
         assert summaries.summarise(session) == len(gpus)
         assert summaries.summarise(session) == 0
     rows = _metric_rows(db)

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from app.core import migrate
 from app.core.epoch import epoch
 from app.core.scratch_db import libpq_dsn, scratch_database
-from app.metering import idle, packing, repository
+from app.metering import idle, packing, reads, repository
 from metering_agent.protocol import GpuState, UsageRecord
 from tests.metering.conftest import Agent, event, minute_ago, rec
 
@@ -135,7 +135,7 @@ def test_a_row_outside_the_created_months_is_stored_in_the_default_partition(db:
         )
     with db.begin() as connection:
         home = _one(connection, "SELECT tableoid::regclass::text FROM gpu_state_segments")
-        spans = repository.segments_between(
+        spans = reads.segments_between(
             Session(bind=connection), ["GPU-old"], long_ago, long_ago + 60
         )
     assert home == "gpu_state_segments_default"

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from sqlalchemy import Engine, Select
 
 from app.core.db import transaction
-from app.rentals.visibility import served
+from app.rentals.reads import served
 from tests.harness import Console
 
 Intervals = Select[uuid.UUID, uuid.UUID, str, datetime, datetime | None]

@@ -21,7 +21,7 @@ from app.billing.usage import UsageSettings
 from app.cli import build_parser
 from app.core.db import transaction
 from app.core.scratch_db import scratch_database
-from app.metering.repository import minute_rows
+from app.metering.reads import minute_rows
 from app.settings import get_settings, sqlalchemy_url
 from app.simulate.progress import Progress
 from app.simulate.replay import Replay, replay

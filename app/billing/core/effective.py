@@ -6,7 +6,7 @@ API:
     effective_of(rated, idle_s) -> EffectiveUsage
     overlap(span, spans) -> int                    # seconds of span covered by sorted spans
 
-Idle minutes come from metering (``app.metering.repository.idle_minutes``: mean utilisation
+Idle minutes come from metering (``app.metering.reads.idle_minutes``: mean utilisation
 strictly below the threshold; minutes without a sample are not idle). Only seconds in the
 ``billable`` bucket count as idle (credited or unbilled seconds are already excluded).
 Unmeasured seconds (no telemetry arrived, or the GPU was in maintenance) are not effective:

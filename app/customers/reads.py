@@ -1,3 +1,8 @@
+"""Customers' read interface: the customers a principal may read, listed, and their names.
+
+Every query on customers lives here: the package has no private repository.
+"""
+
 from __future__ import annotations
 
 import uuid

@@ -442,20 +442,23 @@ def _record_problem(
 # --- failovers and repairs (subscribers, in the publishing transaction) ------------------------
 
 
-def on_failover_requested(session: Session, event: DomainEvent, spare_target: Decimal) -> None:
+def requeue_refusal(session: Session, rental_id: uuid.UUID) -> str | None:
+    """Why Slurm cannot requeue the rental's job onto a spare (``--no-requeue``, interactive),
+    as its last snapshot said; None for a job it can requeue, or a rental Slurm does not run.
+    Asked before a spare is reserved: the failover is abandoned with this reason instead."""
+    job = repository.job_of_rental(session, rental_id)
+    return None if job is None or job.ended_at is not None else job.requeue_refusal
+
+
+def on_failover_requested(session: Session, event: DomainEvent) -> None:
     """A spare is reserved for a Slurm job's failed GPU: ask the adapter to drain the failed
-    node and requeue the job onto the spare's node (with the job's other nodes). A job Slurm
-    cannot requeue is answered ``abandoned`` with the reason in the same transaction, so its
-    spare is never seen reserved (``spare_target``: the pool's target where no policy sets
-    one, for the release)."""
+    node and requeue the job onto the spare's node (with the job's other nodes). (A job Slurm
+    cannot requeue never gets here: ``requeue_refusal`` abandoned its failover.)"""
     data = event.data
     job = repository.job_of_rental(session, uuid.UUID(data["rental_id"]))
     failed = fleet.gpu_site(session, data["failed_gpu_uuid"])
     spare = fleet.gpu_site(session, data["spare_gpu_uuid"])
     if job is None or job.ended_at is not None or failed is None or spare is None:
-        return
-    if job.requeue_refusal is not None:
-        failover.abandon(session, uuid.UUID(data["failover_id"]), job.requeue_refusal, spare_target)
         return
     failed_node, spare_node = failed[1].hostname, spare[1].hostname
     action = SlurmAction(

@@ -264,7 +264,22 @@ PriorityType=priority/multifactor
 PreemptType=preempt/qos
 PreemptMode=REQUEUE"""
 
+    def reboots(self) -> int:
+        """How often a slurmd was asked to reboot its node (``scontrol reboot``; slurmd runs
+        ``RebootProgram`` without naming the node: ``node_state`` says which)."""
+        marks = self.directory / "reboots"
+        return len(marks.read_text().splitlines()) if marks.exists() else 0
+
     # --- set-up -----------------------------------------------------------------------------
+
+    def _reboot_program(self) -> Path:
+        """``slurmd -N`` nodes share this host, which no test may reboot: the program only
+        records that it ran (slurmctld then waits ResumeTimeout for the node, and marks it DOWN)."""
+        program = self.directory / "reboot"
+        marks = self.directory / "reboots"
+        program.write_text(f"#!/bin/sh\necho reboot >> {marks}\n")
+        program.chmod(0o755)
+        return program
 
     def _daemon(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         with (self.directory / f"{name}.out").open("ab") as out:
@@ -308,6 +323,7 @@ MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
 MinJobAge={self.min_job_age_s}
+RebootProgram={self._reboot_program()}
 JobRequeue=1
 KillWait=2
 {accounting}

@@ -44,6 +44,7 @@ from app.rentals.schemas import AssignmentCreate, RentalCreate
 from app.slurm import repository
 from app.slurm.models import ActionKind, SlurmAccount, SlurmAction, SlurmJob
 from app.slurm.schemas import (
+    REASON_PREFIX,
     RUNNING_STATES,
     AccountMapping,
     JobObservation,
@@ -233,9 +234,11 @@ def _attribute(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
     changed = False
     if job.restarts > row.restarts:
         # Requeued since the run last attributed: that run ended when accounting says, else at
-        # the requeue (the requeued job's submit time).
+        # the requeue; neither known yet, the job waits for a later snapshot.
         previous = None if row.run_start_at is None else epoch(row.run_start_at)
-        end = (previous is not None and run_end(job, previous)) or job.submit_time
+        end = _previous_run_end(job, previous)
+        if end is None:
+            return False
         changed |= _end_open(session, rental, from_epoch(end))
         _report_unseen_runs(session, ctx, row, job, previous)
         row.restarts, row.run_start_at, row.nodes = job.restarts, None, []
@@ -247,6 +250,20 @@ def _attribute(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
     if job.state in RUNNING_STATES and job.start_time is not None:
         changed |= _follow_run(session, ctx, row, rental, job)
     return changed
+
+
+def _previous_run_end(job: JobObservation, previous: int | None) -> int | None:
+    """The second the run last attributed (begun at ``previous``) ended: accounting's, else the
+    requeue's (the requeued record's submit time), believed only when it is after the run
+    began. A record read in the moment of its requeue may still carry the job's earlier
+    submit time, and accounting lags slurmctld under load: ending the run there would end
+    none of its GPUs, which would run on into the next run as if it had begun with the first."""
+    if previous is None:
+        return job.submit_time  # that run was ended already, at an earlier requeue
+    accounted = run_end(job, previous)
+    if accounted is not None:
+        return accounted
+    return job.submit_time if job.submit_time > previous else None
 
 
 def _report_unseen_runs(
@@ -483,7 +500,8 @@ def drain_reason(gpu: Gpu, failover_id: str, evidence: list[dict]) -> str:
     ]
     index = "?" if gpu.device_index is None else gpu.device_index
     cause = "; ".join(dict.fromkeys(c for c in causes if c)) or "failed"
-    return f"gpumeter: GPU {index} ({gpu.uuid}) {cause}; failover {failover_id}"[:REASON_LENGTH]
+    text = f"{REASON_PREFIX} GPU {index} ({gpu.uuid}) {cause}; failover {failover_id}"
+    return text[:REASON_LENGTH]
 
 
 def on_failover_resumed(session: Session, event: DomainEvent) -> None:
@@ -523,7 +541,7 @@ def on_gpu_state_changed(session: Session, event: DomainEvent, spare_target: Dec
         kind=ActionKind.REPAIR,
         cluster=drained.cluster,
         node=node.hostname,
-        reason=f"gpumeter: GPU {gpu.uuid} healthy again",
+        reason=f"{REASON_PREFIX} GPU {gpu.uuid} healthy again",
     )
     if not repository.add_action(session, repair):
         return
@@ -604,7 +622,40 @@ def layout(session: Session) -> Layout:
         n for n, gpus in known.items() if gpus and all(g.pool == Pool.SPARE for g in gpus)
     )
     workers = sorted(n for n, gpus in known.items() if gpus and n not in spares)
-    return Layout(spare_nodes=spares, worker_nodes=workers)
+    drained = repository.held_drained_nodes(session)
+    return Layout(spare_nodes=spares, worker_nodes=workers, drained_nodes=drained)
+
+
+def node_resumed_by_hand(session: Session, cluster: str, node: str, state: str) -> SlurmAction:
+    """Someone resumed a node gpumeter drained for a failed GPU, before gpumeter asked for its
+    repair: gpumeter does not drain it again (the operator's word stands; the node's health
+    check drains it while a GPU is still failed), records that as the node's repair, done,
+    and reports it once (``slurm.node_resumed_by_hand``)."""
+    drained = repository.last_failover_action_on_node(session, node)
+    if drained is None or drained.cluster != cluster:
+        raise not_found("node gpumeter drained", node, ("path", "node"))
+    if repository.repaired_since(session, drained):
+        return repository.last_repair_action_on_node(session, cluster, node)
+    gpus = fleet.gpus_of_nodes(session, [node]).get(node, [])
+    failed = sorted(g.uuid for g in gpus if g.last_state == "failed")
+    outcome = (
+        f"resumed by hand (Slurm: {state}) while gpumeter held it drained for failover "
+        f"{drained.failover_id}; GPUs failed now: {', '.join(failed) or 'none'}"
+    )[:REASON_LENGTH]
+    repair = SlurmAction(
+        kind=ActionKind.REPAIR, cluster=cluster, node=node, reason=outcome,
+        done_at=datetime.now(UTC), outcome=outcome,
+    )  # fmt: skip
+    repository.add_action(session, repair)
+    detail = {"cluster": cluster, "node": node, "state": state, "failed_gpus": failed}
+    log.warning("slurm_node_resumed_by_hand", extra=detail)
+    publish(
+        session, "slurm.node_resumed_by_hand",
+        {"cluster": cluster, "node": node, "state": state, "failover_id": drained.failover_id,
+         "failed_gpu_uuids": failed},
+        subject=f"slurm/{cluster}/node/{node}",
+    )  # fmt: skip
+    return repair
 
 
 def _all_spare(gpus: list[Gpu]) -> bool:

@@ -77,6 +77,7 @@ def test_a_failover_of_a_slurm_job_is_carried_out_through_actions(world: SlurmWo
     assert (_epoch(migration["failed_at"]), _epoch(migration["resumed_at"])) == (t0 + 30, t0 + 44)
     done = world.console.post(f"/v1/slurm/actions/{action['id']}/done", {"outcome": "ok"}, 200)
     assert done["done_at"] is not None and _actions(world) == []
+    assert world.get("/v1/slurm/layout")["drained_nodes"] == ["n1"]  # until its repair
 
     # The GPU is reset and healthy: n1 is resumed, and (its site short of spares) becomes one.
     world.report("n1", [(0, t0 + 60, t0 + 61, "healthy")])
@@ -84,7 +85,7 @@ def test_a_failover_of_a_slurm_job_is_carried_out_through_actions(world: SlurmWo
     assert (repair["kind"], repair["node"]) == ("repair", "n1")
     assert _pools(world, "n1") == ["spare", "spare"]
     layout = world.get("/v1/slurm/layout")
-    assert layout == {"spare_nodes": ["n1"], "worker_nodes": ["n2", "n3"]}
+    assert layout == {"spare_nodes": ["n1"], "worker_nodes": ["n2", "n3"], "drained_nodes": []}
     world.report("n1", [(0, t0 + 61, t0 + 62, "failed"), (0, t0 + 62, t0 + 63, "healthy")])
     assert [a["id"] for a in _actions(world)] == [repair["id"]]  # one open repair per node
 

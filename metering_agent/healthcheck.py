@@ -100,6 +100,8 @@ def apply_to_slurm(node: str, findings: list[Finding]) -> str:
     if findings:
         if drained and not current.startswith(REASON_PREFIX):
             return f"left drained ({current or 'no reason'})"  # someone else's drain stands
+        if drained and current == reason(findings):
+            return "drained already"  # its reason keeps the time it was first drained
         _scontrol("update", f"NodeName={node}", "State=DRAIN", f"Reason={reason(findings)}")
         return "drained"
     if drained and current.startswith(REASON_PREFIX):

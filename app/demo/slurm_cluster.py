@@ -40,6 +40,7 @@ WORKER_PARTITION = "gpu"
 SPARE_RESERVATION = "gpumeter_spares"
 START_TIMEOUT_S = 30.0
 JOBS_GONE_TIMEOUT_S = 30.0
+HEALTH_CHECK_INTERVAL_S = 2
 
 
 URGENT_QOS = "urgent"  # preempts the default QOS's jobs, which are requeued
@@ -63,6 +64,8 @@ class LocalSlurm:
     gpus: int = 2
     accounts: list[str] = field(default_factory=list)  # with slurmdbd and MariaDB if any
     min_job_age_s: int = 3600
+    # slurmd's HealthCheckProgram (run every HEALTH_CHECK_INTERVAL_S on every node), if any.
+    health_check: Path | None = None
     controller: subprocess.Popen[bytes] | None = None
     daemons: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     spool: Path | None = None  # the slurmd spools' short directory, while the cluster runs
@@ -272,6 +275,14 @@ PreemptMode=REQUEUE"""
 
     # --- set-up -----------------------------------------------------------------------------
 
+    def _health_check_config(self) -> str:
+        if self.health_check is None:
+            return ""
+        return (
+            f"HealthCheckProgram={self.health_check}\n"
+            f"HealthCheckInterval={HEALTH_CHECK_INTERVAL_S}\nHealthCheckNodeState=ANY"
+        )
+
     def _reboot_program(self) -> Path:
         """``slurmd -N`` nodes share this host, which no test may reboot: the program only
         records that it ran (slurmctld then waits ResumeTimeout for the node, and marks it DOWN)."""
@@ -324,6 +335,7 @@ ReturnToService=2
 SchedulerType=sched/backfill
 MinJobAge={self.min_job_age_s}
 RebootProgram={self._reboot_program()}
+{self._health_check_config()}
 JobRequeue=1
 KillWait=2
 {accounting}

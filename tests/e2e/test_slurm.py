@@ -309,12 +309,12 @@ def test_the_health_check_drains_a_failed_node_until_it_passes_and_leaves_an_ope
     status, report = _health_check(slurm, spool, "n1")
     assert (status, report["fit"], report["slurm"]) == (1, False, "drained")
     assert report["failed"] == [f"GPU {failed} failed (latch: xid_79_gpu_has_fallen_off_the_bus)"]
-    assert slurm.node_state("n1") == "IDLE+DRAIN"
+    assert "DRAIN" in slurm.node_state("n1").split("+")
     assert slurm.node_reason("n1") == (
         f"gpumeter-healthcheck: GPU {failed} failed (latch: xid_79_gpu_has_fallen_off_the_bus)"
     )
     again = _health_check(slurm, spool, "n1")  # every interval: the same drain, nothing new
-    assert again[0] == 1 and slurm.node_state("n1") == "IDLE+DRAIN"
+    assert (again[0], again[1]["slurm"]) == (1, "drained already")
 
     cleared = subprocess.run(
         [str(BIN / "gpumeter-agent"), "--clear-latch", "all", "--spool-dir", str(spool)],
@@ -331,4 +331,46 @@ def test_the_health_check_drains_a_failed_node_until_it_passes_and_leaves_an_ope
     _agent_with_a_latched_failure(tmp_path / "spool-n2", "n2")
     status, report = _health_check(slurm, tmp_path / "spool-n2", "n2")
     assert (status, report["slurm"]) == (1, "left drained (fan swap)")
-    assert (slurm.node_state("n2"), slurm.node_reason("n2")) == ("IDLE+DRAIN", "fan swap")
+    assert "DRAIN" in slurm.node_state("n2").split("+") and slurm.node_reason("n2") == "fan swap"
+
+
+def test_slurmds_health_check_program_drains_a_failed_node_and_resumes_it_once_repaired(
+    tmp_path: Path,
+) -> None:
+    """As a provider installs it: slurm.conf's HealthCheckProgram is a two-line wrapper around
+    ``gpumeter-agent --health-check --drain`` (slurm.conf takes no arguments), run by each
+    slurmd every interval. n1's agent latched a failure: slurmd's check drains n1; the
+    operator clears the latch (the repair the agent cannot see): the next check resumes it."""
+    if not installed():
+        pytest.skip("Slurm is not installed: apt-get install slurm-wlm (CI installs it)")
+    directory = tmp_path / "slurm"
+    directory.mkdir()
+    wrapper = tmp_path / "gpumeter-healthcheck"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"export SLURM_CONF={directory / 'slurm.conf'}\n"  # only because slurmd -N shares a host
+        f"exec {BIN / 'gpumeter-agent'} --health-check --drain --simulate 2 "
+        f'--spool-dir {tmp_path}/spool-"$SLURMD_NODENAME" '
+        '--node-name "$SLURMD_NODENAME" --uuid-prefix "$SLURMD_NODENAME"\n'
+    )
+    wrapper.chmod(0o755)
+    cluster = LocalSlurm(directory, WORKERS, SPARES, health_check=wrapper)
+    cluster.start()
+    try:
+        _agent_with_a_latched_failure(tmp_path / "spool-n1", "n1")
+        failed = sim_uuid("n1", 0, "n1")
+        drained = (
+            f"gpumeter-healthcheck: GPU {failed} failed (latch: xid_79_gpu_has_fallen_off_the_bus)"
+        )
+        wait_for(lambda: cluster.node_reason("n1") == drained, "slurmd's check draining n1", 60)
+        assert "DRAIN" in cluster.node_state("n1").split("+")
+        assert "DRAIN" not in cluster.node_state("n2").split("+")  # fit: left in service
+        subprocess.run(
+            [str(BIN / "gpumeter-agent"), "--clear-latch", "all", "--spool-dir",
+             str(tmp_path / "spool-n1")],
+            capture_output=True, timeout=60, check=True,
+        )  # fmt: skip
+        wait_for(lambda: cluster.node_reason("n1") == "", "slurmd's check resuming n1", 60)
+        assert "DRAIN" not in cluster.node_state("n1").split("+")
+    finally:
+        cluster.stop()

@@ -25,7 +25,12 @@ from app.events.models import DomainEvent
 from app.events.service import ALL_TYPES, subscribe
 from app.failover import degraded as failover_degraded
 from app.failover import jobs as failover_jobs
-from app.failover.service import FailoverSettings, on_gpu_state_changed, refuse_reserved_spare
+from app.failover.service import (
+    FailoverSettings,
+    add_move_check,
+    on_gpu_state_changed,
+    refuse_reserved_spare,
+)
 from app.fleet.service import RENTAL_GPUS
 from app.metering import retention, summaries
 from app.payments import jobs as payments_jobs
@@ -64,9 +69,11 @@ def install() -> None:
     # refused to new assignments.
     subscribe("gpu.state_changed", _open_failovers)
     add_assign_check(refuse_reserved_spare)
-    # A Slurm job's failover is carried out by the Slurm adapter; after the failover's own
-    # subscriber, so a repaired GPU's pool is settled before its node's is.
-    subscribe("failover.requested", _carry_out_slurm_failovers)
+    # A Slurm job's failover is carried out by the Slurm adapter (one Slurm cannot requeue is
+    # abandoned before a spare is reserved); after the failover's own subscriber, so a
+    # repaired GPU's pool is settled before its node's is.
+    add_move_check(slurm.requeue_refusal)
+    subscribe("failover.requested", slurm.on_failover_requested)
     subscribe("failover.resumed", slurm.on_failover_resumed)
     subscribe("gpu.state_changed", _resume_repaired_slurm_nodes)
     add_created_hook(_grant_trial_credit)
@@ -87,10 +94,6 @@ def _open_failovers(session: Session, event: DomainEvent) -> None:
 
 def _mirror_to_stripe(session: Session, event: DomainEvent) -> None:
     on_invoice_event(session, event, StripeSettings.of(get_settings()))
-
-
-def _carry_out_slurm_failovers(session: Session, event: DomainEvent) -> None:
-    slurm.on_failover_requested(session, event, get_settings().spare_target_percent)
 
 
 def _resume_repaired_slurm_nodes(session: Session, event: DomainEvent) -> None:
@@ -120,6 +123,7 @@ TRIGGERS: dict[str, Callable[..., str]] = {
     add_create_check.__name__: lambda: "a rental is about to be created (may refuse it)",
     add_assign_check.__name__: lambda: "a GPU is about to be assigned to a rental (may refuse it)",
     add_created_hook.__name__: lambda: "a customer is created",
+    add_move_check.__name__: lambda: "a failover is about to reserve a spare (may abandon it)",
 }
 
 

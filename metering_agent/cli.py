@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from metering_agent import logs
+from metering_agent import healthcheck, logs
 from metering_agent.faults import load_faults
 from metering_agent.latch import LatchStore
 from metering_agent.metrics import Metrics, serve
@@ -50,6 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
         " exit; exit code 2 when NVML is not found",
     )
 
+    p.add_argument(
+        "--health-check",
+        action="store_true",
+        help="Slurm's HealthCheckProgram: exit 1 when a GPU is failed (latched in --spool-dir's"
+        " latch, or in one reading now), 0 when every GPU is fit; prints what it found as JSON",
+    )
+    p.add_argument(
+        "--drain",
+        action="store_true",
+        help="with --health-check: drain this Slurm node ($SLURMD_NODENAME, else --node-name)"
+        " when unfit, and resume it when fit again if this check drained it",
+    )
     p.add_argument(
         "--clear-latch",
         action="append",
@@ -141,6 +153,15 @@ def _clear_latch(spool_dir: Path, uuids: list[str]) -> int:
     return 1 if missing else 0
 
 
+def _health_check(args: argparse.Namespace) -> int:
+    provider = _provider(args)
+    try:
+        node = healthcheck.node_name(args.node_name)
+        return healthcheck.run(args.spool_dir, provider, drain=args.drain, node=node)
+    finally:
+        provider.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -148,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.probe:
             return _probe()
+        if args.health_check:
+            if not args.spool_dir:
+                parser.error("--health-check needs --spool-dir (the agent's)")
+            return _health_check(args)
         if args.clear_latch:
             if not args.spool_dir:
                 parser.error("--clear-latch needs --spool-dir (the stopped agent's)")

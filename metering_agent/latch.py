@@ -88,6 +88,24 @@ class LatchStore:
             log.info("latch_restored", gpu_uuid=uuid, state=memory.state, rules=sorted(memory.held))
         return memories
 
+    def failed(self) -> dict[str, list[str]]:
+        """The GPUs a failure is latched on, with its rules, as the file says now (read only:
+        the health check reads it beside the running agent); none when it was written before
+        the last reboot (the reboot was the repair) or cannot be read (the agent moves it
+        aside and logs it)."""
+        try:
+            data = json.loads(self.path.read_bytes())
+            if data.get("boot_id") != self.boot_id:
+                return {}
+            held = {uuid: entry["held"] for uuid, entry in data["gpus"].items()}
+            return {
+                uuid: rules
+                for uuid, items in held.items()
+                if (rules := [str(i["rule"]) for i in items if i["state"] == GpuState.FAILED])
+            }
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}
+
     def clear(self, uuids: list[str]) -> list[str]:
         """Mark these GPUs (or ``all``) repaired by the operator, the agent being stopped;
         returns those that were latched."""

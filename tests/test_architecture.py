@@ -318,6 +318,13 @@ def test_the_reactions_table_is_the_wiring() -> None:
     )
 
 
+def test_every_registrar_the_wiring_calls_has_a_trigger() -> None:
+    """A registrar missing from ``TRIGGERS`` would leave its handlers out of the table."""
+    calls = (n for n in ast.walk(ast.parse(inspect.getsource(wiring.install))))
+    called = {n.func.id for n in calls if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert {name for name in called if REGISTRAR.match(name)} <= set(wiring.TRIGGERS)
+
+
 def _planted_install() -> None:
     """A wiring a newcomer might write (never called: only read): a subscriber that queues a
     job, and a hook under a setting."""

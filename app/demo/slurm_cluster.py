@@ -40,6 +40,7 @@ WORKER_PARTITION = "gpu"
 SPARE_RESERVATION = "gpumeter_spares"
 START_TIMEOUT_S = 30.0
 JOBS_GONE_TIMEOUT_S = 30.0
+HEALTH_CHECK_INTERVAL_S = 2
 
 
 URGENT_QOS = "urgent"  # preempts the default QOS's jobs, which are requeued
@@ -63,6 +64,8 @@ class LocalSlurm:
     gpus: int = 2
     accounts: list[str] = field(default_factory=list)  # with slurmdbd and MariaDB if any
     min_job_age_s: int = 3600
+    # slurmd's HealthCheckProgram (run every HEALTH_CHECK_INTERVAL_S on every node), if any.
+    health_check: Path | None = None
     controller: subprocess.Popen[bytes] | None = None
     daemons: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     spool: Path | None = None  # the slurmd spools' short directory, while the cluster runs
@@ -264,7 +267,30 @@ PriorityType=priority/multifactor
 PreemptType=preempt/qos
 PreemptMode=REQUEUE"""
 
+    def reboots(self) -> int:
+        """How often a slurmd was asked to reboot its node (``scontrol reboot``; slurmd runs
+        ``RebootProgram`` without naming the node: ``node_state`` says which)."""
+        marks = self.directory / "reboots"
+        return len(marks.read_text().splitlines()) if marks.exists() else 0
+
     # --- set-up -----------------------------------------------------------------------------
+
+    def _health_check_config(self) -> str:
+        if self.health_check is None:
+            return ""
+        return (
+            f"HealthCheckProgram={self.health_check}\n"
+            f"HealthCheckInterval={HEALTH_CHECK_INTERVAL_S}\nHealthCheckNodeState=ANY"
+        )
+
+    def _reboot_program(self) -> Path:
+        """``slurmd -N`` nodes share this host, which no test may reboot: the program only
+        records that it ran (slurmctld then waits ResumeTimeout for the node, and marks it DOWN)."""
+        program = self.directory / "reboot"
+        marks = self.directory / "reboots"
+        program.write_text(f"#!/bin/sh\necho reboot >> {marks}\n")
+        program.chmod(0o755)
+        return program
 
     def _daemon(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         with (self.directory / f"{name}.out").open("ab") as out:
@@ -308,6 +334,8 @@ MpiDefault=none
 ReturnToService=2
 SchedulerType=sched/backfill
 MinJobAge={self.min_job_age_s}
+RebootProgram={self._reboot_program()}
+{self._health_check_config()}
 JobRequeue=1
 KillWait=2
 {accounting}

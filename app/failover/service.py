@@ -14,7 +14,7 @@ locked is passed over for the next one, so two ingests never deadlock.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -59,6 +59,18 @@ SPARE_LOCK_WAIT_MS = 250
 # How far back the failed run's first second is looked for (it has just begun).
 FAILED_RUN_LOOKBACK_S = 86_400
 HEALTHY = "healthy"
+
+# Why the orchestrator running a rental's job cannot move it onto a spare (a Slurm job
+# submitted --no-requeue), None when it can; set by the composition root, asked before a spare
+# is reserved.
+MoveRefusal = Callable[[Session, uuid.UUID], str | None]
+_move_checks: list[MoveRefusal] = []
+
+
+def add_move_check(check: MoveRefusal) -> None:
+    """Ask ``check`` before a spare is reserved for a rental; idempotent."""
+    if check not in _move_checks:
+        _move_checks.append(check)
 
 
 def _now() -> datetime:
@@ -153,9 +165,12 @@ def open_failover(
         trigger=(FailoverTrigger.DEGRADED if degraded_causes else FailoverTrigger.FAILED).value,
         degraded_causes=sorted(degraded_causes),
     )
-    spare = _reserve_spare(session, failover, gpu, node, now, config.reservation_ttl_s)
     labels = (node.datacenter, gpu.model, failover.trigger)
     FAILOVER_DETECTION_SECONDS.labels(*labels).observe(_seconds(failed_at, detected_at))
+    if (refusal := _move_refused(session, rental.id)) is not None:
+        _abandon_unmovable(session, failover, refusal, now)
+        return failover
+    spare = _reserve_spare(session, failover, gpu, node, now, config.reservation_ttl_s)
     FAILOVER_REQUEST_SECONDS.labels(*labels).observe(_seconds(failed_at, now))
     if spare is None:
         publish_failover(session, "failover.no_spare", failover)
@@ -163,6 +178,19 @@ def open_failover(
         publish_failover(session, "failover.requested", failover)
     check_pool(session, node.datacenter, gpu.model, config.spare_target_percent)
     return failover
+
+
+def _move_refused(session: Session, rental_id: uuid.UUID) -> str | None:
+    return next((r for check in _move_checks if (r := check(session, rental_id))), None)
+
+
+def _abandon_unmovable(session: Session, failover: Failover, reason: str, now: datetime) -> None:
+    """The job cannot be moved: the failover is abandoned with the reason before any spare is
+    reserved, so no preemptible rental on a spare is preempted for a job that stays put."""
+    failover.state, failover.reason, failover.closed_at = FailoverState.ABANDONED, reason, now
+    session.add(failover)
+    session.flush()
+    publish_failover(session, "failover.abandoned", failover)
 
 
 def _segment_evidence(session: Session, gpu_uuid: str, failed_at: datetime) -> list[dict]:

@@ -22,7 +22,16 @@ that went away mid-way, repeats nothing and skips nothing):
 A placed job's node list stays while it runs (Slurm cannot clear a running job's); it is
 cleared the first round the job is pending again, so a later requeue is not pinned to them.
 
-A repair action adds the node to the reservation if gpumeter made it a spare, then resumes it.
+A repair action (the failed GPU healthy again) adds the node to the reservation if gpumeter
+made it a spare, then has Slurm reboot it once idle and resume it after (``scontrol reboot ASAP
+nextstate=RESUME``): the reboot clears what the failure left in the driver, and slurmd runs the
+node's health check (``gpumeter-agent --health-check --drain``) before it takes jobs again.
+
+Nodes are an operator's too: a node drained with a reason that is not gpumeter's (an operator's,
+the health check's) is neither drained over nor rebooted nor resumed by gpumeter; a node gpumeter
+drained that is found back in service before its repair (resumed by hand) is reported to the
+service, which records it and publishes ``slurm.node_resumed_by_hand``; gpumeter does not drain
+it again (its health check does, while a GPU is still failed).
 """
 
 from __future__ import annotations
@@ -41,7 +50,9 @@ from app.core.console_client import Api, ApiError
 from app.core.epoch import from_epoch
 from app.slurm.scheduler import Slurm, SlurmJob, SlurmRefused, SlurmUnavailable
 from app.slurm.schemas import (
+    OUT_OF_SERVICE,
     PENDING_STATES,
+    REASON_PREFIX,
     RUNNING_STATES,
     JobObservation,
     Snapshot,
@@ -74,8 +85,11 @@ class Adapter:
         # Failover actions whose job was placed: placing again would push its start back. (An
         # adapter restarted mid-way places it once more: two seconds later, nothing else.)
         self._placed: set[int] = set()
-        # Each job's (restarts, state) last round: accounting is read for the jobs that change.
-        self._seen: dict[int, tuple[int, str]] = {}
+        # Each job's (restarts, state, start) last round: accounting is read for the requeued
+        # or ended jobs among those that change (a new run's start included: accounting is
+        # the record of truth for when the previous run ended, squeue's record only a guess
+        # in the moment of a requeue).
+        self._seen: dict[int, tuple[int, str, int | None]] = {}
         # What the service was last sent, job by job: later rounds send only what differs.
         self._posted: dict[int, JobObservation] | None = None
         self._resend: set[int] = set()  # jobs the service asked to see again (too new)
@@ -104,7 +118,9 @@ class Adapter:
             jobs = {job.job_id: job for job in self.slurm.jobs()}
         self._send_snapshot(list(jobs.values()))
         self._unpin(jobs.values(), {int(a["job_id"]) for a in actions if a["job_id"]})
-        self._hold_spares(actions)
+        layout = self._hold_spares(actions)
+        drained = layout.get("drained_nodes", [])  # none from a service older than this adapter
+        self._report_resumed_by_hand(drained, {a["node"] for a in actions})
 
     # --- attribution ------------------------------------------------------------------------
 
@@ -114,7 +130,7 @@ class Adapter:
         then the attributed jobs slurmctld no longer lists, from accounting."""
         changed = [
             job.job_id for job in jobs
-            if self._seen.get(job.job_id) != (job.restarts, job.state)
+            if self._seen.get(job.job_id) != _seen_as(job)
             and (job.restarts > 0 or ended(job.observation))
         ]  # fmt: skip
         accounted = self._accounting(changed)
@@ -132,7 +148,7 @@ class Adapter:
             gone = [job_id for job_id in posted if job_id not in observations]
             missing = self._post(news, delta=True, gone=gone)
         self._posted = {i: o for i, o in observations.items() if i not in self._resend}
-        self._seen = {job.job_id: (job.restarts, job.state) for job in jobs}
+        self._seen = {job.job_id: _seen_as(job) for job in jobs}
         if missing:
             found = self._accounting(missing)
             forgotten = [job_id for job_id in missing if job_id not in found]
@@ -197,7 +213,7 @@ class Adapter:
         refusal = None if job is None else job.observation.requeue_refusal()
         if refusal is not None and job is not None and job.restarts == before:
             return self._give_up(action, refusal)
-        self.slurm.drain(action["node"], action["reason"])
+        self._drain(action["node"], action["reason"])
         if action["spare_node"] == action["node"]:
             return self._give_up(action, "the spare is on the failed node; Slurm moves whole nodes")
         if job is None or (
@@ -244,10 +260,23 @@ class Adapter:
         done = self.api.post(f"/v1/slurm/actions/{action['id']}/abandoned", body)
         log.info("slurm_action_done", extra={"action": action["id"], "outcome": done["outcome"]})
 
+    def _drain(self, node: str, reason: str) -> None:
+        """Drain the node with gpumeter's reason, unless someone else drained it already: their
+        reason stays (and with it, the node stays theirs to bring back)."""
+        status = self.slurm.node_status(node)
+        if status.drained and not status.reason.startswith(REASON_PREFIX):
+            return
+        self.slurm.drain(node, reason)
+
     def _repair(self, action: dict[str, Any]) -> None:
         self._hold_spares([])  # a node that became a spare is reserved before it resumes
-        self.slurm.resume(action["node"])
-        self._done(action, f"node {action['node']} resumed")
+        node, status = action["node"], self.slurm.node_status(action["node"])
+        if not status.drained:
+            return self._done(action, f"node {node} is in service already: not rebooted")
+        if not status.reason.startswith(REASON_PREFIX):
+            return self._done(action, f"node {node} left drained: not gpumeter's ({status.reason})")
+        self.slurm.reboot(node, f"{action['reason']}; reboot, then resume"[:200])
+        self._done(action, f"node {node} reboots once idle, then resumes (its health check first)")
 
     def _done(self, action: dict[str, Any], outcome: str) -> None:
         self.api.post(f"/v1/slurm/actions/{action['id']}/done", {"outcome": outcome[:500]})
@@ -255,14 +284,27 @@ class Adapter:
 
     # --- the spare pool ---------------------------------------------------------------------
 
-    def _hold_spares(self, actions: list[dict[str, Any]]) -> None:
+    def _hold_spares(self, actions: list[dict[str, Any]]) -> dict[str, Any]:
         """The spare reservation holds gpumeter's hot spares in this cluster, less the spare
-        nodes open failovers are moving jobs onto."""
-        layout = self.api.get("/v1/slurm/layout")
+        nodes open failovers are moving jobs onto; the layout, limited to this cluster."""
+        layout: dict[str, Any] = self.api.get("/v1/slurm/layout")
         taken = {a["spare_node"] for a in actions if a["kind"] == "failover"}
         cluster = self.slurm.nodes()
         wanted = [n for n in cluster if n in set(layout["spare_nodes"]) - taken]
         self.slurm.hold_nodes(self.config.spare_reservation, wanted)
+        return {key: [n for n in nodes if n in cluster] for key, nodes in layout.items()}
+
+    def _report_resumed_by_hand(self, drained: list[str], acting_on: set[str]) -> None:
+        """gpumeter's drained nodes (no action of this round on them) found back in service."""
+        for node in drained:
+            if node in acting_on:
+                continue
+            flags = self.slurm.node_status(node).flags
+            if flags and not flags & OUT_OF_SERVICE:
+                state = "+".join(sorted(flags))
+                body = {"cluster": self.config.cluster, "state": state}
+                self.api.post(f"/v1/slurm/nodes/{node}/resumed-by-hand", body)
+                log.warning("slurm_node_resumed_by_hand", extra={"node": node, "state": state})
 
     def _unpin(self, jobs: Iterable[SlurmJob], failing_over: set[int]) -> None:
         """A job a failover placed is pending again (requeued, preempted): its node list goes,
@@ -272,6 +314,10 @@ class Adapter:
             if pending and job.placed_by_failover:
                 self.slurm.unpin(job.job_id)
                 log.info("slurm_job_unpinned", extra={"job_id": job.job_id})
+
+
+def _seen_as(job: SlurmJob) -> tuple[int, str, int | None]:
+    return job.restarts, job.state, job.observation.start_time
 
 
 def _age_s(action: dict[str, Any]) -> float:

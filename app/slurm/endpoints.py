@@ -23,6 +23,7 @@ from app.slurm.schemas import (
     ActionResumed,
     JobRead,
     Layout,
+    NodeResumedByHand,
     SlurmName,
     Snapshot,
     SnapshotResult,
@@ -32,6 +33,7 @@ router = APIRouter(prefix="/v1/slurm", tags=["slurm"])
 AccountName = Annotated[str, Path(min_length=1, max_length=NAME_LENGTH, pattern=r"^[^\s=,]+$")]
 ClusterName = Annotated[str, Query(min_length=1, max_length=NAME_LENGTH)]
 ActionId = Annotated[int, Path(ge=1, le=2**63 - 1)]
+NodeName = Annotated[str, Path(min_length=1, max_length=NAME_LENGTH, pattern=r"^[^\s=,]+$")]
 
 
 @router.put("/accounts/{account}")
@@ -123,3 +125,14 @@ def layout(session: DbSession, _: SchedulerAdapter) -> Layout:
     """Which nodes are hot spares and which serve jobs, by gpumeter's pools (the adapter
     holds the spares in a Slurm reservation)."""
     return service.layout(session)
+
+
+@router.post("/nodes/{node}/resumed-by-hand")
+def node_resumed_by_hand(
+    node: NodeName, body: NodeResumedByHand, session: DbSession, _: SchedulerAdapter
+) -> ActionRead:
+    """The adapter found a node gpumeter drained for a failed GPU back in service, resumed by
+    someone else: recorded as the node's repair (done) and reported once
+    (``slurm.node_resumed_by_hand``); gpumeter does not drain it again."""
+    action = service.node_resumed_by_hand(session, body.cluster, node, body.state)
+    return ActionRead.model_validate(action)

@@ -4,10 +4,10 @@ import uuid
 from collections.abc import Collection
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, Select, select, update
+from sqlalchemy import ColumnElement, Select, exists, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from app.slurm.models import ActionKind, SlurmAccount, SlurmAction, SlurmJob
 
@@ -164,3 +164,40 @@ def repaired_since(session: Session, drained: SlurmAction) -> bool:
         )
     )
     return found is not None
+
+
+def held_drained_nodes(session: Session) -> list[str]:
+    """Nodes whose last failover action is done (the node drained) with no repair since."""
+    last = (
+        select(SlurmAction.cluster, SlurmAction.node, func.max(SlurmAction.id).label("id"))
+        .where(SlurmAction.kind == ActionKind.FAILOVER)
+        .group_by(SlurmAction.cluster, SlurmAction.node)
+        .subquery()
+    )
+    later = aliased(SlurmAction)
+    repair = select(later.id).where(
+        later.kind == ActionKind.REPAIR,
+        later.cluster == last.c.cluster,
+        later.node == last.c.node,
+        later.id > last.c.id,
+    )
+    query = (
+        select(last.c.node)
+        .join(SlurmAction, SlurmAction.id == last.c.id)
+        .where(SlurmAction.done_at.is_not(None), ~exists(repair))
+        .order_by(last.c.node)
+    )
+    return list(session.scalars(query))
+
+
+def last_repair_action_on_node(session: Session, cluster: str, node: str) -> SlurmAction:
+    return session.scalars(
+        select(SlurmAction)
+        .where(
+            SlurmAction.cluster == cluster,
+            SlurmAction.kind == ActionKind.REPAIR,
+            SlurmAction.node == node,
+        )
+        .order_by(SlurmAction.id.desc())
+        .limit(1)
+    ).one()

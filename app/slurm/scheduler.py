@@ -21,6 +21,7 @@ from typing import Any
 import hostlist
 
 from app.slurm.schemas import AccountedRun, JobObservation, NodeGpus
+from metering_agent.healthcheck import NodeStatus
 
 DEFAULT_TIMEOUT_S = 10.0
 RESTART_DELAY_S = 2
@@ -145,13 +146,15 @@ class Slurm:
     def drain(self, node: str, reason: str) -> None:
         self.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
 
-    def resume(self, node: str) -> None:
-        """Back in service; a node that is not drained (resumed already) is left as it is."""
-        try:
-            self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
-        except SlurmRefused as refused:
-            if "Invalid node state specified" not in str(refused):
-                raise
+    def reboot(self, node: str, reason: str) -> None:
+        """Reboot the node as soon as its jobs are done, and put it back in service once it
+        has registered again (slurmd's HealthCheckProgram runs first: a node still unfit is
+        drained again). Needs ``RebootProgram`` in slurm.conf."""
+        self.run("scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={reason}", node)
+
+    def node_status(self, node: str) -> NodeStatus:
+        """The node's state flags and drain reason, as ``scontrol show node`` has them."""
+        return NodeStatus.parse(self.run("scontrol", "show", "node", node))
 
     def nodes(self) -> list[str]:
         """Every node of the cluster, in slurm.conf's order."""

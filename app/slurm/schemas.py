@@ -19,6 +19,11 @@ EpochSecond = Annotated[int, Field(ge=0, le=2**33)]  # until the year 2242
 # Slurm's job states (squeue --json's job_state) that hold their nodes, and those that wait.
 RUNNING_STATES = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "STOPPED", "RESIZING"})
 PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"})
+# Every drain and reboot reason gpumeter gives a node starts so: a drain with another reason is
+# someone else's (an operator's, the health check's) and gpumeter leaves it as it is.
+REASON_PREFIX = "gpumeter:"
+# A node's state flags (scontrol show node) that keep it out of service.
+OUT_OF_SERVICE = frozenset({"DRAIN", "DOWN", "FAIL", "REBOOT_REQUESTED", "REBOOT_ISSUED"})
 MAX_JOBS = 20_000  # a snapshot's jobs: Slurm's default MaxJobCount is 10,000
 MAX_NODES_PER_JOB = 4_096
 
@@ -170,6 +175,16 @@ class Layout(Schema):
 
     spare_nodes: list[str]
     worker_nodes: list[str]
+    drained_nodes: list[str] = Field(
+        default_factory=list,
+        description="nodes gpumeter drained for a failed GPU and has not asked to repair: the "
+        "adapter reports one it finds back in service (resumed by hand)",
+    )
+
+
+class NodeResumedByHand(Schema):
+    cluster: SlurmName
+    state: str = Field(min_length=1, max_length=200, description="Slurm's state of the node now")
 
 
 class JobRead(Schema):

@@ -44,6 +44,7 @@ from app.rentals.schemas import AssignmentCreate, RentalCreate
 from app.slurm import repository
 from app.slurm.models import ActionKind, SlurmAccount, SlurmAction, SlurmJob
 from app.slurm.schemas import (
+    REASON_PREFIX,
     RUNNING_STATES,
     AccountMapping,
     JobObservation,
@@ -233,9 +234,11 @@ def _attribute(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
     changed = False
     if job.restarts > row.restarts:
         # Requeued since the run last attributed: that run ended when accounting says, else at
-        # the requeue (the requeued job's submit time).
+        # the requeue; neither known yet, the job waits for a later snapshot.
         previous = None if row.run_start_at is None else epoch(row.run_start_at)
-        end = (previous is not None and run_end(job, previous)) or job.submit_time
+        end = _previous_run_end(job, previous)
+        if end is None:
+            return False
         changed |= _end_open(session, rental, from_epoch(end))
         _report_unseen_runs(session, ctx, row, job, previous)
         row.restarts, row.run_start_at, row.nodes = job.restarts, None, []
@@ -247,6 +250,20 @@ def _attribute(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
     if job.state in RUNNING_STATES and job.start_time is not None:
         changed |= _follow_run(session, ctx, row, rental, job)
     return changed
+
+
+def _previous_run_end(job: JobObservation, previous: int | None) -> int | None:
+    """The second the run last attributed (begun at ``previous``) ended: accounting's, else the
+    requeue's (the requeued record's submit time), believed only when it is after the run
+    began. A record read in the moment of its requeue may still carry the job's earlier
+    submit time, and accounting lags slurmctld under load: ending the run there would end
+    none of its GPUs, which would run on into the next run as if it had begun with the first."""
+    if previous is None:
+        return job.submit_time  # that run was ended already, at an earlier requeue
+    accounted = run_end(job, previous)
+    if accounted is not None:
+        return accounted
+    return job.submit_time if job.submit_time > previous else None
 
 
 def _report_unseen_runs(
@@ -442,20 +459,23 @@ def _record_problem(
 # --- failovers and repairs (subscribers, in the publishing transaction) ------------------------
 
 
-def on_failover_requested(session: Session, event: DomainEvent, spare_target: Decimal) -> None:
+def requeue_refusal(session: Session, rental_id: uuid.UUID) -> str | None:
+    """Why Slurm cannot requeue the rental's job onto a spare (``--no-requeue``, interactive),
+    as its last snapshot said; None for a job it can requeue, or a rental Slurm does not run.
+    Asked before a spare is reserved: the failover is abandoned with this reason instead."""
+    job = repository.job_of_rental(session, rental_id)
+    return None if job is None or job.ended_at is not None else job.requeue_refusal
+
+
+def on_failover_requested(session: Session, event: DomainEvent) -> None:
     """A spare is reserved for a Slurm job's failed GPU: ask the adapter to drain the failed
-    node and requeue the job onto the spare's node (with the job's other nodes). A job Slurm
-    cannot requeue is answered ``abandoned`` with the reason in the same transaction, so its
-    spare is never seen reserved (``spare_target``: the pool's target where no policy sets
-    one, for the release)."""
+    node and requeue the job onto the spare's node (with the job's other nodes). (A job Slurm
+    cannot requeue never gets here: ``requeue_refusal`` abandoned its failover.)"""
     data = event.data
     job = repository.job_of_rental(session, uuid.UUID(data["rental_id"]))
     failed = fleet.gpu_site(session, data["failed_gpu_uuid"])
     spare = fleet.gpu_site(session, data["spare_gpu_uuid"])
     if job is None or job.ended_at is not None or failed is None or spare is None:
-        return
-    if job.requeue_refusal is not None:
-        failover.abandon(session, uuid.UUID(data["failover_id"]), job.requeue_refusal, spare_target)
         return
     failed_node, spare_node = failed[1].hostname, spare[1].hostname
     action = SlurmAction(
@@ -480,7 +500,8 @@ def drain_reason(gpu: Gpu, failover_id: str, evidence: list[dict]) -> str:
     ]
     index = "?" if gpu.device_index is None else gpu.device_index
     cause = "; ".join(dict.fromkeys(c for c in causes if c)) or "failed"
-    return f"gpumeter: GPU {index} ({gpu.uuid}) {cause}; failover {failover_id}"[:REASON_LENGTH]
+    text = f"{REASON_PREFIX} GPU {index} ({gpu.uuid}) {cause}; failover {failover_id}"
+    return text[:REASON_LENGTH]
 
 
 def on_failover_resumed(session: Session, event: DomainEvent) -> None:
@@ -501,7 +522,8 @@ def on_failover_resumed(session: Session, event: DomainEvent) -> None:
 
 def on_gpu_state_changed(session: Session, event: DomainEvent, spare_target: Decimal) -> None:
     """A GPU healthy again on a node gpumeter drained, with no GPU of it still failed: the
-    node is resumed; if its spare pool is short (or the repaired GPU joined it), the whole
+    adapter is asked to repair the node (a reboot, then resume once slurmd's health check
+    passes); if its spare pool is short (or the repaired GPU joined it), the whole
     node becomes a hot spare, as the spare it replaced was (``spare_target``: the
     ``spare_target_percent`` setting, for a pool with no policy)."""
     if event.data["to_state"] != "healthy":
@@ -520,7 +542,7 @@ def on_gpu_state_changed(session: Session, event: DomainEvent, spare_target: Dec
         kind=ActionKind.REPAIR,
         cluster=drained.cluster,
         node=node.hostname,
-        reason=f"gpumeter: GPU {gpu.uuid} healthy again",
+        reason=f"{REASON_PREFIX} GPU {gpu.uuid} healthy again",
     )
     if not repository.add_action(session, repair):
         return
@@ -601,7 +623,41 @@ def layout(session: Session) -> Layout:
         n for n, gpus in known.items() if gpus and all(g.pool == Pool.SPARE for g in gpus)
     )
     workers = sorted(n for n, gpus in known.items() if gpus and n not in spares)
-    return Layout(spare_nodes=spares, worker_nodes=workers)
+    drained = repository.held_drained_nodes(session)
+    return Layout(spare_nodes=spares, worker_nodes=workers, drained_nodes=drained)
+
+
+def node_resumed_by_hand(session: Session, cluster: str, node: str, state: str) -> SlurmAction:
+    """Someone resumed a node gpumeter drained for a failed GPU, before gpumeter asked for its
+    repair: gpumeter does not drain it again (the operator's word stands; the node's health
+    check drains it while a GPU is still failed), records that as the node's repair, done,
+    and reports it once (``slurm.node_resumed_by_hand``)."""
+    drained = repository.last_failover_action_on_node(session, node)
+    if drained is None or drained.cluster != cluster:
+        raise not_found("node gpumeter drained", node, ("path", "node"))
+    if repository.repaired_since(session, drained):
+        return repository.last_repair_action_on_node(session, cluster, node)
+    gpus = fleet.gpus_of_nodes(session, [node]).get(node, [])
+    failed = sorted(g.uuid for g in gpus if g.last_state == "failed")
+    outcome = (
+        f"resumed by hand (Slurm: {state}) while gpumeter held it drained for failover "
+        f"{drained.failover_id}; GPUs failed now: {', '.join(failed) or 'none'}"
+    )[:REASON_LENGTH]
+    repair = SlurmAction(
+        kind=ActionKind.REPAIR,
+        cluster=cluster,
+        node=node,
+        reason=outcome,
+        done_at=datetime.now(UTC),
+        outcome=outcome,
+    )
+    repository.add_action(session, repair)
+    detail = {"cluster": cluster, "node": node, "state": state, "failed_gpus": failed}
+    log.warning("slurm_node_resumed_by_hand", extra=detail)
+    data = {"cluster": cluster, "node": node, "state": state, "failed_gpu_uuids": failed}
+    data["failover_id"] = drained.failover_id
+    publish(session, "slurm.node_resumed_by_hand", data, subject=f"slurm/{cluster}/node/{node}")
+    return repair
 
 
 def _all_spare(gpus: list[Gpu]) -> bool:

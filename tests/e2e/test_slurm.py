@@ -11,6 +11,7 @@ tests skip, except in CI, where they fail."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -114,14 +115,6 @@ def adapter(fleet: Fleet, slurm: LocalSlurm, provider: Provider) -> Iterator[sub
     assert stop_child(process, "gpumeter-slurm") == 0  # SIGTERM: a clean stop
 
 
-def wait_for_node(slurm: LocalSlurm, node: str, state: str) -> None:
-    try:
-        wait_for(lambda: slurm.node_state(node) == state, f"{node} {state}", LOOP_TIMEOUT_S)
-    except AssertionError as late:
-        nodes = slurm.run("scontrol", "show", "nodes", "--oneliner")
-        raise AssertionError(f"{late}; Slurm's nodes:\n{nodes}") from None
-
-
 def job_record(slurm: LocalSlurm, job_id: int) -> SlurmJob:
     job = Slurm(slurm.conf).job(job_id)
     assert job is not None, f"Slurm has no record of job {job_id}"
@@ -181,8 +174,16 @@ def run_the_failure_loop(
     assert resumed_s == rerun.observation.start_time
     assert failover["spare_gpu_uuid"] in (gpu("n3", 0), gpu("n3", 1))
 
-    # The repaired GPU: n1 resumed, a hot spare now (the site had none left), held.
-    wait_for_node(slurm, "n1", "IDLE+RESERVED")  # resumed, and held as the spare
+    # The repaired GPU: n1 is not resumed at once but rebooted once idle, to come back after
+    # (nextstate=RESUME; slurmd's health check runs first), a hot spare now (the site had none
+    # left), held. A slurmd -N node cannot reboot: its RebootProgram records that slurmd was
+    # asked, and the state and reason are Slurm's own.
+    wait_for(lambda: slurm.reboots() == 1, "n1's reboot issued", LOOP_TIMEOUT_S)
+    assert "REBOOT_ISSUED" in slurm.node_state("n1").split("+"), slurm.node_state("n1")
+    assert [n for n in WORKERS + SPARES if "REBOOT" in slurm.node_state(n)] == ["n1"]
+    assert slurm.node_reason("n1").startswith(  # Slurm adds " : reboot issued"
+        f"gpumeter: GPU {gpu('n1', 0)} healthy again; reboot, then resume"
+    )
     wait_for(lambda: slurm.reserved_nodes() == ["n1"], "n1 a spare, held by the reservation", 30)
     pools = {g["uuid"]: g["pool"] for g in api.get("/v1/gpus", limit=100)["items"]}
     assert [pools[gpu("n1", i)] for i in (0, 1)] == ["spare", "spare"]
@@ -268,3 +269,108 @@ def test_the_hot_spare_is_held_from_every_customer_job(slurm: LocalSlurm) -> Non
     wait_for(lambda: job_record(slurm, named).state == "RUNNING", "n3 free for -w n3", 30)
     scheduler.hold_nodes(SPARE_RESERVATION, ["n3"])  # created again, around the running job
     assert slurm.reserved_nodes() == ["n3"]
+
+
+def _agent_with_a_latched_failure(spool: Path, node: str) -> None:
+    """The real agent runs three seconds on ``node``'s two simulated GPUs; GPU 0 falls off the
+    bus at once (XID 79): a hardware failure, latched in the spool's latch.json."""
+    faults = spool.parent / f"faults-{node}.json"
+    faults.write_text(json.dumps([{"at": 0, "gpu": 0, "fault": "xid", "xid": 79}]))
+    subprocess.run(
+        [str(BIN / "gpumeter-agent"), "--server", "http://127.0.0.1:9", "--token", "t",
+         "--spool-dir", str(spool), "--node-name", node, "--uuid-prefix", node,
+         "--simulate", "2", "--faults", str(faults), "--duration", "3",
+         "--shutdown-upload-timeout", "0"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    assert (spool / "latch.json").exists()
+
+
+def _health_check(slurm: LocalSlurm, spool: Path, node: str) -> tuple[int, dict[str, Any]]:
+    """What slurmd's HealthCheckProgram runs on ``node`` (slurmd names the node)."""
+    done = subprocess.run(
+        [str(BIN / "gpumeter-agent"), "--health-check", "--drain", "--spool-dir", str(spool),
+         "--simulate", "2", "--node-name", node, "--uuid-prefix", node],
+        env={**slurm.env, "SLURMD_NODENAME": node}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_the_health_check_drains_a_failed_node_until_it_passes_and_leaves_an_operators_drain(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    """n1's agent latched a failure (XID 79): the health check fails and drains n1 with its
+    reason; once the operator clears the latch (the repair the agent cannot see) it passes and
+    resumes n1. n2, drained by an operator with a reason of their own, stays drained as they
+    left it, whatever the check finds."""
+    spool = tmp_path / "spool-n1"
+    _agent_with_a_latched_failure(spool, "n1")
+    failed = sim_uuid("n1", 0, "n1")
+    status, report = _health_check(slurm, spool, "n1")
+    assert (status, report["fit"], report["slurm"]) == (1, False, "drained")
+    assert report["failed"] == [f"GPU {failed} failed (latch: xid_79_gpu_has_fallen_off_the_bus)"]
+    assert "DRAIN" in slurm.node_state("n1").split("+")
+    assert slurm.node_reason("n1") == (
+        f"gpumeter-healthcheck: GPU {failed} failed (latch: xid_79_gpu_has_fallen_off_the_bus)"
+    )
+    again = _health_check(slurm, spool, "n1")  # every interval: the same drain, nothing new
+    assert (again[0], again[1]["slurm"]) == (1, "drained already")
+
+    cleared = subprocess.run(
+        [str(BIN / "gpumeter-agent"), "--clear-latch", "all", "--spool-dir", str(spool)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert json.loads(cleared.stdout)["cleared"] == [failed]
+    assert _health_check(slurm, spool, "n1") == (
+        0, {"node": "n1", "fit": True, "failed": [], "slurm": "resumed"},
+    )  # fmt: skip
+    assert "DRAIN" not in slurm.node_state("n1").split("+") and slurm.node_reason("n1") == ""
+
+    slurm.run("scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=fan swap")
+    assert _health_check(slurm, tmp_path / "spool-n2", "n2")[1]["slurm"] == "unchanged"
+    _agent_with_a_latched_failure(tmp_path / "spool-n2", "n2")
+    status, report = _health_check(slurm, tmp_path / "spool-n2", "n2")
+    assert (status, report["slurm"]) == (1, "left drained (fan swap)")
+    assert "DRAIN" in slurm.node_state("n2").split("+") and slurm.node_reason("n2") == "fan swap"
+
+
+def test_slurmds_health_check_program_drains_a_failed_node_and_resumes_it_once_repaired(
+    tmp_path: Path,
+) -> None:
+    """As a provider installs it: slurm.conf's HealthCheckProgram is a two-line wrapper around
+    ``gpumeter-agent --health-check --drain`` (slurm.conf takes no arguments), run by each
+    slurmd every interval. n1's agent latched a failure: slurmd's check drains n1; the
+    operator clears the latch (the repair the agent cannot see): the next check resumes it."""
+    if not installed():
+        pytest.skip("Slurm is not installed: apt-get install slurm-wlm (CI installs it)")
+    directory = tmp_path / "slurm"
+    directory.mkdir()
+    wrapper = tmp_path / "gpumeter-healthcheck"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"export SLURM_CONF={directory / 'slurm.conf'}\n"  # only because slurmd -N shares a host
+        f"exec {BIN / 'gpumeter-agent'} --health-check --drain --simulate 2 "
+        f'--spool-dir {tmp_path}/spool-"$SLURMD_NODENAME" '
+        '--node-name "$SLURMD_NODENAME" --uuid-prefix "$SLURMD_NODENAME"\n'
+    )
+    wrapper.chmod(0o755)
+    cluster = LocalSlurm(directory, WORKERS, SPARES, health_check=wrapper)
+    cluster.start()
+    try:
+        _agent_with_a_latched_failure(tmp_path / "spool-n1", "n1")
+        failed = sim_uuid("n1", 0, "n1")
+        drained = (
+            f"gpumeter-healthcheck: GPU {failed} failed (latch: xid_79_gpu_has_fallen_off_the_bus)"
+        )
+        wait_for(lambda: cluster.node_reason("n1") == drained, "slurmd's check draining n1", 60)
+        assert "DRAIN" in cluster.node_state("n1").split("+")
+        assert "DRAIN" not in cluster.node_state("n2").split("+")  # fit: left in service
+        subprocess.run(
+            [str(BIN / "gpumeter-agent"), "--clear-latch", "all", "--spool-dir",
+             str(tmp_path / "spool-n1")],
+            capture_output=True, timeout=60, check=True,
+        )  # fmt: skip
+        wait_for(lambda: cluster.node_reason("n1") == "", "slurmd's check resuming n1", 60)
+        assert "DRAIN" not in cluster.node_state("n1").split("+")
+    finally:
+        cluster.stop()

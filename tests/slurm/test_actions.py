@@ -77,6 +77,7 @@ def test_a_failover_of_a_slurm_job_is_carried_out_through_actions(world: SlurmWo
     assert (_epoch(migration["failed_at"]), _epoch(migration["resumed_at"])) == (t0 + 30, t0 + 44)
     done = world.console.post(f"/v1/slurm/actions/{action['id']}/done", {"outcome": "ok"}, 200)
     assert done["done_at"] is not None and _actions(world) == []
+    assert world.get("/v1/slurm/layout")["drained_nodes"] == ["n1"]  # until its repair
 
     # The GPU is reset and healthy: n1 is resumed, and (its site short of spares) becomes one.
     world.report("n1", [(0, t0 + 60, t0 + 61, "healthy")])
@@ -84,7 +85,7 @@ def test_a_failover_of_a_slurm_job_is_carried_out_through_actions(world: SlurmWo
     assert (repair["kind"], repair["node"]) == ("repair", "n1")
     assert _pools(world, "n1") == ["spare", "spare"]
     layout = world.get("/v1/slurm/layout")
-    assert layout == {"spare_nodes": ["n1"], "worker_nodes": ["n2", "n3"]}
+    assert layout == {"spare_nodes": ["n1"], "worker_nodes": ["n2", "n3"], "drained_nodes": []}
     world.report("n1", [(0, t0 + 61, t0 + 62, "failed"), (0, t0 + 62, t0 + 63, "healthy")])
     assert [a["id"] for a in _actions(world)] == [repair["id"]]  # one open repair per node
 
@@ -108,9 +109,11 @@ def test_a_job_slurm_cannot_requeue_is_abandoned_with_the_reason_and_holds_no_sp
     world: SlurmWorld, flags: dict[str, bool], reason: str
 ) -> None:
     """Beside a requeueable job (8) whose failover goes ahead, job 7 cannot be requeued: its
-    failover is abandoned, saying why, in the failure's own transaction; the adapter is asked
-    nothing for it and the spare stays free for the next failure."""
+    failover is abandoned, saying why, before any spare is reserved: the spare node's
+    preemptible rental runs on, the adapter is asked nothing for it and the spare stays free
+    for the next failure."""
     t0 = world.t0
+    preemptible = _preemptible_rental_on_spares(world)
     world.snapshot(
         job(7, "RUNNING", start=t0, nodes={"n1": [0]}) | flags,
         job(8, "RUNNING", start=t0, nodes={"n2": [0, 1]}),
@@ -120,13 +123,34 @@ def test_a_job_slurm_cannot_requeue_is_abandoned_with_the_reason_and_holds_no_sp
     _fail(world, t0 + 30)
     [abandoned] = world.get("/v1/failovers")["items"]
     assert (abandoned["state"], abandoned["reason"]) == ("abandoned", reason)
+    assert (abandoned["spare_gpu_uuid"], abandoned["preempted_rental_id"]) == (None, None)
+    assert world.events("failover.requested") == []
+    assert [e["data"]["failover_id"] for e in world.events("failover.abandoned")] == [
+        abandoned["id"]
+    ]
+    assert world.events("rental.preempted") == []
+    assert world.get(f"/v1/rentals/{preemptible}")["end_at"] is None
     assert _actions(world) == []
     assert _pools(world, "n3") == ["spare", "spare"]
     world.report("n2", [(0, t0 + 40, t0 + 41, "failed")])
     [_, requested] = world.get("/v1/failovers?limit=10")["items"]
     assert requested["state"] == "requested" and requested["spare_gpu_uuid"].startswith("GPU-n3")
+    assert requested["preempted_rental_id"] == preemptible  # this one did need the spare
     [action] = _actions(world)
     assert (action["job_id"], action["node"]) == (8, "n2")
+
+
+def _preemptible_rental_on_spares(world: SlurmWorld) -> str:
+    """Both of n3's spare GPUs rented preemptibly by another customer since t0 - 60."""
+    prices = [{"gpu_model": "H100", "price_per_hour": "36.00", "preemptible_price_per_hour":
+               "18.00", "effective_from": "2026-01-01T00:00:00Z"}]  # fmt: skip
+    plan = world.console.post("/v1/plans", {"name": "spot", "prices": prices})["id"]
+    customer = world.console.customer("Beta Lab")["id"]
+    since = _iso(world.t0 - 60)
+    rental = world.console.rental(customer, plan, gpu_count=2, start_at=since, preemptible=True)
+    for i in (0, 1):
+        world.console.assign(rental["id"], gpu_of("n3", i), since)
+    return str(rental["id"])
 
 
 def _iso(second: int) -> str:

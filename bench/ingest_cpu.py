@@ -37,6 +37,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--group", type=int, default=16, help="batches sent at once")
     p.add_argument("--rounds", type=int, default=20, help="upload rounds of every node")
     p.add_argument("--parse-repeats", type=int, default=2000, help="bodies parsed for parse_us")
+    p.add_argument(
+        "--interval", type=int, default=2, help="seconds a batch carries (the upload interval)"
+    )
     return p.parse_args()
 
 
@@ -97,9 +100,10 @@ def bodies(nodes: list[bench.AgentNode], target: bench.Target, rng: random.Rando
 
 
 async def drive(app: Any, nodes: list[bench.AgentNode], args: argparse.Namespace) -> dict[str, Any]:
-    # The nodes' clock starts back in time and moves 2 s a round, as the agent's uploads do:
+    # The nodes' clock starts back in time and moves --interval s a round, as the agent's uploads:
     # no waiting between rounds (late data is accepted).
-    target = bench.Target("127.0.0.1", 80, gzip=True, clock_offset_s=-2 * args.rounds - 30)
+    back = args.interval * args.rounds + 30
+    target = bench.Target("127.0.0.1", 80, gzip=True, clock_offset_s=-back)
     rng = random.Random(1)
     database = make_url(sqlalchemy_url(os.environ["GPUMETER_DATABASE_URL"])).database
     clock = bench.CpuClock(os.getpid(), database)
@@ -108,7 +112,7 @@ async def drive(app: Any, nodes: list[bench.AgentNode], args: argparse.Namespace
     used = {"client": 0.0, "postgres": 0.0}
     batches = 0
     for _ in range(args.rounds):
-        target.clock_offset_s += 2
+        target.clock_offset_s += args.interval
         round_bodies = bodies(nodes, target, rng)  # made before the clock runs
         before = clock.sample()
         for at in range(0, len(round_bodies), args.group):
@@ -120,10 +124,13 @@ async def drive(app: Any, nodes: list[bench.AgentNode], args: argparse.Namespace
         spent = bench.CpuClock.used(before, clock.sample())
         used = {side: used[side] + spent[side] for side in used}
         batches += len(round_bodies)
+    spent = used["client"] + used["postgres"]
     return {
         "batches": batches,
         "service_ms": round(1000 * used["client"] / batches, 3),
         "postgres_ms": round(1000 * used["postgres"] / batches, 3),
+        # GPU-seconds stored per CPU-second of both (no HTTP: bench/ingest.py's is the real one)
+        "gpus_per_core": round(batches * bench.AGENT_GPUS * args.interval / spent),
         "parse_us": parse_us(app, nodes, target, rng, args.parse_repeats),
     }
 
@@ -163,7 +170,11 @@ def main() -> int:
         finally:
             app.state.ingest_writers.close(10.0)
             app.state.engine.dispose()
-    print(json.dumps({"nodes": args.nodes, "group": args.group, **figures}))
+    print(
+        json.dumps(
+            {"nodes": args.nodes, "group": args.group, "interval_s": args.interval, **figures}
+        )
+    )
     return 0
 
 

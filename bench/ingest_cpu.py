@@ -121,8 +121,8 @@ async def drive(app: Any, nodes: list[bench.AgentNode], args: argparse.Namespace
             bad = [s.status for s in group if s.status != 200]
             if bad:
                 raise SystemExit(f"ingest answered {bad}")
-        spent = bench.CpuClock.used(before, clock.sample())
-        used = {side: used[side] + spent[side] for side in used}
+        this_round = bench.CpuClock.used(before, clock.sample())
+        used = {side: used[side] + this_round[side] for side in used}
         batches += len(round_bodies)
     spent = used["client"] + used["postgres"]
     return {

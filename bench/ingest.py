@@ -764,6 +764,24 @@ def phase_report(
         # the picture on a 2-core box.
         "cpu_cores": {k: round(v / elapsed, 2) for k, v in cpu.items() if k != "machine_all"},
         "machine_idle_share": round(1 - cpu["machine_busy"] / cpu["machine_all"], 2),
+        **metering_cost(stats, cpu),
+    }
+
+
+def metering_cost(stats: PhaseStats, cpu: dict[str, float]) -> dict[str, Any]:
+    """The headline: GPUs metered per core (GPU-seconds stored per CPU-second the service and
+    Postgres spent: a GPU metered all along stores one GPU-second per second, so this is how
+    many GPUs one core meters), and the CPU milliseconds a stored batch cost each of them.
+    The load generator's CPU is left out: in production it is the fleet's."""
+    served = len(stats.latencies)
+    spent = cpu["service"] + cpu.get("postgres", 0.0)
+    return {
+        "gpus_per_core": round(stats.gpu_seconds / spent) if spent else None,
+        "cpu_ms_per_batch": {
+            side: round(1000 * cpu[side] / served, 3) if served else None
+            for side in ("service", "postgres")
+            if side in cpu
+        },
     }
 
 
@@ -1169,12 +1187,33 @@ def agent_run(args: argparse.Namespace) -> dict[str, Any]:
         if args.copy_rows:
             copy = copy_rows_per_s(url, args.copy_rows)
             figures["copy_rows_per_s"] = round(copy)
+            for phase in ("rate", "fresh", "fleet", "burst"):
+                if phase in figures:
+                    share = figures[phase]["records_per_s"] / copy
+                    figures[phase]["share_of_copy"] = round(share, 3)
             if "rate" in figures:
-                figures["rate_share_of_copy"] = round(figures["rate"]["records_per_s"] / copy, 3)
+                figures["rate_share_of_copy"] = figures["rate"]["share_of_copy"]
             if "rate" in figures and "floor" in figures:
                 figures["ceilings"] = ceilings(figures, copy)
     figures["load_average"] = os.getloadavg()
+    figures["headline"] = headline(figures)
     return figures
+
+
+def headline(figures: dict[str, Any]) -> dict[str, Any]:
+    """Per measured phase of the service: GPUs metered per core, the share of the same run's
+    COPY limit, and service and Postgres CPU per batch, side by side."""
+    return {
+        phase: {
+            "gpus_per_core": figures[phase]["gpus_per_core"],
+            "share_of_copy": figures[phase].get("share_of_copy"),
+            "cpu_ms_per_batch": figures[phase]["cpu_ms_per_batch"],
+            "batches_per_s": figures[phase]["batches_per_s"],
+            "p99_ms": figures[phase]["p99_ms"],
+        }
+        for phase in ("rate", "fresh", "fleet", "burst")
+        if phase in figures
+    }
 
 
 def agent_main(args: argparse.Namespace) -> int:
@@ -1203,7 +1242,7 @@ def agent_main(args: argparse.Namespace) -> int:
         f"{phase}_{key}": [r[phase][key] for r in runs]
         for phase in ("rate", "fleet")
         if phase in runs[0]
-        for key in ("batches_per_s", "p99_ms")
+        for key in ("batches_per_s", "p99_ms", "gpus_per_core")
     }
     passed = sum(all(r["met"].values()) for r in runs)
     print(

@@ -42,6 +42,8 @@ from app.core.processes import stop_child
 from app.core.scratch_db import scratch_database, server_from_environment
 from app.settings import sqlalchemy_url
 
+FLEET_INTERVALS_S = (2, 5, 10, 15, 30)
+
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,14 +52,26 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=40, help="batches in flight")
     p.add_argument("--nodes", type=int, default=1500, help="nodes (each sends ≤ 1 batch/s)")
     p.add_argument("--pg-cores", type=int, default=os.cpu_count() or 1)
+    p.add_argument(
+        "--node-interval",
+        type=float,
+        default=1.0,
+        help="least seconds between a node's uploads: the seconds a batch carries (the agent's"
+        " upload interval; more nodes are needed for the same batches/s at a longer one)",
+    )
     return p.parse_args()
 
 
 async def closed_loop(
-    nodes: collections.deque[AgentNode], target: Target, concurrency: int, seconds: float
+    nodes: collections.deque[AgentNode],
+    target: Target,
+    concurrency: int,
+    seconds: float,
+    node_interval: float = 1.0,
 ) -> PhaseStats:
     """``concurrency`` connections, each sending the next node's batch as soon as its last
-    one is answered; a node sends at most once a second (its records end at the present)."""
+    one is answered; a node sends at most once every ``node_interval`` s (its records end at
+    the present)."""
     stats = PhaseStats()
     deadline = time.monotonic() + seconds
     rng = random.Random(3)
@@ -65,7 +79,7 @@ async def closed_loop(
     async def lane() -> None:
         while time.monotonic() < deadline:
             node = nodes.popleft()
-            wait = node.next_start + 1 - time.time()
+            wait = node.next_start + node_interval - time.time()
             if wait > 0:
                 await asyncio.sleep(wait)
             await upload(node, target, rng, True, stats)
@@ -90,7 +104,9 @@ async def run(url: str, tokens: list[str], args: argparse.Namespace) -> list[dic
             stop = asyncio.Event()
             tracking = asyncio.create_task(clock.track(stop))
             began = time.monotonic()
-            stats = await closed_loop(nodes, target, args.concurrency, args.seconds)
+            stats = await closed_loop(
+                nodes, target, args.concurrency, args.seconds, args.node_interval
+            )
             elapsed = time.monotonic() - began
             stop.set()
             await tracking
@@ -107,6 +123,7 @@ async def run(url: str, tokens: list[str], args: argparse.Namespace) -> list[dic
             report.pop(key)
         batches = len(stats.latencies) or 1
         report |= {
+            "records_per_batch": round(stats.records / batches, 2),
             "workers": workers,
             "service_cpu_ms_per_batch": round(1000 * cpu["service"] / batches, 2),
             "postgres_cpu_ms_per_batch": round(1000 * cpu["postgres"] / batches, 2),
@@ -139,7 +156,14 @@ def main() -> int:
                 # Python's ceiling per core of API host; Postgres's on --pg-cores of its own.
                 "python_batches_per_s_per_core": round(1000 / py_ms) if py_ms else None,
                 "postgres_limit_batches_per_s": pg_limit,
-                "postgres_limit_gpus_at_2s_uploads": pg_limit and pg_limit * 2 * 8,
+                # The fleet one Postgres primary carries (8-GPU nodes) at each upload
+                # interval, at this run's Postgres CPU per batch: most of a batch's cost is per
+                # batch, not per second it carries (measure a longer interval's own batches
+                # with --node-interval to check that).
+                "postgres_limit_gpus_by_upload_interval_s": pg_limit
+                and {str(s): pg_limit * s * 8 for s in FLEET_INTERVALS_S},
+                "node_interval_s": args.node_interval,
+                "records_per_batch": best["records_per_batch"],
                 "api_cores_to_reach_postgres_limit": pg_limit and round(pg_limit * py_ms / 1000, 1),
                 "pg_cores": args.pg_cores,
             }

@@ -12,10 +12,13 @@ and length, so the service's timeline explains the hole. A restarted agent repor
 between a GPU's last spooled record and its first new sample the same way (``agent_stopped``):
 what a SIGKILL lost (at most one upload round) plus the time it was down.
 
-Cuts (protocol.py): at the first tick of every upload round the open records of all GPUs are
-closed, spooled, and the journal sealed; the uploader is told to send at the round's time. A
-tick that brings any health event (a state change included) cuts and seals the same way and has
-the uploader send at once. A SIGKILL therefore loses only the seconds since the last cut.
+Cuts (protocol.py): every tick closes the open records of all GPUs and makes them durable in
+the spool's journal (fsync'd), so a SIGKILL loses at most the second being sampled. At the first
+tick of every upload round the journal is sealed as a batch and the uploader told to send it at
+the round's time; the uploader sends each GPU's one-second records of a minute and state as one
+record (``spool.coalesce``), so a longer round costs the service fewer batches, not more
+records. A tick that brings any health event (a state change included) seals the same way and
+has the uploader send at once: failures are never held back for the round.
 """
 
 from __future__ import annotations
@@ -138,6 +141,7 @@ class Runner:
                     self.metrics.inc("gpumeter_agent_unknown_xids_total", code=str(event.code))
         self._save_latches()
         round_at = self._round_due(second)
+        records += self._close_records()  # every second: a SIGKILL loses this second at most
         if events:
             self._cut(records, events, send_at=wall)
         elif round_at is not None:

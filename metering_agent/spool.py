@@ -48,6 +48,7 @@ from typing import Any
 from metering_agent.logs import Log
 from metering_agent.metrics import Metrics
 from metering_agent.protocol import (
+    MINUTE,
     PROTOCOL_VERSION,
     EventKind,
     GpuState,
@@ -186,6 +187,66 @@ def read_batch(path: Path) -> dict[str, Any]:
         "events": [e["event"] for e in entries if "event" in e],
         "protocol_version": PROTOCOL_VERSION,
     }
+
+
+# Readings a record may leave out: two records join only if each leaves out the same ones.
+_OPTIONAL = (
+    "gpu_util_mean", "gpu_util_max", "mem_util_mean", "mem_used_max_mib", "mem_total_mib",
+    "energy_j", "power_max_w", "temp_max_c", "sm_clock_mean_mhz",
+)  # fmt: skip
+_MAXIMA = ("gpu_util_max", "mem_used_max_mib", "power_max_w", "temp_max_c")
+_MEANS = ("gpu_util_mean", "mem_util_mean")
+
+
+def coalesce(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records with each run of one GPU's adjacent records of one minute, state and
+    device as one record (in the order each run began): the sampling loop spools one-second
+    records, the service is sent runs. What the service stores is the same either way
+    (protocol.py: the records of a minute combine exactly): counts and energies add up (energy
+    in the decijoules records carry), maxima are the larger, and each mean is the sum it
+    stands for (mean x samples, exact to the unit for a minute's samples) over the samples.
+    The SM clock mean (whole MHz, not stored by the service) is the mean of the records'."""
+    out: list[dict[str, Any]] = []
+    clock_sums: dict[int, int] = {}  # index in out -> its records' SM clock x samples
+    last: dict[str, int] = {}  # GPU -> index in out of its latest record
+    for r in records:
+        at = last.get(r["gpu_uuid"])
+        if at is not None and _joins(out[at], r):
+            out[at] = _joined(out[at], r)
+        else:
+            at = last[r["gpu_uuid"]] = len(out)
+            out.append(r)
+        if r.get("sm_clock_mean_mhz") is not None:
+            clock_sums[at] = clock_sums.get(at, 0) + r["sm_clock_mean_mhz"] * r["sample_count"]
+    for at, clock_sum in clock_sums.items():
+        if out[at]["sample_count"]:
+            out[at]["sm_clock_mean_mhz"] = clock_sum // out[at]["sample_count"]
+    return out
+
+
+def _joins(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return (
+        b["start"] == a["end"]
+        and b["start"] // MINUTE == a["start"] // MINUTE
+        and (b["state"], b["model"], b.get("device_index"))
+        == (a["state"], a["model"], a.get("device_index"))
+        and all((a.get(k) is None) == (b.get(k) is None) for k in _OPTIONAL)
+    )
+
+
+def _joined(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    na, nb = a["sample_count"], b["sample_count"]
+    n = na + nb
+    joined = {**a, "end": b["end"], "sample_count": n}
+    for k in _MAXIMA:
+        if a.get(k) is not None:
+            joined[k] = max(a[k], b[k])
+    for k in _MEANS:
+        if a.get(k) is not None and n:
+            joined[k] = round((round(a[k] * na) + round(b[k] * nb)) / n, 2)
+    if a.get("energy_j") is not None:
+        joined["energy_j"] = (round(a["energy_j"] * 10) + round(b["energy_j"] * 10)) / 10
+    return joined  # the first memory total, as the service keeps a row's first
 
 
 class Spool:

@@ -18,6 +18,7 @@ import uuid
 import zlib
 from typing import Any
 
+import msgspec
 from pydantic import TypeAdapter, ValidationError
 from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
@@ -44,6 +45,7 @@ IDENTITY = frozenset({"", "identity"})
 GZIP = frozenset({"gzip", "x-gzip"})
 GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate stream
 _BATCH = TypeAdapter(IngestBatch)
+_DECODER = msgspec.json.Decoder(IngestBatch)
 _RESULT = TypeAdapter(IngestResult)
 
 
@@ -117,28 +119,45 @@ class IngestEndpoint:
                 raise
             await send_api_error(send, unavailable, close=False)
             return
-        body = _RESULT.dump_json(result)
+        body = msgspec.json.encode(result)  # the JSON of _RESULT's schema, in a third the time
         headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
     async def _ingest(self, node_id: uuid.UUID, headers: Headers, data: bytes) -> IngestResult:
+        return await self.writers.store(node_id, self.parse(headers, data))
+
+    def parse(self, headers: Headers, data: bytes) -> IngestBatch:
+        """The checked batch of a request's body; what is wrong with it raises (4xx)."""
         settings = self.settings
         encoding = headers.get("content-encoding", "").strip().lower()
         if encoding not in IDENTITY:
             data = decode_body(data, encoding, settings.max_body_bytes)
         _check_json(headers.get("content-type"))
-        try:
-            batch = _BATCH.validate_json(data)
-        except ValidationError as e:
-            raise Unprocessable.many(
-                [
-                    {"loc": ["body", *i["loc"]], "msg": i["msg"], "type": i["type"]}
-                    for i in e.errors()
-                ]
-            ) from None
+        batch = decode_batch(data)
         service.check_batch(batch, settings, int(time.time()))
-        return await self.writers.store(node_id, batch)
+        return batch
+
+
+def decode_batch(data: bytes) -> IngestBatch:
+    """The batch a JSON body holds, typed as the protocol says; a body that is not one raises,
+    listing every problem (index and field).
+
+    msgspec decodes a well-formed body straight into the protocol's dataclasses, in less than
+    half of pydantic-core's time (``bench/ingest_cpu.py``). It is the stricter of the two (no
+    ``"5"`` for 5, and it stops at the first problem), so a body it refuses is read again by
+    pydantic, which accepts what the service always accepted and words every problem as the
+    rest of the API does."""
+    try:
+        return _DECODER.decode(data)
+    except msgspec.DecodeError:
+        pass
+    try:
+        return _BATCH.validate_json(data)
+    except ValidationError as e:
+        raise Unprocessable.many(
+            [{"loc": ["body", *i["loc"]], "msg": i["msg"], "type": i["type"]} for i in e.errors()]
+        ) from None
 
 
 async def _node_of(scope: Scope) -> uuid.UUID:

@@ -17,7 +17,7 @@ from metering_agent.metrics import Metrics
 from metering_agent.nvml.simulated import SimulatedProvider
 from metering_agent.protocol import GpuState, UsageRecord
 from metering_agent.runner import Runner
-from metering_agent.spool import Spool, read_batch
+from metering_agent.spool import Spool, coalesce, read_batch
 from metering_agent.uploader import Backoff, Uploader, retry_after_seconds
 from tests.metering_agent.agent_helpers import T0, FakeClock, Sink, assert_no_overlap
 
@@ -100,8 +100,10 @@ def test_size_limit_holds_new_items_and_drops_nothing(
 
 def test_uploader_survives_500s_and_timeouts(tmp_path: Path, sink: Sink) -> None:
     spool, metrics = spooled_run(tmp_path, batch_max_items=40)
-    expected = {
-        (r["gpu_uuid"], r["start"]) for p in spool.batches() for r in read_batch(p)["records"]
+    expected = {  # what the uploader sends of each batch: its seconds as runs
+        (r["gpu_uuid"], r["start"])
+        for p in spool.batches()
+        for r in coalesce(read_batch(p)["records"])
     }
     sink.script = [500, 503, ("sleep", 0.6), 500, ("sleep", 0.6)]
     uploader = Uploader(spool, sink.url, "tok", timeout_s=0.3, backoff=FAST, metrics=metrics)
@@ -132,7 +134,8 @@ def test_rejected_batch_goes_to_dead_letter_and_upload_carries_on(
     uploader = Uploader(spool, sink.url, "tok", backoff=FAST, metrics=metrics)
     assert uploader.upload_pending(threading.Event())
     assert [p.name for p in spool.dead_dir.iterdir()] == [first.name]
-    assert sorted(sink.records()) == [("GPU-a", T0 + i) for i in range(2, 6)]
+    # The other two batches, each's two adjacent seconds sent as one record.
+    assert sorted(sink.records()) == [("GPU-a", T0 + 2), ("GPU-a", T0 + 4)]
     assert metrics.get("gpumeter_agent_batches_dead_lettered_total") == 1
     uploader.transport.close()
 

@@ -43,6 +43,7 @@ INT32_FIELDS = (
     "temp_max_c",
     "code",
     "device_index",
+    "minor_number",
 )
 FLOAT_FIELDS = ("gpu_util_mean", "mem_util_mean", "energy_j", "power_max_w")
 

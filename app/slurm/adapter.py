@@ -123,7 +123,7 @@ class Adapter:
             and (job.restarts > 0 or ended(job.observation))
         ]  # fmt: skip
         accounted = self._accounting(changed)
-        observed = {job.job_id: self.gres.identify(job.observation) for job in jobs}
+        observed = self.gres.identify({job.job_id: job.observation for job in jobs})
         observations = {
             job_id: job.model_copy(update={"runs": accounted[job_id].runs})
             if job_id in accounted

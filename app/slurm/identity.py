@@ -137,12 +137,18 @@ class GresConf:
     def __init__(self, text: str, directory: Path | None = None) -> None:
         self._records: list[_Record] = []
         self._autodetect: dict[str | None, bool] = {}  # node (None: the default) -> on
+        self._nodes: dict[str, NodeDevices | None] = {}  # worked out once per node
         for line in _lines(text, directory):
             self._read(line)
 
     def node(self, name: str) -> NodeDevices | None:
         """The node's GPU devices in GRES index order; None when gres.conf says nothing of the
         node's GPUs (Slurm then knows their count only, from slurm.conf)."""
+        if name not in self._nodes:
+            self._nodes[name] = self._node(name)
+        return self._nodes[name]
+
+    def _node(self, name: str) -> NodeDevices | None:
         records = [r for r in self._records if r.nodes is None or name in r.nodes]
         devices = [device for record in records for device in record.devices]
         autodetect = self._autodetect.get(name, self._autodetect.get(None, False))
@@ -220,12 +226,17 @@ class GresLayout:
             self._missing_logged = False
         return self._conf
 
-    def identify(self, job: JobObservation) -> JobObservation:
-        """The job with each node's GPUs named by device (see the module's rule)."""
+    def identify(self, jobs: dict[int, JobObservation]) -> dict[int, JobObservation]:
+        """The jobs with each node's GPUs named by device (see the module's rule)."""
         conf = self.conf()
-        if conf is None or not job.allocation:
-            return job
-        return job.model_copy(update={"allocation": [_named(conf, h) for h in job.allocation]})
+        if conf is None:
+            return jobs
+        return {
+            job_id: job.model_copy(update={"allocation": [_named(conf, h) for h in job.allocation]})
+            if job.allocation
+            else job
+            for job_id, job in jobs.items()
+        }
 
 
 def _named(conf: GresConf, held: NodeGpus) -> NodeGpus:

@@ -63,8 +63,8 @@ Include nodes.conf
     assert GresConf("NodeName=z Name=gpu File=/dev/nvidia0").node("y") is None
 
 
-def held(node: str, indices: list[int]) -> JobObservation:
-    return JobObservation.model_validate(job(5, "RUNNING", start=100, nodes={node: indices}))
+def held(node: str, indices: list[int]) -> dict[int, JobObservation]:
+    return {5: JobObservation.model_validate(job(5, "RUNNING", start=100, nodes={node: indices}))}
 
 
 def test_the_adapter_names_gres_indices_by_device_and_rereads_a_changed_gres_conf(
@@ -74,15 +74,15 @@ def test_the_adapter_names_gres_indices_by_device_and_rereads_a_changed_gres_con
     layout = GresLayout(path)
     assert layout.identify(held("n1", [0])) == held("n1", [0])  # none yet: as Slurm says
     path.write_text("NodeName=n1 Name=gpu File=/dev/nvidia[2,0,3,1]\nNodeName=n9 AutoDetect=nvml\n")
-    [n1] = layout.identify(held("n1", [0, 3])).allocation
+    [n1] = layout.identify(held("n1", [0, 3]))[5].allocation
     assert (n1.gpu_indices, n1.minors, n1.minor_order) == ([0, 3], [2, 1], False)
-    [other] = layout.identify(held("n9", [1])).allocation
+    [other] = layout.identify(held("n9", [1]))[5].allocation
     assert (other.minors, other.minor_order) == (None, True)
     path.write_text("NodeName=n1 Name=gpu File=/dev/nvidia[0-3]\n")
     os.utime(path, (1, 1))  # another modification time, however fast the rewrite
-    [n1] = layout.identify(held("n1", [0, 3])).allocation
+    [n1] = layout.identify(held("n1", [0, 3]))[5].allocation
     assert n1.minors == [0, 3]
-    [beyond] = layout.identify(held("n1", [7])).allocation
+    [beyond] = layout.identify(held("n1", [7]))[5].allocation
     assert beyond.minors is None  # gres.conf does not know index 7: the index is sent
 
 

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AwareDatetime, Field, model_validator
+from pydantic import (
+    AwareDatetime,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from app.core.schemas import Schema
 from app.slurm.models import NAME_LENGTH, ActionKind
@@ -60,6 +66,16 @@ class NodeGpus(Schema):
     mig: list[GresEntry] = Field(
         default_factory=list, max_length=64, description="MIG slices held (not billed)"
     )
+
+    @model_serializer(mode="wrap")
+    def _named_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Without its naming fields where they say nothing: a 10,000-job snapshot is posted
+        no longer than before for jobs gres.conf does not name."""
+        data: dict[str, Any] = handler(self)
+        for name in ("minors", "minor_order", "shared", "mig"):
+            if not data.get(name):
+                data.pop(name, None)
+        return data
 
     @model_validator(mode="after")
     def _one_minor_per_index(self) -> NodeGpus:

@@ -30,8 +30,8 @@ def test_a_2205_record_reads_as_its_observation() -> None:
     assert job.observation.model_dump() == {
         "job_id": 42, "account": "acme-ml", "state": "RUNNING", "restarts": 1,
         "submit_time": 1_796_526_642, "start_time": 1_796_526_645, "end_time": 1_828_062_645,
-        "allocation": [{"node": n, "gpu_indices": [0, 1], "minors": None, "minor_order": False,
-                        "shared": [], "mig": []} for n in ("n2", "n3")],
+        "allocation": [{"node": "n2", "gpu_indices": [0, 1]},
+                       {"node": "n3", "gpu_indices": [0, 1]}],
         "runs": None, "requeue": True, "batch": True,
     }  # fmt: skip
     assert (job.partition, job.nodes) == ("spares", ["n2", "n3"])

@@ -44,6 +44,8 @@ JOBS_GONE_TIMEOUT_S = 30.0
 
 
 URGENT_QOS = "urgent"  # preempts the default QOS's jobs, which are requeued
+# slurmd logs the GPU device files it loaded, in GRES index order (``device_order``).
+GRES_DEBUG = "DebugFlags=Gres\nSlurmdDebug=debug"
 ACCOUNTING_COMMANDS = ("slurmdbd", "sacctmgr", "sacct", "mariadbd", "mariadb-install-db")
 
 
@@ -318,7 +320,7 @@ JobRequeue=1
 KillWait=2
 {accounting}
 JobAcctGatherType=jobacct_gather/none
-{"DebugFlags=Gres" if self.gres_order else ""}
+{GRES_DEBUG if self.gres_order else ""}
 {nodes}
 PartitionName={WORKER_PARTITION} Nodes={",".join(self.nodes)} Default=YES State=UP
 """)
@@ -331,10 +333,15 @@ PartitionName={WORKER_PARTITION} Nodes={",".join(self.nodes)} Default=YES State=
             + "\n"
         )
 
+    @property
+    def character_devices(self) -> bool:
+        """Whether the GPUs' device files are character devices (slurmd loads and logs them)."""
+        return stat.S_ISCHR((self.directory / "dev" / "gpu0").stat().st_mode)
+
     def device_order(self, node: str) -> list[int]:
         """The node's GPU device numbers in GRES index order, as its slurmd says it loaded
-        them (``DebugFlags=Gres``, with a permuted ``gres_order``; empty where the device files
-        are plain files, which this host cannot make character devices)."""
+        them (``DebugFlags=Gres``, with a permuted ``gres_order``; slurmd logs only character
+        devices: empty where this host could not make them, see ``character_devices``)."""
         log = self.directory / f"slurmd-{node}.log"
         text = log.read_text() if log.exists() else ""
         loaded = [int(n) for n in re.findall(r"gpu device number (\d+)\(", text)]

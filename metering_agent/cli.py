@@ -27,6 +27,11 @@ from metering_agent.xid_catalog import CATALOG_SOURCE, CATALOG_VERSION
 log = logs.Log("metering_agent.cli")
 
 
+def _numbers(listed: str) -> list[int]:
+    """Comma-separated whole numbers (argparse says which argument is wrong)."""
+    return [int(part) for part in listed.split(",")]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="gpumeter-agent",
@@ -82,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, help="random seed for the simulated readings")
     sim.add_argument("--node-name", default=socket.gethostname(), help="node name for UUIDs")
     sim.add_argument("--uuid-prefix", default="", help="makes UUIDs distinct per agent")
+    sim.add_argument(
+        "--simulate-minors",
+        type=_numbers,
+        metavar="M0,M1,...",
+        help="each simulated GPU's device minor number (/dev/nvidia<minor>), in NVML index "
+        "order (default: the index)",
+    )
 
     up = p.add_argument_group("spool and upload")
     up.add_argument("--batch-max-records", type=int, default=500, help="items per batch")
@@ -139,6 +151,7 @@ def _provider(args: argparse.Namespace) -> GpuProvider:
         seed=args.seed,
         faults=load_faults(args.faults) if args.faults else None,
         clock=time.monotonic,
+        minors=args.simulate_minors,
     )
 
 

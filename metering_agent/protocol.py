@@ -91,6 +91,11 @@ class UsageRecord:
     # IDX with AutoDetect=nvml or File= lines in the same order): how a job's GPU indices become
     # UUIDs. Optional: older agents do not send it.
     device_index: int | None = None
+    # Its device's minor number (NVML's nvmlDeviceGetMinorNumber: /dev/nvidia<minor>), what a
+    # scheduler's device files name (Slurm's gres.conf ``File=``): a GPU's identity on its node
+    # whatever order NVML and the scheduler number GPUs in. Optional: older agents do not send
+    # it, and the service falls back to ``device_index``.
+    minor_number: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

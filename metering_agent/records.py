@@ -52,9 +52,15 @@ class RecordBuilder:
     """Builds the records of one GPU from per-second readings."""
 
     def __init__(
-        self, gpu_uuid: str, model: str, floor: int = 0, device_index: int | None = None
+        self,
+        gpu_uuid: str,
+        model: str,
+        floor: int = 0,
+        device_index: int | None = None,
+        minor_number: int | None = None,
     ) -> None:
         self.gpu_uuid, self.model, self.device_index = gpu_uuid, model, device_index
+        self.minor_number = minor_number
         self.floor = floor  # no record may start before this second
         self._run: _Run | None = None
         self._last_energy: tuple[int, int] | None = None  # (second, counter mJ)
@@ -100,6 +106,7 @@ class RecordBuilder:
             temp_max_c=run.temp_max,
             sm_clock_mean_mhz=run.clock_sum // run.clock_n if run.clock_n else None,
             device_index=self.device_index,
+            minor_number=self.minor_number,
         )
 
     def _energy_increase_j(self) -> float:

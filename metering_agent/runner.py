@@ -104,7 +104,7 @@ class Runner:
         if track is None:
             # Resume after the last record spooled by any earlier run: never overlap it.
             floor = self.spool.last_ends.get(r.uuid, 0)
-            builder = RecordBuilder(r.uuid, r.name, floor, r.index)
+            builder = RecordBuilder(r.uuid, r.name, floor, r.index, r.minor)
             memory = self._restored.pop(r.uuid, HealthMemory())
             track = self._tracks[r.uuid] = _Track(builder, memory)
             if 0 < floor < second:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -44,6 +45,8 @@ HEALTH_CHECK_INTERVAL_S = 2
 
 
 URGENT_QOS = "urgent"  # preempts the default QOS's jobs, which are requeued
+# slurmd logs the GPU device files it loaded, in GRES index order (``device_order``).
+GRES_DEBUG = "DebugFlags=Gres\nSlurmdDebug=debug"
 ACCOUNTING_COMMANDS = ("slurmdbd", "sacctmgr", "sacct", "mariadbd", "mariadb-install-db")
 
 
@@ -66,6 +69,9 @@ class LocalSlurm:
     min_job_age_s: int = 3600
     # slurmd's HealthCheckProgram (run every HEALTH_CHECK_INTERVAL_S on every node), if any.
     health_check: Path | None = None
+    # Per node, its GPUs' device file numbers in gres.conf's File= order (default 0, 1, ...):
+    # a node whose Slurm numbers GPUs in another order than NVML (app.slurm.identity).
+    gres_order: dict[str, list[int]] = field(default_factory=dict)
     controller: subprocess.Popen[bytes] | None = None
     daemons: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     spool: Path | None = None  # the slurmd spools' short directory, while the cluster runs
@@ -302,8 +308,10 @@ PreemptMode=REQUEUE"""
             (d / sub).mkdir(parents=True, exist_ok=True)
         short = "/tmp" if Path("/tmp").is_dir() else None  # TMPDIR may be long (see above)
         self.spool = Path(tempfile.mkdtemp(prefix="slurmd-", dir=short))
-        for i in range(self.gpus):
-            (d / "dev" / f"gpu{i}").touch()
+        for number in {n for order in self.gres_order.values() for n in order} | set(
+            range(self.gpus)
+        ):
+            _device_file(d / "dev" / f"gpu{number}", character=bool(self.gres_order))
         nodes = "\n".join(
             f"NodeName={node} NodeHostname=localhost Port={free_port()} CPUs=2 RealMemory=1000 "
             f"Gres=gpu:{self.gpus} State=UNKNOWN"
@@ -340,13 +348,42 @@ JobRequeue=1
 KillWait=2
 {accounting}
 JobAcctGatherType=jobacct_gather/none
+{GRES_DEBUG if self.gres_order else ""}
 {nodes}
 PartitionName={WORKER_PARTITION} Nodes={",".join(self.nodes)} Default=YES State=UP
 """)
         (d / "gres.conf").write_text(
             "\n".join(
-                f"NodeName={node} Name=gpu File={d}/dev/gpu[0-{self.gpus - 1}]"
+                f"NodeName={node} Name=gpu File={d}/dev/gpu[{','.join(map(str, order))}]"
                 for node in self.nodes
+                if (order := self.gres_order.get(node, list(range(self.gpus))))
             )
             + "\n"
         )
+
+    @property
+    def character_devices(self) -> bool:
+        """Whether the GPUs' device files are character devices (slurmd loads and logs them)."""
+        return stat.S_ISCHR((self.directory / "dev" / "gpu0").stat().st_mode)
+
+    def device_order(self, node: str) -> list[int]:
+        """The node's GPU device numbers in GRES index order, as its slurmd says it loaded
+        them (``DebugFlags=Gres``, with a permuted ``gres_order``; slurmd logs only character
+        devices: empty where this host could not make them, see ``character_devices``)."""
+        log = self.directory / f"slurmd-{node}.log"
+        text = log.read_text() if log.exists() else ""
+        loaded = [int(n) for n in re.findall(r"gpu device number (\d+)\(", text)]
+        return loaded[-len(self.gres_order.get(node, range(self.gpus))) :]
+
+
+def _device_file(path: Path, *, character: bool) -> None:
+    """A GPU's device file: a character device where this host lets us make one (as
+    /dev/null's: slurmd then loads it and logs it in GRES index order), else a plain file
+    (enough for slurmd to count the GPU)."""
+    if character and not path.exists():
+        try:
+            os.mknod(path, 0o600 | stat.S_IFCHR, os.makedev(1, 3))
+            return
+        except PermissionError:
+            pass
+    path.touch()

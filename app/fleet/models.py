@@ -44,6 +44,9 @@ class Gpu(Timestamped, Base):
     last_seen_at: Mapped[datetime | None]
     # Its NVML index on the node, as the agent reports it: a scheduler's GPU index -> UUID.
     device_index: Mapped[int | None]
+    # Its device's minor number (/dev/nvidia<minor>), as the agent reports it: what a
+    # scheduler's device files name (Slurm's gres.conf File=), whatever order NVML numbers in.
+    minor_number: Mapped[int | None]
     # Since another node claimed its UUID: every node's reports of it are held until an
     # operator settles the clash (``service.settle``).
     disputed_at: Mapped[datetime | None]

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.core.db import pipelined
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool, RefusedClaim
+from app.metering.ports import LatestReport
 from app.rentals.reads import ever_served
 
 
@@ -227,10 +228,11 @@ def gpu_count_of_node(session: Session, node_id: uuid.UUID) -> int:
 _TOUCH_GPUS = text("""
 UPDATE gpus g SET last_state = t.state, last_seen_at = to_timestamp(t.seen),
     model = CASE WHEN g.model = 'unknown' THEN t.model ELSE g.model END,
-    device_index = COALESCE(t.device_index, g.device_index)
+    device_index = COALESCE(t.device_index, g.device_index),
+    minor_number = COALESCE(t.minor_number, g.minor_number)
 FROM unnest(CAST(:u AS text[]), CAST(:m AS text[]), CAST(:s AS text[]),
-            CAST(:t AS bigint[]), CAST(:i AS integer[]))
-         AS t(uuid, model, state, seen, device_index),
+            CAST(:t AS bigint[]), CAST(:i AS integer[]), CAST(:n AS integer[]))
+         AS t(uuid, model, state, seen, device_index, minor_number),
      gpus before
 WHERE g.uuid = t.uuid AND before.uuid = g.uuid
   AND (g.last_seen_at IS NULL OR g.last_seen_at <= to_timestamp(t.seen))
@@ -239,10 +241,11 @@ RETURNING g.uuid, before.last_state, g.last_state, t.seen
 
 
 def touch_gpus(
-    session: Session, latest: dict[str, tuple[str, str, int, int | None]]
+    session: Session, latest: dict[str, LatestReport]
 ) -> list[tuple[str, str | None, str, int]]:
-    """Record each GPU's latest state, time and device index (model fills one registered from
-    events only). Returns (gpu, state before, state now, seen) for each GPU whose state changed."""
+    """Record each GPU's latest state, time, device index and minor number (model fills one
+    registered from events only). Returns (gpu, state before, state now, seen) for each GPU
+    whose state changed."""
     gpus = list(latest)
     params = {
         "u": gpus,
@@ -250,6 +253,7 @@ def touch_gpus(
         "s": [latest[g][1] for g in gpus],
         "t": [latest[g][2] for g in gpus],
         "i": [latest[g][3] for g in gpus],
+        "n": [latest[g][4] for g in gpus],
     }
     [rows] = pipelined(session, [(_TOUCH_GPUS, params)])
     return [(gpu, before, now, seen) for gpu, before, now, seen in rows if before != now]

@@ -29,7 +29,7 @@ from app.fleet.schemas import (
     SiteGpu,
 )
 from app.metering import service as metering
-from app.metering.ports import Claim, StateChange
+from app.metering.ports import Claim, LatestReport, StateChange
 from app.rentals.ports import Gpus, RentalGpu
 from app.rentals.service import holdings_at, rentals_holding
 from app.settings import Settings
@@ -223,17 +223,14 @@ class IngestGpus:
         pool = Pool.RENTABLE if self.auto_admit else Pool.QUARANTINE
         repository.register_gpus(session, node_id, models, pool)
 
-    def record_latest(
-        self, session: Session, latest: dict[str, tuple[str, str, int, int | None]]
-    ) -> list[StateChange]:
+    def record_latest(self, session: Session, latest: dict[str, LatestReport]) -> list[StateChange]:
         return record_latest(session, latest)
 
 
-def record_latest(
-    session: Session, latest: dict[str, tuple[str, str, int, int | None]]
-) -> list[StateChange]:
-    """Record each GPU's latest state, time and device index; the state changes (the port's
-    ``record_latest``, for a caller with no admission policy to follow: the simulator)."""
+def record_latest(session: Session, latest: dict[str, LatestReport]) -> list[StateChange]:
+    """Record each GPU's latest state, time, device index and minor number; the state changes
+    (the port's ``record_latest``, for a caller with no admission policy to follow: the
+    simulator)."""
     return repository.touch_gpus(session, latest)
 
 

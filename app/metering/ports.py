@@ -16,6 +16,8 @@ from sqlalchemy.orm import Session
 
 # (GPU, state before, state now, epoch second seen) for each GPU whose state changed.
 StateChange = tuple[str, str | None, str, int]
+# A GPU's latest report: (model, state, seen, device index, minor number).
+LatestReport = tuple[str, str, int, int | None, int | None]
 
 
 class Claim(NamedTuple):
@@ -48,9 +50,7 @@ class GpuRegistry(Protocol):
         """Register GPUs (uuid -> model) to the node; ones registered meanwhile stay as they are."""
         ...
 
-    def record_latest(
-        self, session: Session, latest: dict[str, tuple[str, str, int, int | None]]
-    ) -> list[StateChange]:
-        """Record each GPU's (model, state, seen, device index) unless a later report came
-        first; the changes."""
+    def record_latest(self, session: Session, latest: dict[str, LatestReport]) -> list[StateChange]:
+        """Record each GPU's (model, state, seen, device index, minor number) unless a later
+        report came first; the changes."""
         ...

@@ -35,7 +35,7 @@ from app.core.epoch import from_epoch
 from app.core.errors import ApiError, Conflict, PayloadTooLarge, Unprocessable
 from app.events.service import publish
 from app.metering import packing, repository
-from app.metering.ports import Claim, GpuRegistry
+from app.metering.ports import Claim, GpuRegistry, LatestReport
 
 # Ingest's own writers, which the simulator writes its history with (app.simulate.store).
 from app.metering.repository import attach_evidence as attach_evidence
@@ -574,12 +574,15 @@ def _evidence(event: HealthEvent) -> dict[str, Any]:
     }
 
 
-def _latest(records: list[UsageRecord]) -> dict[str, tuple[str, str, int, int | None]]:
+def _latest(records: list[UsageRecord]) -> dict[str, LatestReport]:
     latest: dict[str, UsageRecord] = {}
     for r in records:
         if r.gpu_uuid not in latest or r.end > latest[r.gpu_uuid].end:
             latest[r.gpu_uuid] = r
-    return {gpu: (r.model, str(r.state), r.end, r.device_index) for gpu, r in latest.items()}
+    return {
+        gpu: (r.model, str(r.state), r.end, r.device_index, r.minor_number)
+        for gpu, r in latest.items()
+    }
 
 
 def held_by_node(session: Session, gpu_uuid: str) -> list[tuple[uuid.UUID, int, int]]:

@@ -46,6 +46,7 @@ INT32_FIELDS = (
     "temp_max_c",
     "code",
     "device_index",
+    "minor_number",
 )
 FLOAT_FIELDS = ("gpu_util_mean", "mem_util_mean", "energy_j", "power_max_w")
 
@@ -83,6 +84,7 @@ def _records_valid(records: list[UsageRecord], oldest: int, latest_end: int) -> 
             and ((i := r.mem_total_mib) is None or 0 <= i <= top)
             and ((i := r.temp_max_c) is None or 0 <= i <= top)
             and ((i := r.device_index) is None or 0 <= i <= top)
+            and ((i := r.minor_number) is None or 0 <= i <= top)
             and ((x := r.gpu_util_mean) is None or 0 <= x < inf)
             and ((x := r.mem_util_mean) is None or 0 <= x < inf)
             and ((x := r.energy_j) is None or 0 <= x < inf)
@@ -103,7 +105,8 @@ def _records_valid(records: list[UsageRecord], oldest: int, latest_end: int) -> 
 # the bounds must be added there too (import fails until it is).
 _FLAT_CHECKED = {
     "gpu_util_max", "mem_used_max_mib", "mem_total_mib", "temp_max_c", "device_index",
-    "gpu_util_mean", "mem_util_mean", "energy_j", "power_max_w", "gpu_uuid", "model",
+    "minor_number", "gpu_util_mean", "mem_util_mean", "energy_j", "power_max_w", "gpu_uuid",
+    "model",
 }  # fmt: skip
 _BOUNDED = {*INT32_FIELDS, *FLOAT_FIELDS, *MAX_LENGTHS}
 assert {f.name for f in fields(UsageRecord)} & _BOUNDED == _FLAT_CHECKED, (

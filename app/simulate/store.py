@@ -54,7 +54,9 @@ def write_history(session: Session, runs: dict[str, list[Span]], events: list[He
 
 
 def touch(session: Session, gpus: list[SimGpu], runs: dict[str, list[Span]], end: int) -> None:
-    latest = {g.uuid: (g.model, runs[g.uuid][-1].state, end, None) for g in gpus if runs[g.uuid]}
+    latest = {
+        g.uuid: (g.model, runs[g.uuid][-1].state, end, None, None) for g in gpus if runs[g.uuid]
+    }
     for chunk in _chunks(list(latest)):
         record_latest(session, {gpu: latest[gpu] for gpu in chunk})
 

@@ -42,12 +42,14 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from app.core.console_client import Api, ApiError
 from app.core.epoch import from_epoch
+from app.slurm.identity import GresLayout
 from app.slurm.scheduler import Slurm, SlurmJob, SlurmRefused, SlurmUnavailable
 from app.slurm.schemas import (
     OUT_OF_SERVICE,
@@ -75,6 +77,8 @@ class AdapterConfig:
     # A failover whose job is not running on the spare this long after the failure is given
     # up (below the reservation's time to live, so the spare is released by the abandon).
     resume_deadline_s: float = 90.0
+    # The gres.conf slurmd reads: which device file each GRES index is (app.slurm.identity).
+    gres_conf: Path | None = None
 
 
 class Adapter:
@@ -94,6 +98,7 @@ class Adapter:
         self._posted: dict[int, JobObservation] | None = None
         self._resend: set[int] = set()  # jobs the service asked to see again (too new)
         self.accounting = config.accounting  # False once sacct says accounting is disabled
+        self.gres = GresLayout(config.gres_conf)
 
     def run(self, stop: threading.Event) -> None:
         """Round after round until ``stop`` is set (SIGTERM); a failed round is logged and the
@@ -134,11 +139,12 @@ class Adapter:
             and (job.restarts > 0 or ended(job.observation))
         ]  # fmt: skip
         accounted = self._accounting(changed)
+        observed = self.gres.identify({job.job_id: job.observation for job in jobs})
         observations = {
-            job.job_id: job.observation.model_copy(update={"runs": accounted[job.job_id].runs})
-            if job.job_id in accounted
-            else job.observation
-            for job in jobs
+            job_id: job.model_copy(update={"runs": accounted[job_id].runs})
+            if job_id in accounted
+            else job
+            for job_id, job in observed.items()
         }
         if self._posted is None or self.rounds % FULL_EVERY == 0:
             missing = self._post(list(observations.values()), delta=False)

@@ -19,6 +19,7 @@ from app.slurm.adapter import Adapter, AdapterConfig
 from app.slurm.scheduler import DEFAULT_TIMEOUT_S, Slurm
 
 API_TIMEOUT_S = 10.0
+DEFAULT_SLURM_CONF = Path("/etc/slurm/slurm.conf")  # Debian's and SchedMD's packages
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +46,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: gpumeter_spares)",
     )
     p.add_argument("--slurm-conf", type=Path, help="slurm.conf (default: Slurm's own lookup)")
+    p.add_argument(
+        "--gres-conf",
+        type=Path,
+        help="the gres.conf slurmd reads, for which device file (so which GPU) each GRES index "
+        "is (default: gres.conf beside --slurm-conf, else /etc/slurm/gres.conf)",
+    )
     p.add_argument(
         "--poll-interval", type=float, default=1.0, help="seconds between rounds (default: 1)"
     )
@@ -78,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spare_reservation=args.spare_reservation,
         poll_s=args.poll_interval,
         resume_deadline_s=args.resume_deadline,
+        gres_conf=args.gres_conf or (args.slurm_conf or DEFAULT_SLURM_CONF).parent / "gres.conf",
     )
     api = Api(args.server, token, timeout_s=API_TIMEOUT_S)
     stop = threading.Event()

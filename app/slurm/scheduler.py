@@ -20,13 +20,12 @@ from typing import Any
 
 import hostlist
 
+from app.slurm.identity import held_gres
 from app.slurm.schemas import AccountedRun, JobObservation, NodeGpus
 from metering_agent.healthcheck import NodeStatus
 
 DEFAULT_TIMEOUT_S = 10.0
 RESTART_DELAY_S = 2
-# One GRES of a node's gres_detail, e.g. "gpu:2(IDX:0-1)" or "gpu:h100:1(IDX:0,2-3)".
-_GPU_INDICES = re.compile(r"(?<![\w])gpu(?::[^:(,]+)?(?::\d+)?\(IDX:([0-9,\-]*)\)")
 _NODES = re.compile(r"(?:^|\s)Nodes=(\S+)")
 PLACED_MARK = "gpumeter-failover-placed:"  # the AdminComment of a job ``place`` pinned
 
@@ -274,15 +273,10 @@ def allocation(job: Mapping[str, Any]) -> list[NodeGpus]:
     details = job.get("gres_detail") or []
     held = []
     for node, detail in zip(nodes, details, strict=False):
-        indices = [
-            i
-            for gres in _GPU_INDICES.finditer(str(detail))
-            for part in gres.group(1).split(",")
-            if part
-            for i in _span(part)
-        ]
-        if indices:
-            held.append(NodeGpus(node=node, gpu_indices=indices))
+        gres = held_gres(str(detail))
+        if gres.gpu_indices or gres.shared or gres.mig:  # shares and slices: reported
+            held.append(NodeGpus(node=node, gpu_indices=gres.gpu_indices, shared=gres.shared,
+                                 mig=gres.mig))  # fmt: skip
     return held
 
 
@@ -293,11 +287,6 @@ def allocated_nodes(resources: Mapping[str, Any]) -> list[str]:
     if isinstance(nodes, Mapping):
         return [str(n["name"]) for n in nodes.get("allocation") or [] if "name" in n]
     return [str(n["nodename"]) for n in resources.get("allocated_nodes") or [] if "nodename" in n]
-
-
-def _span(part: str) -> range:
-    first, _, last = part.partition("-")
-    return range(int(first), int(last or first) + 1)
 
 
 def _number(value: Any) -> int | None:

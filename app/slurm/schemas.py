@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AwareDatetime, Field
+from pydantic import (
+    AwareDatetime,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from app.core.schemas import Schema
 from app.slurm.models import NAME_LENGTH, ActionKind
@@ -38,11 +44,51 @@ class AccountRead(AccountMapping):
     created_at: datetime
 
 
+GresIndex = Annotated[int, Field(ge=0, le=2**31 - 1)]
+GresEntry = Annotated[str, Field(max_length=200)]
+
+
 class NodeGpus(Schema):
-    """The GPUs a job holds on one node: Slurm's GRES indices (``gpu:2(IDX:0-1)``)."""
+    """The GPUs a job holds on one node: Slurm's GRES indices (``gpu:2(IDX:0-1)``), and how
+    they name devices (``app.slurm.identity``)."""
 
     node: SlurmName
-    gpu_indices: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(max_length=1024)
+    gpu_indices: list[GresIndex] = Field(max_length=1024)
+    minors: list[GresIndex] | None = Field(
+        default=None,
+        max_length=1024,
+        description="the device minor number (/dev/nvidia<minor>) of each GRES index, from "
+        "gres.conf's File= list; None: the adapter does not know them",
+    )
+    minor_order: bool = Field(
+        default=False,
+        description="Slurm autodetects the node's GPUs (AutoDetect=nvml): GRES index i is the "
+        "GPU with the i-th lowest minor number",
+    )
+    shared: list[GresEntry] = Field(
+        default_factory=list, max_length=64, description="shard/mps GRES held (not billed)"
+    )
+    mig: list[GresEntry] = Field(
+        default_factory=list, max_length=64, description="MIG slices held (not billed)"
+    )
+
+    @model_serializer(mode="wrap")
+    def _named_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Without its naming fields where they say nothing: a 10,000-job snapshot is posted
+        no longer than before for jobs gres.conf does not name."""
+        data: dict[str, Any] = handler(self)
+        for name in ("minors", "minor_order", "shared", "mig"):
+            if not data.get(name):
+                data.pop(name, None)
+        return data
+
+    @model_validator(mode="after")
+    def _one_minor_per_index(self) -> NodeGpus:
+        if self.minors is not None and len(self.minors) != len(self.gpu_indices):
+            raise ValueError(
+                f"minors has {len(self.minors)} numbers for {len(self.gpu_indices)} GPU indices"
+            )
+        return self
 
 
 class AccountedRun(Schema):

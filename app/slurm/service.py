@@ -5,10 +5,11 @@ Attribution is from Slurm's own job records, which the adapter sends as snapshot
 A snapshot is idempotent, so a repeated or late one changes nothing and a missed poll is caught
 up by the next: a job's run is identified by Slurm's restart count, a higher count is a requeue
 whose ``submit_time`` is the second the previous run ended, and an ended job carries its end.
-Each GPU a job holds is named by node and GRES index; the agent reports each GPU's device
-index, which is how an index becomes a UUID. A job that cannot be attributed (an account
-mapped to no customer, a node no agent reports, an index with no UUID, a rental the rules
-refuse) is kept with its reason, counted, logged and published once as
+Each GPU a job holds is named by node and GRES index, which the adapter names by device file
+from gres.conf; the agent reports each GPU's minor number (and device index), which is how a
+device becomes a UUID (``app.slurm.identity``). A job that cannot be attributed (an account
+mapped to no customer, a node no agent reports, a GPU with no UUID, a shard, MPS or MIG job,
+a rental the rules refuse) is kept with its reason, counted, logged and published once as
 ``slurm.job_unattributed``, and attributed by the first snapshot after the cause is fixed.
 
 A failover of a Slurm job's GPU becomes a ``failover`` action (drain the failed node, requeue
@@ -41,7 +42,7 @@ from app.plans import service as plans
 from app.rentals import service as rentals
 from app.rentals.models import Rental
 from app.rentals.schemas import AssignmentCreate, RentalCreate
-from app.slurm import repository
+from app.slurm import identity, repository
 from app.slurm.models import ActionKind, SlurmAccount, SlurmAction, SlurmJob
 from app.slurm.schemas import (
     REASON_PREFIX,
@@ -361,27 +362,11 @@ def _follow_run(
 
 
 def _gpus(ctx: _Snapshot, allocation: list[NodeGpus]) -> list[Gpu]:
-    """The GPUs Slurm gave the job, by node and GRES index."""
-    found: list[Gpu] = []
-    for held in allocation:
-        gpus = ctx.nodes.get(held.node)
-        if not gpus:
-            why = "is not a gpumeter node" if gpus is None else "has reported no GPUs"
-            raise _Unattributable(
-                "unknown_node",
-                f"node {held.node!r} {why}: register it (POST /v1/nodes, hostname = its Slurm "
-                "NodeName) and run gpumeter-agent on it",
-            )
-        by_index = {gpu.device_index: gpu for gpu in gpus if gpu.device_index is not None}
-        missing = [i for i in held.gpu_indices if i not in by_index]
-        if missing:
-            raise _Unattributable(
-                "unknown_gpu_index",
-                f"node {held.node!r} GPU index(es) {missing} have no reported UUID (reported: "
-                f"{sorted(by_index)}); the agent reports device indices since protocol 1.1",
-            )
-        found += [by_index[i] for i in held.gpu_indices]
-    return found
+    """The GPUs Slurm gave the job, by node and device (``app.slurm.identity``)."""
+    try:
+        return identity.gpus_held(allocation, ctx.nodes)
+    except identity.Unresolved as problem:
+        raise _Unattributable(problem.reason, problem.detail) from None
 
 
 def _end_open(session: Session, rental: Rental, at: datetime) -> bool:

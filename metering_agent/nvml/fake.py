@@ -65,6 +65,7 @@ class FakeGpu:
     unknown: bool = False  # every call and field: NVML_ERROR_UNKNOWN
     hang: threading.Event | None = None
     readable: bool = True  # False: handle and UUID lookups fail (unreadable at enumeration)
+    minor: int | None = None  # its /dev/nvidia<minor>; None: its index, as on most nodes
 
 
 class FakeNvml:
@@ -170,6 +171,10 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, h: Any) -> str:
         return self.gpu(h).name
+
+    def nvmlDeviceGetMinorNumber(self, h: Any) -> int:
+        gpu = self.gpu(h)
+        return self.gpus.index(gpu) if gpu.minor is None else gpu.minor
 
     def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
         gpu, memory = self.gpu(h).util

@@ -35,6 +35,7 @@ class GpuInfo:
     index: int
     uuid: str  # NVML format: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
     name: str  # NVML device name, e.g. "NVIDIA H100 80GB HBM3"
+    minor: int | None = None  # /dev/nvidia<minor>; None where NVML cannot say
 
 
 @dataclass(slots=True)
@@ -42,6 +43,7 @@ class GpuReading:
     index: int
     uuid: str
     name: str
+    minor: int | None = None  # the device's minor number (GpuInfo.minor)
     lost: bool = False  # GPU fell off the bus / NVML says GpuIsLost: nothing else is readable
     lost_reason: str | None = None
     recovered: bool = False  # seen reset since the last reading (a lost GPU answering again)

@@ -167,10 +167,13 @@ class NvmlProvider:
             return found
         for index in range(count):
             try:
-                self.enumeration_calls += 3
+                self.enumeration_calls += 4
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
                 info = GpuInfo(
-                    index, text(nv.nvmlDeviceGetUUID(handle)), text(nv.nvmlDeviceGetName(handle))
+                    index,
+                    text(nv.nvmlDeviceGetUUID(handle)),
+                    text(nv.nvmlDeviceGetName(handle)),
+                    _minor_number(nv, handle),
                 )
             except nv.NVMLError as e:
                 # Without a UUID there is nothing to report the GPU under; retried every
@@ -233,7 +236,7 @@ class NvmlProvider:
             return r
         age = time.monotonic() - device.worker.started
         info = device.info
-        r = GpuReading(info.index, info.uuid, info.name, lost=True)
+        r = GpuReading(info.index, info.uuid, info.name, info.minor, lost=True)
         r.lost_reason = f"NVML has not answered for {age:.1f} s (limit {self._timeout} s)"
         if not device.hung_logged:
             log.error("gpu_sample_hung", uuid=info.uuid, waited_s=round(age, 1))
@@ -244,13 +247,15 @@ class NvmlProvider:
 
     def _sample(self, device: _Device, now: float, trace: list[Any] | None = None) -> GpuReading:
         info = device.info
-        r = GpuReading(info.index, info.uuid, info.name)
+        r = GpuReading(info.index, info.uuid, info.name, info.minor)
         s = Sample(self._nv, device.handle, r, device.state, trace=trace)
         try:
             self._read_signals(device, s, now, force_slow=trace is not None)
         except GpuLost as e:
             # Keep the GPU's identity, drop the partial readings: it is failed, not idle.
-            r = GpuReading(info.index, info.uuid, info.name, lost=True, lost_reason=str(e))
+            r = GpuReading(
+                info.index, info.uuid, info.name, info.minor, lost=True, lost_reason=str(e)
+            )
         device.calls += s.calls
         if not r.lost:
             r = self._unknown_bound(device, s, r)
@@ -305,7 +310,9 @@ class NvmlProvider:
             return r
         info = device.info
         reason = f"every NVML call failed with Unknown Error for {device.unknown_streak} samples"
-        return GpuReading(info.index, info.uuid, info.name, lost=True, lost_reason=reason)
+        return GpuReading(
+            info.index, info.uuid, info.name, info.minor, lost=True, lost_reason=reason
+        )
 
     def _note_reset(self, device: _Device, r: GpuReading) -> None:
         """A lost GPU answering again was reset (the classifier sees the other repair signals
@@ -382,3 +389,14 @@ def probe(nv: ModuleType | None = None) -> dict[str, Any]:
         return {**system, "gpus": gpus}
     finally:
         provider.close()
+
+
+def _minor_number(nv: Any, handle: Any) -> int | None:
+    """The device's minor number (/dev/nvidia<minor>), how a scheduler's device files name the
+    GPU; None where the driver does not say (a missing minor costs the GPU its scheduler
+    identity, not its metering)."""
+    try:
+        return int(nv.nvmlDeviceGetMinorNumber(handle))
+    except nv.NVMLError as e:
+        log.debug("gpu_minor_number_unavailable", error=str(e))
+        return None

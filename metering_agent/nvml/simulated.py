@@ -120,7 +120,7 @@ class SimulatedGpu:
 
     def read(self, t: float, dt: float) -> GpuReading:
         info, m = self.info, self.model
-        r = GpuReading(info.index, info.uuid, info.name, recovered=self.recovered)
+        r = GpuReading(info.index, info.uuid, info.name, info.minor, recovered=self.recovered)
         self.recovered = False
         r.xids, self.xids = self.xids, []
         if self.lost:
@@ -168,12 +168,18 @@ class SimulatedProvider:
         seed: int | None = None,
         faults: list[Fault] | None = None,
         clock: Callable[[], float],
+        minors: list[int] | None = None,
     ) -> None:
+        """``minors``: each GPU's device minor number, by NVML index (default: the index; a
+        node whose device files number its GPUs in another order than NVML gives them)."""
         names = [model_for(n) for n in (models or [DEFAULT_MODEL])]
         rng = random.Random(seed)
+        if minors is not None and len(minors) != count:
+            raise ValueError(f"{len(minors)} minor numbers for {count} GPUs")
+        numbers = list(range(count)) if minors is None else minors
         self._gpus = [
             SimulatedGpu(
-                GpuInfo(i, sim_uuid(node, i, uuid_prefix), names[i % len(names)].name),
+                GpuInfo(i, sim_uuid(node, i, uuid_prefix), names[i % len(names)].name, numbers[i]),
                 names[i % len(names)],
                 random.Random(rng.random()),
             )

@@ -23,7 +23,7 @@ from app.core.errors import ApiError, ServiceUnavailable
 from app.fleet.service import IngestGpus
 from app.metering import service
 from app.metering.group_commit import GroupCommit, unreachable
-from app.metering.ports import GpuRegistry, StateChange
+from app.metering.ports import GpuRegistry, LatestReport, StateChange
 from app.metering.service import NodeBatch
 from app.settings import Settings
 from metering_agent.protocol import (
@@ -373,9 +373,7 @@ def test_a_node_s_second_batch_waits_for_the_next_group(db: Engine) -> None:
 class FailingGroups(IngestGpus):
     """The fleet's registry, failing whenever it records the state of more than one node."""
 
-    def record_latest(
-        self, session: Session, latest: dict[str, tuple[str, str, int, int | None]]
-    ) -> list[StateChange]:
+    def record_latest(self, session: Session, latest: dict[str, LatestReport]) -> list[StateChange]:
         if len({name.rsplit("-", 1)[0] for name in latest}) > 1:
             raise RuntimeError("injected: a group fails")
         return super().record_latest(session, latest)

@@ -34,7 +34,7 @@ def records(draw: st.DrawFn) -> UsageRecord:
         state=GpuState.HEALTHY, sample_count=draw(counts), gpu_util_mean=draw(floats),
         gpu_util_max=draw(ints), mem_util_mean=draw(floats), mem_used_max_mib=draw(ints),
         mem_total_mib=draw(ints), energy_j=draw(floats), power_max_w=draw(floats),
-        temp_max_c=draw(ints), device_index=draw(ints),
+        temp_max_c=draw(ints), device_index=draw(ints), minor_number=draw(ints),
     )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from metering_agent.classifier import HealthMemory, classify
 from metering_agent.nvml.fake import FakeGpu, FakeNvml
 from metering_agent.nvml.real import UNKNOWN_LOST_AFTER, NvmlProvider, probe
 from metering_agent.protocol import EventKind, GpuState
+from metering_agent.records import RecordBuilder
 from metering_agent.xid_catalog import CATALOG_SOURCE, CATALOG_VERSION
 
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -477,3 +478,20 @@ def test_probe_without_the_binding_says_how_to_install_it(
     assert cli.main(["--probe"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "nvidia-ml-py" in err[0]
+
+
+def test_each_gpu_is_read_with_its_device_minor_number(fake: FakeNvml, start: Start) -> None:
+    """A node whose device files number GPUs in another order than NVML: GPU 0 is
+    /dev/nvidia1 (what Slurm's gres.conf names); a driver that cannot say leaves it None,
+    and the GPU is metered all the same."""
+    fake.gpus[0] = FakeGpu(uuid(0), minor=1)
+    fake.gpus[1] = FakeGpu(uuid(1), minor=0)
+    readings = start().read_all()
+    assert [(r.index, r.uuid, r.minor) for r in readings] == [(0, uuid(0), 1), (1, uuid(1), 0)]
+    record = RecordBuilder(readings[0].uuid, readings[0].name, 0, 0, readings[0].minor)
+    record.add(T0, readings[0], GpuState.HEALTHY)
+    [closed] = record.close()
+    assert (closed.device_index, closed.minor_number) == (0, 1)
+    fake.gpus[1].fail_calls["nvmlDeviceGetMinorNumber"] = NOT_SUPPORTED
+    again = FakeNvml(pynvml, fake.gpus)
+    assert [r.minor for r in start(again.module()).read_all()] == [1, None]

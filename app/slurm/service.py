@@ -171,7 +171,7 @@ def _changed(row: SlurmJob | None, job: JobObservation) -> bool:
     """Whether the record says anything the job's row does not: a run, a state, a restart, an
     end, a node; or the job is still to be attributed."""
     if row is None:
-        return bool(job.allocation) and job.start_time is not None
+        return (bool(job.allocation) and job.start_time is not None) or _ran_unseen(job)
     if row.ended_at is not None:
         return False
     if row.rental_id is None or row.problem is not None or job.runs or ended(job):
@@ -183,13 +183,19 @@ def _changed(row: SlurmJob | None, job: JobObservation) -> bool:
     return running and (row.run_start_at != start or row.nodes != [a.node for a in job.allocation])
 
 
+def _ran_unseen(job: JobObservation) -> bool:
+    """Accounting has a run of a second or more of a job first seen holding no GPUs: it began
+    and ended between two rounds (on a spare the moment it was let go, say); reported."""
+    return any(run.end is not None and run.end > run.start for run in job.runs or [])
+
+
 def _letting_go(job: JobObservation) -> bool:
     return ended(job) or job.state not in RUNNING_STATES or bool(job.runs)
 
 
 def _observe(session: Session, ctx: _Snapshot, row: SlurmJob | None, job: JobObservation) -> None:
     if row is None:
-        if not job.allocation or job.start_time is None:
+        if (not job.allocation or job.start_time is None) and not _ran_unseen(job):
             ctx.unchanged += 1  # holds no GPUs, or has not run yet
             return
         row = SlurmJob(

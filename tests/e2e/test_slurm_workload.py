@@ -3,9 +3,12 @@ associations, four ``slurmd -N`` workers and a hot spare (two GPUs each), three 
 to three customers and one mapped to none; the real service, agents and adapter (on a
 scheduler key). Over 200 jobs: an array, single- and multi-node batch jobs, interactive
 ``salloc``/``srun``, ``--no-requeue``, jobs preempted (requeued) by a higher-priority QOS,
-cancellations, a time limit, and jobs that end while the adapter is stopped for longer than
-MinJobAge. For every job, gpumeter's assignments are accounting's runs (``sacct -D``) to the
-second, GPU for GPU; every job of the unmapped account is a reported problem.
+cancellations, a time limit, jobs that end while the adapter is stopped for longer than
+MinJobAge, and two GPU failures while the bulk runs (a node's agent restarted with a fault
+script: GPU 0 falls off the bus): a requeueable job is moved onto the hot spare, a
+``--no-requeue`` one is abandoned with the reason. For every job, gpumeter's assignments are
+accounting's runs (``sacct -D``) to the second, GPU for GPU (a failed-over job's failed GPU to
+its first failed second); every job of the unmapped account is a reported problem.
 
 Slurm, slurmdbd and MariaDB come from Debian's packages (``.ci/run`` installs them); without
 them this test skips, except in CI, where it fails."""
@@ -26,7 +29,7 @@ import pytest
 
 from app.core.console_client import Api
 from app.core.epoch import epoch
-from app.core.processes import stop_child
+from app.core.processes import stop_child, wait_until
 from app.demo.slurm_cluster import URGENT_QOS, LocalSlurm, installed
 from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
 from tests.e2e.conftest import BIN, Fleet
@@ -44,6 +47,14 @@ UNMAPPED = "physics-lab"
 MIN_JOB_AGE_S = 5
 ADAPTER_AWAY_S = 15  # longer than MinJobAge
 WORKLOAD_TIMEOUT_S = 420
+# The failing jobs run this long: past an agent's restart, the failure's detection and the
+# adapter's failover, on a loaded machine. Their GPU is reset this long after its agent's
+# restart: after the failover, while the job that stayed still runs (no later job is handed
+# a failed GPU).
+FAILING_JOB_S = 60
+REPAIR_AFTER_S = 30
+FAILOVER_TIMEOUT_S = 90
+CATCH_UP_TIMEOUT_S = 60  # the adapter back: every end it missed, read from accounting
 
 
 @pytest.fixture
@@ -67,7 +78,28 @@ def gpu(node: str, index: int) -> str:
     return sim_uuid(node, index, node)
 
 
-def _provider(fleet: Fleet) -> tuple[Api, str]:
+class Agents:
+    """The node agents the test runs, each restarted by its PID to script a fault."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.tokens: dict[str, str] = {}
+        self.running: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, node: str, token: str, faults: list[dict] | None = None) -> None:
+        self.tokens[node] = token
+        self.running[node] = self.fleet.agent(node, token, "--simulate", "2", faults=faults)
+
+    def fail_gpu0(self, node: str) -> None:
+        """The node's GPU 0 falls off the bus (XID 79) a second after its agent restarts (its
+        spool kept: nothing it recorded is lost), and is reset ``REPAIR_AFTER_S`` later."""
+        assert stop_child(self.running[node], f"agent {node}") == 0
+        faults = [{"at": 1, "gpu": 0, "fault": "xid", "xid": 79},
+                  {"at": REPAIR_AFTER_S, "gpu": 0, "fault": "recover"}]  # fmt: skip
+        self.start(node, self.tokens[node], faults)
+
+
+def _provider(fleet: Fleet, agents: Agents) -> tuple[Api, str]:
     """Five nodes (n5's GPUs hot spares) with agents, a plan, three customers mapped to
     their accounts; the adapter's scheduler key."""
     api = Api(fleet.service.url, fleet.admin)
@@ -78,7 +110,7 @@ def _provider(fleet: Fleet) -> tuple[Api, str]:
         for i in range(2):
             api.post("/v1/gpus", {"uuid": gpu(node, i), "node_id": created["node"]["id"],
                                   "model": DEFAULT_MODEL, "pool": pool})  # fmt: skip
-        fleet.agent(node, created["token"]["key"], "--simulate", "2")
+        agents.start(node, created["token"]["key"])
     prices = [{"gpu_model": DEFAULT_MODEL, "price_per_hour": "36.00",
                "effective_from": "2026-01-01T00:00:00Z"}]  # fmt: skip
     plan = api.post("/v1/plans", {"name": "per second", "prices": prices})
@@ -146,6 +178,10 @@ class Workload:
         running = {states[i] for i in range(0, len(states), 2) if states[i + 1] == "R"}
         return all(str(job_id) in running for job_id in job_ids)
 
+    def node_of(self, job_id: int) -> str:
+        """The node a running one-node job runs on."""
+        return self.slurm.run("squeue", "-h", "-j", str(job_id), "-o", "%N").strip()
+
 
 def _accounting(slurm: LocalSlurm) -> dict[int, list[dict[str, Any]]]:
     """sacct -D's records of every job (an array's tasks each their own), by job id."""
@@ -185,7 +221,8 @@ def _s(moment: str | None) -> int | None:
 def test_every_jobs_assignments_are_accountings_runs_to_the_second(
     fleet: Fleet, cluster: LocalSlurm, adapters: list[subprocess.Popen[bytes]]
 ) -> None:
-    api, key = _provider(fleet)
+    agents = Agents(fleet)
+    api, key = _provider(fleet, agents)
     adapter = _adapter(fleet, cluster, key, adapters)
     work = Workload(cluster)
     acme, beta, gamma = CUSTOMERS
@@ -199,8 +236,19 @@ def test_every_jobs_assignments_are_accountings_runs_to_the_second(
     for account in CUSTOMERS:  # four nodes' worth: every preemptable job is requeued
         work.batch(account, 4, nodes=1, gpus=2, options=urgent)
     work.batch(acme, 4, nodes=1, gpus=2, options=urgent)
+    # Two whole nodes' jobs whose GPU will fail (urgent: no other job preempts them): one Slurm
+    # can requeue, one it cannot.
+    movable = work.batch(gamma, FAILING_JOB_S, gpus=2, options=urgent)
+    stuck = work.batch(beta, FAILING_JOB_S, gpus=2, options=(*urgent, "--no-requeue"))
     # The bulk: an array, single and multi-node jobs, --no-requeue, the unmapped account.
     work.batch(acme, 3, options=("--array=0-79",))
+    # While the array runs, a GPU of each failing job's node fails.
+    failing = movable + stuck
+    wait_for(lambda: work.running(failing), "the failing jobs running", 90)
+    wait_for(lambda: _attributed(api, failing), "the failing jobs attributed", 30)
+    failed_nodes = {job_id: work.node_of(job_id) for job_id in failing}
+    for node in failed_nodes.values():
+        agents.fail_gpu0(node)
     for i in range(60):
         work.batch((beta, gamma)[i % 2], 3 + i % 3, gpus=1 + i % 2)
     for i in range(16):
@@ -211,6 +259,8 @@ def test_every_jobs_assignments_are_accountings_runs_to_the_second(
         work.batch(UNMAPPED, 3)
     for i in range(8):
         work.salloc((acme, beta)[i % 2], 4)
+    rentals = [row["rental_id"] for row in _jobs(api) if row["job_id"] in failing]
+    wait_for(lambda: _answered(api, rentals), "both failovers answered", FAILOVER_TIMEOUT_S)
     wait_for(lambda: not work.active(), "the bulk done", WORKLOAD_TIMEOUT_S)
     # Eight GPUs' worth of jobs running, attributed; the adapter away for longer than
     # MinJobAge while they end.
@@ -228,25 +278,45 @@ def test_every_jobs_assignments_are_accountings_runs_to_the_second(
     accounting = _accounting(cluster)
     mapped = {j for j, records in accounting.items() if records[0]["account"] in CUSTOMERS}
 
-    def caught_up() -> bool:
+    def behind() -> dict[int, Any]:
+        """The mapped jobs that ran and whose end is not attributed yet, with their rows."""
         rows = {r["job_id"]: r for r in _jobs(api)}
-        return all(rows.get(j, {}).get("ended_at") for j in mapped if _ran(accounting[j]))
+        ran = [j for j in mapped if _ran(accounting[j])]
+        return {j: rows.get(j) for j in ran if not rows.get(j, {}).get("ended_at")}
 
-    wait_for(caught_up, "every mapped job's end attributed", 60)
+    if not wait_until(lambda: not behind(), CATCH_UP_TIMEOUT_S, poll_s=0.5):
+        pytest.fail(f"ends not attributed after {CATCH_UP_TIMEOUT_S} s: {behind()}")
     assert stop_child(adapter, "gpumeter-slurm") == 0
     rows = {r["job_id"]: r for r in _jobs(api)}
     reported = _reported(api)
+    failovers = _failovers(api, rows)
+    assert sorted(failovers) == sorted(failing), failovers
+    [moved, given_up] = [failovers[job_id] for job_id in failing]
+    # The requeueable job: the failed node's GPU 0, then requeued onto the spare, resumed at
+    # the second Slurm started it there; the other, answered at once, the spare untouched.
+    assert moved["failed_gpu_uuid"] == gpu(failed_nodes[movable[0]], 0), moved
+    assert moved["state"] == "resumed" and moved["spare_gpu_uuid"] in (gpu("n5", 0), gpu("n5", 1))
+    [first_run, on_spare] = accounting[movable[0]]
+    assert (first_run["nodes"], on_spare["nodes"]) == (failed_nodes[movable[0]], "n5")
+    assert _s(moved["resumed_at"]) == int(on_spare["time"]["start"])
+    assert given_up["failed_gpu_uuid"] == gpu(failed_nodes[stuck[0]], 0), given_up
+    reason = f"job {stuck[0]} was submitted with --no-requeue: Slurm cannot requeue it"
+    assert (given_up["state"], given_up["reason"]) == ("abandoned", reason)
+    assert len(accounting[stuck[0]]) == 1  # it ran on, on its node, as Slurm had it
     checked, partly = 0, 0
     for job_id in sorted(mapped):
         expected = _expected(accounting[job_id], work.gpus_per_node.get(job_id, 1), cluster)
+        if failovers.get(job_id, {}).get("state") == "resumed":
+            expected = _moved_off(expected, failovers[job_id])
         if not expected:
             assert job_id not in rows or rows[job_id]["rental_id"] is None
             continue
-        assert rows[job_id]["rental_id"], rows[job_id]
-        assigned = _assigned(api, rows[job_id]["rental_id"])
-        if "unseen_runs" in reported.get(job_id, set()):
-            # A run seen only in its first second, then requeued: reported, never guessed;
-            # every second billed is one accounting has.
+        rental = rows[job_id]["rental_id"]
+        assigned = _assigned(api, rental) if rental else []
+        if reported.get(job_id):
+            # A run no round saw holding its GPUs (seen only in its first second, or begun
+            # and ended between two rounds), or one refused: reported, never guessed; every
+            # second billed is one accounting has.
             assert not Counter(assigned) - Counter(expected), (job_id, assigned, expected)
             partly += 1
             continue
@@ -264,9 +334,45 @@ def test_every_jobs_assignments_are_accountings_runs_to_the_second(
     assert len(accounting) >= 200 and all(j in accounting for j in away)
     assert sum(1 for records in accounting.values() if records[0]["account"] in CUSTOMERS) > 150
     assert checked >= 150
+    fault_to_running = int(on_spare["time"]["start"]) - epoch(
+        datetime.fromisoformat(moved["failed_at"])
+    )
     print(json.dumps({"jobs": len(accounting), "assignments_checked_jobs": checked,
-                      "unseen_runs_reported_jobs": partly,
-                      "requeued": len(requeued), "problems": dict(problems)}))  # fmt: skip
+                      "reported_jobs_billed_within_accounting": partly,
+                      "requeued": len(requeued), "problems": dict(problems),
+                      "failovers": {f["state"]: f.get("reason") for f in failovers.values()},
+                      "fault_to_running_on_spare_s": fault_to_running}))  # fmt: skip
+
+
+def _answered(api: Api, rental_ids: list[str]) -> bool:
+    """A failover of each rental, resumed or abandoned."""
+    answered = {
+        f["rental_id"] for f in api.get("/v1/failovers", limit=100)["items"]
+        if f["state"] in ("resumed", "abandoned")
+    }  # fmt: skip
+    return answered >= set(rental_ids)
+
+
+def _failovers(api: Api, rows: dict[int, dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Every failover, by its rental's job (one each)."""
+    job_of = {row["rental_id"]: job_id for job_id, row in rows.items() if row["rental_id"]}
+    failovers: dict[int, dict[str, Any]] = {}
+    for failover in api.get("/v1/failovers", limit=100)["items"]:
+        job_id = job_of[failover["rental_id"]]
+        assert job_id not in failovers, (failovers.get(job_id), failover)
+        failovers[job_id] = failover
+    return failovers
+
+
+def _moved_off(expected: list[tuple], failover: dict[str, Any]) -> list[tuple]:
+    """Accounting's runs as a failed-over job is billed: its failed GPU's run ends at the
+    first failed second (the migration window is credited from there; the requeue may come
+    in that very second), the rest as ran."""
+    node, failed = NODE_OF[failover["failed_gpu_uuid"]], _s(failover["failed_at"])
+    cut = next(run for run in expected if run[0] == node and run[1] <= failed <= run[2])
+    moved = list(expected)
+    moved[moved.index(cut)] = (node, cut[1], failed)
+    return sorted(moved)
 
 
 def _attributed(api: Api, job_ids: list[int]) -> bool:

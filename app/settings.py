@@ -80,7 +80,10 @@ class Settings(BaseSettings):
         description="A connection whose request headers are not complete by then is closed.",
     )
     keep_alive_s: int = Field(
-        default=5, ge=1, description="An idle keep-alive connection is closed after this."
+        default=20,
+        ge=1,
+        description="An idle keep-alive connection is closed after this. Keep it above the "
+        "agents' upload interval (10 s by default), or every upload opens a new connection.",
     )
     shutdown_timeout_s: int = Field(
         default=5,

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import pty
+import resource
 import signal
 import subprocess
 import sys
@@ -411,3 +412,24 @@ def test_a_terminal_gets_no_info_logs_a_pipe_and_a_log_file_do(
     assert code == 0 and '{"ts"' not in terminal
     in_file = [json.loads(line) for line in log_file.read_text().splitlines()]
     assert [e["event"] for e in in_file] == [e["event"] for e in logged]
+
+
+def test_serve_raises_a_low_open_file_limit_to_what_its_connections_need() -> None:
+    """A service under systemd or Docker often starts with 1,024 open files, fewer than the
+    connections one worker keeps (every agent's, between uploads): the limit is raised towards
+    the hard one before uvicorn starts, so the cap refuses connections, not EMFILE."""
+    script = (
+        "import resource\n"
+        "from app.cli.server import CONNECTIONS_PER_WORKER, open_files_for\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "open_files_for(CONNECTIONS_PER_WORKER)\n"
+        "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0], hard, CONNECTIONS_PER_WORKER)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True
+    )
+    soft, hard, connections = (int(x) for x in done.stdout.split())
+    wanted = connections + 1024
+    assert soft == (wanted if hard == resource.RLIM_INFINITY else min(wanted, hard))
+    assert (soft < wanted) == ("below the" in done.stderr)

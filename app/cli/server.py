@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import signal
 import sys
 from pathlib import Path
@@ -12,7 +13,9 @@ from typing import Any
 from app.cli.common import PORT, Group, bounded_int, command, database_url, group
 from app.settings import Settings, embedded_secret_key, get_settings
 
-CONNECTIONS_PER_WORKER = 2048
+# Every node's agent keeps one connection open between uploads (a reconnect per upload costs
+# the service more than the batch: bench/HISTORY.md, 2026-12-07): a worker holds thousands.
+CONNECTIONS_PER_WORKER = 8192
 
 
 def exit_cleanly_on_sigterm() -> None:
@@ -22,6 +25,22 @@ def exit_cleanly_on_sigterm() -> None:
     SIGTERM action the process would die right there, leaving Postgres running.
     """
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+
+
+def open_files_for(connections: int) -> None:
+    """Raise the soft open-file limit (often 1,024) towards the hard one, so the connection
+    cap is what refuses connections, not EMFILE; say so when the hard limit is lower."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = connections + 1024  # the database pool, logs and the worker's own files
+    if soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+        if raised < wanted:
+            print(
+                f"gpumeter serve: the open-file limit is {raised} (hard), below the {wanted} "
+                "that the connection cap needs; raise it (ulimit -n, LimitNOFILE=)",
+                file=sys.stderr,
+            )
 
 
 def ensure_secret_key(data_dir: Path | None) -> bool:
@@ -51,6 +70,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not ensure_secret_key(args.data_dir):
         return 2
     exit_cleanly_on_sigterm()
+    open_files_for(CONNECTIONS_PER_WORKER)
     with database_url(args.data_dir) as url:
         migrate.upgrade(url)
         # Workers are separate processes: they read the URL from the environment.

@@ -68,7 +68,10 @@ def live_invoices(
     return {invoice.customer_id: invoice for invoice in rows}
 
 
-# One statement per invoice: the lines travel as one JSON array (amounts as exact strings).
+# The lines travel as JSON arrays (amounts as exact strings), one statement per chunk: a
+# 3,000-GPU rental's month, a stall credit per GPU per failure with its evidence, came to more
+# than the 256 MiB one jsonb array may hold.
+_LINES_PER_STATEMENT = 5_000
 _INSERT_LINES = text("""
 INSERT INTO invoice_lines (invoice_id, customer_id, position, kind, amount, rental_id, gpu_model,
     gpu_uuid, start_at, end_at, seconds, rate, voucher_id, evidence, adjusts_invoice_id,
@@ -92,9 +95,10 @@ def replace_lines(
             delete(InvoiceLineRow).where(InvoiceLineRow.invoice_id == invoice_id),
             execution_options={"synchronize_session": False},
         )
-    if rows:
+    for at in range(0, len(rows), _LINES_PER_STATEMENT):
+        chunk = rows[at : at + _LINES_PER_STATEMENT]
         # default=str: Decimal, UUID and datetime become their exact text forms.
-        session.execute(_INSERT_LINES, {"rows": json.dumps(rows, default=str)})
+        session.execute(_INSERT_LINES, {"rows": json.dumps(chunk, default=str)})
 
 
 def delete_provisional_entries(session: Session, invoice_id: uuid.UUID) -> None:

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DBAPIError
 
+from app.billing import repository as billing_repository
 from app.settings import get_settings
 from tests.billing.world import get, october_with_failure, run_invoice
 from tests.harness import Console, bearer
@@ -42,6 +43,22 @@ def test_october_invoice_with_a_47_minute_failure_and_a_30_s_migration(
     totals = (invoice["subtotal"], invoice["tax"], invoice["total"])
     assert totals == ("1850.59", "351.61", "2202.20")
     assert (invoice["status"], invoice["number"]) == ("draft", None)
+
+
+def test_an_invoice_whose_lines_take_several_statements_is_stored_whole_and_in_order(
+    console: Console, db: Engine, now: datetime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A month of thousands of GPUs' lines is written in chunks (one jsonb array may hold
+    256 MiB): here two lines a statement, so the four lines take two."""
+    monkeypatch.setattr(billing_repository, "_LINES_PER_STATEMENT", 2)
+    invoice = _october(console, db)
+    kinds = [(x["position"], x["kind"], x["amount"]) for x in invoice["lines"]]
+    assert kinds == [
+        (0, "charge", "1852.56"),
+        (1, "failure_credit", "-1.95"),
+        (2, "migration_credit", "-0.02"),
+        (3, "tax", "351.61"),
+    ]
 
 
 def test_running_again_gives_the_same_draft(console: Console, db: Engine, now: datetime) -> None:

@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         " when unfit, and resume it when fit again if this check drained it",
     )
     p.add_argument(
+        "--dcgm-diag",
+        action="store_true",
+        help="with --health-check: also run DCGM's quick diagnostic (dcgmi diag -r 1) where"
+        " dcgmi is installed; a test it fails makes the node unfit",
+    )
+    p.add_argument(
         "--clear-latch",
         action="append",
         metavar="GPU_UUID",
@@ -172,7 +178,9 @@ def _health_check(args: argparse.Namespace) -> int:
     provider = _provider(args)
     try:
         node = healthcheck.node_name(args.node_name)
-        return healthcheck.run(args.spool_dir, provider, drain=args.drain, node=node)
+        return healthcheck.run(
+            args.spool_dir, provider, drain=args.drain, node=node, dcgm=args.dcgm_diag
+        )
     finally:
         provider.close()
 

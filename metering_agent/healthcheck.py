@@ -7,7 +7,10 @@ A node is unfit while any GPU is failed, by either of:
   agent saw holds until the GPU is seen repaired (a reset, a reboot, ``--clear-latch``); a latch
   written before the last reboot holds nothing (the reboot was the repair);
 - one fresh reading of every GPU (NVML, or the simulator with ``--simulate``), classified by
-  the agent's own rules: what fails now (a GPU fallen off the bus, a pending retirement, ...).
+  the agent's own rules: what fails now (a GPU fallen off the bus, a pending retirement, ...);
+- with ``--dcgm-diag``, DCGM's quick diagnostic (``dcgmi diag -r 1 -j``) where ``dcgmi`` is
+  installed: each test whose result is ``Fail``. A diagnostic that cannot run (no host engine)
+  is reported, not held against the node: the check says what it could not ask.
 
 With ``--drain`` the node (``$SLURMD_NODENAME``, else ``--node-name``) is drained when unfit,
 its reason starting ``gpumeter-healthcheck:``, and resumed when fit again, but only if that
@@ -21,9 +24,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,12 +45,13 @@ _REASON = re.compile(r"^\s*Reason=(.*?)(?: \[[^\]]*\])?\s*$", re.MULTILINE)
 
 @dataclass(frozen=True)
 class Finding:
-    gpu_uuid: str
-    source: str  # "latch" or "probe"
+    gpu_uuid: str | None  # None: the node (DCGM's diagnostic)
+    source: str  # "latch", "probe" or "dcgm"
     rules: list[str]
 
     def text(self) -> str:
-        return f"GPU {self.gpu_uuid} failed ({self.source}: {', '.join(self.rules)})"
+        what = "the node" if self.gpu_uuid is None else f"GPU {self.gpu_uuid}"
+        return f"{what} failed ({self.source}: {', '.join(self.rules)})"
 
 
 def latched(spool_dir: Path) -> list[Finding]:
@@ -63,6 +68,42 @@ def probed(provider: GpuProvider) -> list[Finding]:
             rules = [ev.rule for ev in verdict.evidence if ev.state == GpuState.FAILED]
             findings.append(Finding(reading.uuid, "probe", rules))
     return findings
+
+
+DCGM_TIMEOUT_S = 120.0  # -r 1 takes seconds; a hung host engine must not hang slurmd's check
+
+
+def dcgm_diagnosed() -> tuple[list[Finding], str]:
+    """The tests ``dcgmi diag -r 1`` failed (as one finding for the node), and what it did."""
+    dcgmi = shutil.which("dcgmi")
+    if dcgmi is None:
+        return [], "not installed"
+    try:
+        done = subprocess.run(
+            [dcgmi, "diag", "-r", "1", "-j"], capture_output=True, text=True,
+            timeout=DCGM_TIMEOUT_S,
+        )  # fmt: skip
+        failed = sorted(set(_failed_tests(json.loads(done.stdout))))
+    except (subprocess.TimeoutExpired, ValueError, OSError) as exc:
+        return [], f"could not run: {str(exc)[:100]}"
+    if failed:
+        return [Finding(None, "dcgm", failed)], f"failed: {', '.join(failed)}"
+    return [], "passed" if done.returncode == 0 else f"exit {done.returncode}, no test failed"
+
+
+def _failed_tests(result: object, name: str = "") -> Iterator[str]:
+    """Each test named in dcgmi's JSON whose result says Fail (its layout differs between DCGM
+    versions: test categories and tests of per-GPU results; read by key, not by position)."""
+    if isinstance(result, dict):
+        name = str(result.get("name") or result.get("test_name") or name)
+        for key in ("status", "result"):
+            if str(result.get(key, "")).lower() == "fail":
+                yield name or "diagnostic"
+        for value in result.values():
+            yield from _failed_tests(value, name)
+    elif isinstance(result, list):
+        for item in result:
+            yield from _failed_tests(item, name)
 
 
 def reason(findings: Iterable[Finding]) -> str:
@@ -119,11 +160,16 @@ def _scontrol(*args: str) -> str:
     return done.stdout
 
 
-def run(spool_dir: Path, provider: GpuProvider, *, drain: bool, node: str) -> int:
+def run(
+    spool_dir: Path, provider: GpuProvider, *, drain: bool, node: str, dcgm: bool = False
+) -> int:
     """Print what was found (JSON) and, with ``drain``, what was done in Slurm; 1 when unfit."""
     findings = latched(spool_dir) + probed(provider)
-    report: dict[str, object] = {"node": node, "fit": not findings,
-                                 "failed": [f.text() for f in findings]}  # fmt: skip
+    report: dict[str, object] = {"node": node}
+    if dcgm:
+        diagnosed, report["dcgm"] = dcgm_diagnosed()
+        findings += diagnosed
+    report |= {"fit": not findings, "failed": [f.text() for f in findings]}
     if drain:
         report["slurm"] = apply_to_slurm(node, findings)
     print(json.dumps(report))

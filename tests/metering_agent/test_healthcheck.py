@@ -4,10 +4,20 @@ Slurm node: tests/e2e/test_slurm.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
+
 from metering_agent.classifier import LATCHED, Evidence, HealthMemory
-from metering_agent.healthcheck import Finding, NodeStatus, latched, probed, reason
+from metering_agent.healthcheck import (
+    Finding,
+    NodeStatus,
+    dcgm_diagnosed,
+    latched,
+    probed,
+    reason,
+)
 from metering_agent.latch import LatchStore
 from metering_agent.nvml.provider import GpuInfo, GpuReading
 from metering_agent.protocol import GpuState
@@ -65,3 +75,53 @@ def test_a_nodes_state_and_reason_are_read_from_scontrols_show_node() -> None:
     )
     assert NodeStatus.parse(shown).drained
     assert not NodeStatus.parse("   State=MIXED ThreadsPerCore=1\n").drained
+
+
+_DIAG = {
+    "DCGM GPU Diagnostic": {
+        "test_categories": [
+            {
+                "category": "Deployment",
+                "tests": [
+                    {"name": "Denylist", "results": [{"status": "Pass"}]},
+                    {"name": "NVML Library", "results": [{"status": "Pass"}]},
+                ],
+            },
+            {
+                "category": "Hardware",
+                "tests": [
+                    {"name": "GPU Memory", "results": [{"gpu_ids": "0", "status": "Pass"},
+                                                      {"gpu_ids": "1", "status": "Fail"}]},
+                ],
+            },
+        ]
+    }
+}  # fmt: skip
+
+
+def _dcgmi(bin_dir: Path, stdout: str, status: int) -> None:
+    """A stand-in ``dcgmi`` on PATH that prints ``stdout`` and exits ``status``."""
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "dcgmi"
+    script.write_text(f"#!/bin/sh\ncat <<'EOF'\n{stdout}\nEOF\nexit {status}\n")
+    script.chmod(0o755)
+
+
+def test_dcgms_quick_diagnostic_fails_the_node_by_the_tests_it_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    assert dcgm_diagnosed() == ([], "not installed")
+    _dcgmi(tmp_path / "bin", json.dumps(_DIAG), 226)
+    assert dcgm_diagnosed() == (
+        [Finding(None, "dcgm", ["GPU Memory"])],
+        "failed: GPU Memory",
+    )
+    assert reason(dcgm_diagnosed()[0]) == "gpumeter-healthcheck: the node failed (dcgm: GPU Memory)"
+    passed = json.dumps(_DIAG).replace('"Fail"', '"Pass"')
+    _dcgmi(tmp_path / "bin", passed, 0)
+    assert dcgm_diagnosed() == ([], "passed")
+    # No host engine: the diagnostic could not ask, which is no finding against the node.
+    _dcgmi(tmp_path / "bin", "Error: unable to establish a connection to the host engine", 1)
+    findings, said = dcgm_diagnosed()
+    assert findings == [] and said.startswith("could not run")

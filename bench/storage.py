@@ -5,9 +5,10 @@ Two runs, each in its own database, through the real ingest code
 with readings from a random walk like the agent's simulator (utilisation, memory, power,
 energy, temperature), over ``--hours`` hours ending at the current hour:
 
-* cadence run: ``--agent-gpus`` GPUs uploading every 2 s as the agent now does (a record per
-  GPU per upload round, cut also at each minute boundary): the rewrites of the open hour and
-  of growing segments, and the dead versions they leave;
+* cadence run: ``--agent-gpus`` GPUs uploading every ``--agent-upload-s`` seconds (2: as the
+  agent does at its fastest; a record per GPU per upload round, cut also at each minute
+  boundary): the rewrites of the open hour and of growing segments, and the dead versions
+  they leave;
 * volume run: ``--gpus`` GPUs, records cut at minute boundaries (an agent uploading once a
   minute): the same closed hours for 30 times fewer records, so enough GPU-hours in three
   minutes that a page more or less in any relation moves the figure by a few bytes only.
@@ -21,6 +22,10 @@ between. The open-hour table is a fixed working set per GPU, printed apart. GPUs
 of 16, the service's default per-node cap (``max_gpus_per_node``): a bigger node is refused.
 Closed hours are summarised as production does it, by the per-minute summaries job
 (``app.metering.summaries``), here once every simulated minute.
+
+The tests run a tiny configuration (``--hours 2 --gpus 16 --agent-gpus 1 --agent-upload-s
+20``) so that a bench that stops running fails CI; its bytes are a page or two over few
+GPU-hours, not a figure.
 
 Prints progress on stderr and one final JSON line. Creates and drops its own databases on the
 server of GPUMETER_DATABASE_URL (default postgresql://postgres@127.0.0.1/postgres).
@@ -210,11 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=512, help="of the volume run")
     parser.add_argument("--hours", type=int, default=3, help="the first is the warm-up")
-    parser.add_argument("--agent-gpus", type=int, default=16, help="of the 2-s cadence run")
+    parser.add_argument("--agent-gpus", type=int, default=16, help="of the cadence run")
+    parser.add_argument("--agent-upload-s", type=int, default=2, help="of the cadence run")
     parser.add_argument("--seed", type=int, default=3)
     args = parser.parse_args(argv)
     phases = [
-        Phase("agent cadence", args.agent_gpus, NODE_GPUS, args.hours, upload_s=2),
+        Phase("agent cadence", args.agent_gpus, NODE_GPUS, args.hours, args.agent_upload_s),
         Phase("volume", args.gpus, NODE_GPUS, args.hours, upload_s=MINUTE),
     ]
     for phase in phases:

@@ -643,10 +643,9 @@ def node_resumed_by_hand(session: Session, cluster: str, node: str, state: str) 
         outcome=outcome,
     )
     repository.add_action(session, repair)
-    detail = {"cluster": cluster, "node": node, "state": state, "failed_gpus": failed}
+    detail = {"cluster": cluster, "node": node, "state": state, "failed_gpu_uuids": failed}
     log.warning("slurm_node_resumed_by_hand", extra=detail)
-    data = {"cluster": cluster, "node": node, "state": state, "failed_gpu_uuids": failed}
-    data["failover_id"] = drained.failover_id
+    data = {**detail, "failover_id": drained.failover_id}
     publish(session, "slurm.node_resumed_by_hand", data, subject=f"slurm/{cluster}/node/{node}")
     return repair
 

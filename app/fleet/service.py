@@ -227,6 +227,18 @@ class IngestGpus:
         return record_latest(session, latest)
 
 
+def lock_gpus_as_ingest(session: Session, gpus: Collection[Gpu]) -> None:
+    """Lock the GPUs' rows for a transaction that assigns several of them (a Slurm snapshot),
+    in ingest's order: their nodes' ingest locks first (sorted, one statement), then the rows
+    in UUID order. Ingest holds its nodes' locks before it touches any of their GPUs' rows,
+    whose order it does not keep (a batch's own; a group commit's several nodes at once):
+    taken row by row as jobs come, the two deadlocked (one answered 503)."""
+    if not gpus:
+        return
+    metering.lock_nodes(session, {gpu.node_id for gpu in gpus})
+    repository.lock_gpus(session, [gpu.uuid for gpu in gpus])
+
+
 def record_latest(session: Session, latest: dict[str, LatestReport]) -> list[StateChange]:
     """Record each GPU's latest state, time, device index and minor number; the state changes
     (the port's ``record_latest``, for a caller with no admission policy to follow: the

@@ -593,4 +593,10 @@ def held_by_node(session: Session, gpu_uuid: str) -> list[tuple[uuid.UUID, int, 
 def lock_node(session: Session, node_id: uuid.UUID) -> None:
     """Wait for the node's batch being stored, and keep its next ones waiting until the
     transaction ends: taken before a GPU's row, in the order ingest takes them."""
-    pipelined(session, [repository.lock_nodes_statement([node_id])])
+    lock_nodes(session, [node_id])
+
+
+def lock_nodes(session: Session, node_ids: Iterable[uuid.UUID]) -> None:
+    """``lock_node`` for several nodes, in one statement and in the order ingest's group
+    commit takes them (so the two never wait on each other crosswise)."""
+    pipelined(session, [repository.lock_nodes_statement(node_ids)])

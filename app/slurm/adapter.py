@@ -14,11 +14,17 @@ that went away mid-way, repeats nothing and skips nothing):
 1. a job Slurm cannot requeue (``--no-requeue``, interactive ``salloc``/``srun``) is given up
    at once, with the reason (the service gives it up before then when the snapshot said so);
 2. drain the failed node, its reason gpumeter's evidence;
-3. requeue the job, unless Slurm's restart count shows it was requeued since the failure;
-4. place the pending job on the survivors plus the spare's node, starting now, in its own
-   partition and QOS, and release the spare's node from the reservation;
-5. once it runs there, report ``resumed`` at Slurm's start time, or ``abandoned`` with the
-   reason when it cannot (the job ended, ran elsewhere, or did not run by the deadline).
+3. requeue the job, unless Slurm's restart count shows it was requeued since the failure
+   (its nodes held first, step 4);
+4. hold the survivors plus the spare's node in a reservation of their own (the job's user
+   only), then requeue; place the pending job on them, starting now, in its own partition
+   and QOS, and in that reservation: from the requeue until it runs there, no other job may
+   take them (the spare's node stays in the spare reservation meanwhile; the survivors are
+   free the moment the requeue ends the run);
+5. once it runs there, end its reservation and report ``resumed`` at Slurm's start time, or
+   end it and report ``abandoned`` with the reason when it cannot (the job ended, ran
+   elsewhere, or did not run by the deadline). The spare's node leaves the spare reservation
+   once the service says it serves the job (it is no spare then).
 A placed job's node list stays while it runs (Slurm cannot clear a running job's); it is
 cleared the first round the job is pending again, so a later requeue is not pinned to them.
 
@@ -39,9 +45,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +73,10 @@ log = logging.getLogger(__name__)
 SETTLE_S = 3.0  # how long a round waits for a requeued job to finish its last run
 SETTLE_POLL_S = 0.2
 FULL_EVERY = 30  # rounds: the whole listing again (unchanged jobs' last-seen second moves on)
+# Jobs refused for a cause that passes (an account not mapped yet, a node whose agent has not
+# reported yet) are sent again each round, this many at most (the ones retried longest ago
+# first), so a cluster with many of them costs the service a bounded share of each round.
+RETRIES_PER_ROUND = 50
 
 
 @dataclass(frozen=True)
@@ -97,6 +108,8 @@ class Adapter:
         # What the service was last sent, job by job: later rounds send only what differs.
         self._posted: dict[int, JobObservation] | None = None
         self._resend: set[int] = set()  # jobs the service asked to see again (too new)
+        # Jobs refused for a passing cause, the one retried longest ago first (``_retry``).
+        self._retrying: dict[int, None] = {}
         self.accounting = config.accounting  # False once sacct says accounting is disabled
         self.gres = GresLayout(config.gres_conf)
 
@@ -123,7 +136,8 @@ class Adapter:
             jobs = {job.job_id: job for job in self.slurm.jobs()}
         self._send_snapshot(list(jobs.values()))
         self._unpin(jobs.values(), {int(a["job_id"]) for a in actions if a["job_id"]})
-        layout = self._hold_spares(actions)
+        self._let_go_stale_holds(jobs.values(), actions)
+        layout = self._hold_spares()
         drained = layout.get("drained_nodes", [])  # none from a service older than this adapter
         self._report_resumed_by_hand(drained, {a["node"] for a in actions})
 
@@ -153,7 +167,8 @@ class Adapter:
             news = [o for job_id, o in observations.items() if posted.get(job_id) != o]
             gone = [job_id for job_id in posted if job_id not in observations]
             missing = self._post(news, delta=True, gone=gone)
-        self._posted = {i: o for i, o in observations.items() if i not in self._resend}
+        again = self._resend | self._retries(observations)
+        self._posted = {i: o for i, o in observations.items() if i not in again}
         self._seen = {job.job_id: _seen_as(job) for job in jobs}
         if missing:
             found = self._accounting(missing)
@@ -177,8 +192,26 @@ class Adapter:
         result = self.api.post("/v1/slurm/snapshots", snapshot.model_dump(mode="json"))
         for problem in result["problems"]:
             log.info("slurm_job_unattributed", extra=problem)
+        self._retry([job.job_id for job in jobs], result["problems"])
         self._resend = {int(job_id) for job_id in result.get("too_new", [])}
         return [int(job_id) for job_id in result.get("missing", [])]
+
+    def _retry(self, sent: list[int], problems: list[dict[str, Any]]) -> None:
+        """Jobs sent and refused for a cause the service says may pass go to the back of the
+        retry queue; jobs sent and not refused (attributed, or refused for good) leave it."""
+        for job_id in sent:
+            self._retrying.pop(job_id, None)
+        for problem in problems:
+            if problem.get("retryable"):
+                self._retrying[int(problem["job_id"])] = None
+
+    def _retries(self, listed: Mapping[int, JobObservation]) -> set[int]:
+        """The jobs to send again next round although unchanged: up to ``RETRIES_PER_ROUND``
+        of those refused for a passing cause, the one retried longest ago first (the first
+        snapshot after the cause is fixed attributes the job from its start). A job Slurm
+        no longer lists leaves the queue."""
+        self._retrying = {job_id: None for job_id in self._retrying if job_id in listed}
+        return set(islice(self._retrying, RETRIES_PER_ROUND))
 
     def _accounting(self, job_ids: list[int]) -> dict[int, JobObservation]:
         """The jobs' records in Slurm's accounting; none once it proved disabled (then a job
@@ -227,13 +260,14 @@ class Adapter:
         ):
             return self._give_up(action, f"job {job_id} is no longer running in Slurm")
         if job.restarts == before and job.state in RUNNING_STATES:
+            # Held first: the survivors are free the moment the requeue ends the run.
+            self.slurm.hold_for(self._hold(action), action["nodes_after"], job.user)
             self.slurm.requeue(job_id)
             job = self._settled(job, before)
         if job.restarts > before and job.state in PENDING_STATES:
             if action["id"] not in self._placed:
-                self.slurm.place(job_id, action["nodes_after"])
+                self.slurm.place(job_id, action["nodes_after"], self._hold(action), job.user)
                 self._placed.add(action["id"])
-                self._hold_spares([action])  # the spare's node leaves the reservation now
         elif job.restarts > before and job.state in RUNNING_STATES:
             if action["spare_node"] in job.nodes and job.observation.start_time is not None:
                 return self._resumed(action, job.observation.start_time)
@@ -255,6 +289,7 @@ class Adapter:
         return job
 
     def _resumed(self, action: dict[str, Any], start: int) -> None:
+        self._end_hold(self._hold(action), int(action["job_id"]))  # first: done is final
         body = {"resumed_at": from_epoch(start).isoformat()}
         done = self.api.post(f"/v1/slurm/actions/{action['id']}/resumed", body)
         log.info("slurm_action_done", extra={"action": action["id"], "outcome": done["outcome"]})
@@ -262,6 +297,7 @@ class Adapter:
     def _give_up(self, action: dict[str, Any], reason: str) -> None:
         if action["kind"] != "failover":
             return self._done(action, f"abandoned: {reason}")
+        self._end_hold(self._hold(action), int(action["job_id"]))
         body = {"reason": reason[:500]}
         done = self.api.post(f"/v1/slurm/actions/{action['id']}/abandoned", body)
         log.info("slurm_action_done", extra={"action": action["id"], "outcome": done["outcome"]})
@@ -275,7 +311,7 @@ class Adapter:
         self.slurm.drain(node, reason)
 
     def _repair(self, action: dict[str, Any]) -> None:
-        self._hold_spares([])  # a node that became a spare is reserved before it resumes
+        self._hold_spares()  # a node that became a spare is reserved before it resumes
         node, status = action["node"], self.slurm.node_status(action["node"])
         if not status.drained:
             return self._done(action, f"node {node} is in service already: not rebooted")
@@ -290,13 +326,13 @@ class Adapter:
 
     # --- the spare pool ---------------------------------------------------------------------
 
-    def _hold_spares(self, actions: list[dict[str, Any]]) -> dict[str, Any]:
-        """The spare reservation holds gpumeter's hot spares in this cluster, less the spare
-        nodes open failovers are moving jobs onto; the layout, limited to this cluster."""
+    def _hold_spares(self) -> dict[str, Any]:
+        """The spare reservation holds gpumeter's hot spares in this cluster (a spare an open
+        failover is moving a job onto included, until it runs there: the service then no
+        longer counts the node a spare); the layout, limited to this cluster."""
         layout: dict[str, Any] = self.api.get("/v1/slurm/layout")
-        taken = {a["spare_node"] for a in actions if a["kind"] == "failover"}
         cluster = self.slurm.nodes()
-        wanted = [n for n in cluster if n in set(layout["spare_nodes"]) - taken]
+        wanted = [n for n in cluster if n in set(layout["spare_nodes"])]
         self.slurm.hold_nodes(self.config.spare_reservation, wanted)
         return {key: [n for n in nodes if n in cluster] for key, nodes in layout.items()}
 
@@ -311,6 +347,33 @@ class Adapter:
                 body = {"cluster": self.config.cluster, "state": state}
                 self.api.post(f"/v1/slurm/nodes/{node}/resumed-by-hand", body)
                 log.warning("slurm_node_resumed_by_hand", extra={"node": node, "state": state})
+
+    def _hold(self, action: dict[str, Any]) -> str:
+        """The reservation that holds a failover's nodes for its job while it is placed."""
+        return f"{self._hold_prefix}{action['id']}"
+
+    @property
+    def _hold_prefix(self) -> str:
+        return f"{self.config.spare_reservation}_failover"
+
+    def _let_go_stale_holds(self, jobs: Iterable[SlurmJob], actions: list[dict[str, Any]]) -> None:
+        """A job still in a failover's reservation whose action is done (an adapter stopped
+        between the two): the reservation ends, so it holds no node past the failover."""
+        open_holds = {self._hold(a) for a in actions if a["kind"] == "failover"}
+        for job in jobs:
+            held = job.reservation.startswith(self._hold_prefix)
+            if held and job.reservation not in open_holds:
+                self._end_hold(job.reservation, job.job_id)
+
+    def _end_hold(self, reservation: str, job_id: int) -> None:
+        """End a failover's reservation; one Slurm refuses to end is logged and left to
+        Slurm (PURGE_COMP ends it once no job is in it), never a reason to abandon."""
+        try:
+            self.slurm.let_go(reservation, job_id)
+        except SlurmRefused as refused:
+            log.warning(
+                "slurm_hold_kept", extra={"reservation": reservation, "error": str(refused)}
+            )
 
     def _unpin(self, jobs: Iterable[SlurmJob], failing_over: set[int]) -> None:
         """A job a failover placed is pending again (requeued, preempted): its node list goes,

@@ -46,6 +46,8 @@ class SlurmJob:
     partition: str
     qos: str = ""
     admin_comment: str = ""
+    user: str = ""  # the job's user name: a reservation that holds nodes for it names them
+    reservation: str = ""
 
     @property
     def placed_by_failover(self) -> bool:
@@ -124,16 +126,51 @@ class Slurm:
     def requeue(self, job_id: int) -> None:
         self.run("scontrol", "requeue", str(job_id))
 
-    def place(self, job_id: int, nodes: list[str]) -> None:
+    def place(self, job_id: int, nodes: list[str], reservation: str, user: str) -> None:
         """Make a pending job run on exactly these nodes, in two seconds, in its own partition
-        and QOS. A requeue sets its begin time about two minutes ahead; not the same second
-        either: a run started in the second its previous run's credential was revoked is
-        killed ("Job credential revoked"). The pin is marked in the job's AdminComment (which
-        only an operator can set), so ``unpin`` can tell it from the customer's own ``-w``."""
+        and QOS, holding them for it meanwhile. A requeue sets its begin time about two
+        minutes ahead; not the same second either: a run started in the second its previous
+        run's credential was revoked is killed ("Job credential revoked"). The pin is marked
+        in the job's AdminComment (which only an operator can set), so ``unpin`` can tell it
+        from the customer's own ``-w``.
+
+        The nodes are held by a reservation of their own (``hold_for``), which the job is
+        put in: until it runs, no other job may start on them (a spare's node stays in the
+        spare reservation too; the survivors, free since the requeue, would be taken too)."""
+        self.hold_for(reservation, nodes, user)
         self.run(
             "scontrol", "update", f"JobId={job_id}", f"ReqNodeList={','.join(nodes)}",
             f"StartTime=now+{RESTART_DELAY_S}", f"AdminComment={PLACED_MARK}{','.join(nodes)}",
+            f"Reservation={reservation}",
         )  # fmt: skip
+
+    def hold_for(self, reservation: str, nodes: list[str], user: str) -> None:
+        """A reservation of these nodes that only ``user``'s jobs naming it may use (a job
+        must ask for a reservation to run in it; Slurm lets a job in only if its user is
+        the reservation's): OVERLAP, as a spare's node is in the spare reservation still;
+        IGNORE_JOBS, as a survivor may still be ending the job's last run; PURGE_COMP, so
+        Slurm deletes it once no job is in it for five minutes, should the adapter not.
+        Kept if it exists (an adapter restarted mid-way)."""
+        if self.reservation_nodes(reservation) is not None:
+            return
+        self.run(
+            "scontrol", "create", "reservation", f"ReservationName={reservation}",
+            f"Nodes={','.join(nodes)}", "StartTime=now", "Duration=infinite",
+            f"Users={user}", "Flags=OVERLAP,IGNORE_JOBS,PURGE_COMP",
+        )  # fmt: skip
+
+    def let_go(self, reservation: str, job_id: int) -> None:
+        """End ``hold_for``'s reservation: the job leaves it (running or pending; Slurm keeps
+        a reservation any job not ended is in), then it is deleted. Nothing when it is gone
+        already."""
+        if self.reservation_nodes(reservation) is None:
+            return
+        try:
+            self.run("scontrol", "update", f"JobId={job_id}", "Reservation=")
+        except SlurmRefused as refused:
+            if "Invalid job id" not in str(refused):  # forgotten by slurmctld: ended
+                raise
+        self.run("scontrol", "delete", f"ReservationName={reservation}")
 
     def unpin(self, job_id: int) -> None:
         """Clear the node list ``place`` set, once the job is pending again: Slurm keeps a
@@ -216,6 +253,8 @@ def parse_job(job: Mapping[str, Any]) -> SlurmJob:
         partition=str(job.get("partition") or ""),
         qos=str(job.get("qos") or ""),
         admin_comment=str(job.get("admin_comment") or ""),
+        user=str(job.get("user_name") or ""),
+        reservation=str(job.get("resv_name") or ""),
     )
 
 

@@ -13,6 +13,7 @@ from pydantic import (
     AwareDatetime,
     Field,
     SerializerFunctionWrapHandler,
+    computed_field,
     model_serializer,
     model_validator,
 )
@@ -173,10 +174,28 @@ class Snapshot(Schema):
     )
 
 
+# Why a job was not attributed, where the cause lies outside the job's own record and may pass
+# (the account gets mapped, the node's agent reports its GPUs, the agent is upgraded, the
+# budget is raised, the GPU is let go): the adapter sends such a job again until it is
+# attributed. The others (shard/MPS/MIG GRES, runs seen ended, a job vanished) stay as they are.
+PASSING_PROBLEMS = frozenset({
+    "unknown_account", "unknown_node", "unknown_gpu_index", "unknown_gpu_minor",
+    "gpu_identity_unknown", "mixed_models", "rental_refused",
+})  # fmt: skip
+
+
 class JobProblem(Schema):
     job_id: int
     reason: str  # unknown_account, unknown_node, unknown_gpu_index, mixed_models, ...
     detail: str
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="the cause may pass (an account mapped, an agent reporting): the adapter "
+        "sends the job again each round until it is attributed, from its start"
+    )
+    @property
+    def retryable(self) -> bool:
+        return self.reason in PASSING_PROBLEMS
 
 
 class SnapshotResult(Schema):

@@ -129,7 +129,8 @@ class _Unattributable(Exception):
 def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
     """Most of a round's jobs are as they were: they are read, not locked, and only their
     last-seen second is moved on (every ``LAST_SEEN_STEP_S``, in one statement); the jobs that
-    changed are locked and attributed."""
+    changed are locked and attributed, the GPUs of their nodes locked first as ingest locks
+    them (``fleet.lock_gpus_as_ingest``: the two wait in turn, never deadlock)."""
     ids = [job.job_id for job in snapshot.jobs]
     now = from_epoch(snapshot.taken_at)
     seen = repository.jobs(session, snapshot.cluster, ids)
@@ -143,6 +144,7 @@ def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
         nodes=fleet.gpus_of_nodes(session, {a.node for job in changed for a in job.allocation}),
         unchanged=len(snapshot.jobs) - len(changed),
     )
+    fleet.lock_gpus_as_ingest(session, [gpu for gpus in context.nodes.values() for gpu in gpus])
     # Ends first: a GPU a job let go at t may be the one another job took at t.
     for job in sorted(changed, key=lambda j: (not _letting_go(j), j.job_id)):
         _observe(session, context, known.get(job.job_id), job)

@@ -1,8 +1,9 @@
 """The failure loop on a real Slurm: slurmctld and three ``slurmd -N`` (n1, n2 workers, n3 the
 hot spare) on this host, a real service and worker, real agents simulating each node's two GPUs,
-and the real adapter (``gpumeter-slurm``). A two-node job runs on n1 + n2; n1's GPU 0 falls off
-the bus (XID 79); the adapter drains n1 with the evidence as its reason and requeues the job
-onto n2 + n3; the invoice credits exactly resumed - failed seconds; the rental's assignments
+and the real adapter (``gpumeter-slurm``). A two-node job runs on n1 + n2, another tenant's
+job waits for a node; n1's GPU 0 falls off the bus (XID 79); the adapter drains n1 with the
+evidence as its reason and requeues the job onto n2 + n3, which the waiting job cannot take
+meanwhile; the invoice credits exactly resumed - failed seconds; the rental's assignments
 are what Slurm says ran where, to the second. The second test restarts slurmctld while the
 failover is under way: nothing is lost or done twice.
 
@@ -154,6 +155,8 @@ def run_the_failure_loop(
     assert first.nodes == ["n1", "n2"] and first.restarts == 0
     assert first.observation.start_time is not None
     rental = attributed(api, job_id)["rental_id"]  # type: ignore[index]
+    # Another tenant's job waits for a node: n2 frees at the requeue, n3 is the spare.
+    waiting = slurm.submit("beta-lab", nodes=1)
     if restart_controller:
         slurm.stop_controller()  # down before the GPU fails: the adapter must ride it out
         wait_for(lambda: failover_in(api, "requested"), "the failover requested", LOOP_TIMEOUT_S)
@@ -173,6 +176,13 @@ def run_the_failure_loop(
     failed_s, resumed_s = _s(failover["failed_at"]), _s(failover["resumed_at"])
     assert resumed_s == rerun.observation.start_time
     assert failover["spare_gpu_uuid"] in (gpu("n3", 0), gpu("n3", 1))
+    # The nodes were held for the job from its requeue until it ran there: the waiting job
+    # took neither, and the hold ended with the failover.
+    bystander = job_record(slurm, waiting)
+    assert (bystander.state, bystander.restarts, bystander.nodes) == ("PENDING", 0, [])
+    assert "_failover" not in slurm.run("scontrol", "show", "reservation", "--oneliner")
+    assert rerun.reservation == ""
+    slurm.run("scancel", str(waiting))
 
     # The repaired GPU: n1 is not resumed at once but rebooted once idle, to come back after
     # (nextstate=RESUME; slurmd's health check runs first), a hot spare now (the site had none

@@ -31,7 +31,11 @@ class SlurmWorld:
     t0: int = field(default_factory=lambda: minute_ago(10))
     agents: dict[str, Agent] = field(default_factory=dict)
 
-    def node(self, hostname: str, pool: str = "rentable", gpus: int = 2) -> None:
+    def node(
+        self, hostname: str, pool: str = "rentable", gpus: int = 2, *, report: bool = True
+    ) -> None:
+        """Register the node and its GPUs; its agent reports them unless ``report`` is False
+        (they have no device index yet)."""
         registered = self.console.post(
             "/v1/nodes", {"hostname": hostname, "datacenter": "fra1", "topology_group": "nvl-a"}
         )
@@ -42,12 +46,21 @@ class SlurmWorld:
             body = {"uuid": gpu_of(hostname, i), "node_id": registered["node"]["id"],
                     "model": "H100", "pool": pool}  # fmt: skip
             self.console.post("/v1/gpus", body)
-        self.report(hostname, [(i, self.t0 - 60, self.t0 - 30, "healthy") for i in range(gpus)])
+        if report:
+            self.report(hostname, [(i, self.t0 - 60, self.t0 - 30, "healthy") for i in range(gpus)])
 
     def report(self, hostname: str, runs: list[tuple[int, int, int, str]]) -> None:
         """The node's agent reports (device index, start, end, state) runs."""
         records = [rec(gpu_of(hostname, i), a, b, s, device_index=i) for i, a, b, s in runs]
         self.agents[hostname].post(records)
+
+    def map_account(self, account: str) -> None:
+        """Bill the Slurm account's jobs to Acme AI on the per-second plan."""
+        mapping = {"customer_id": self.customer_id, "plan_id": self.plan_id}
+        response = self.client.put(
+            f"/v1/slurm/accounts/{account}", json=mapping, headers=self.console.headers
+        )
+        assert response.status_code == 200, response.text
 
     def snapshot(self, *jobs: dict[str, Any], at: int, status: int = 200, **fields: Any) -> Any:
         body = {"cluster": CLUSTER, "taken_at": at, "jobs": list(jobs), **fields}
@@ -114,7 +127,5 @@ def world(console: Console, client: TestClient) -> SlurmWorld:
     for hostname in ("n1", "n2"):
         world.node(hostname)
     world.node("n3", pool="spare")
-    mapping = {"customer_id": world.customer_id, "plan_id": world.plan_id}
-    response = client.put(f"/v1/slurm/accounts/{ACCOUNT}", json=mapping, headers=console.headers)
-    assert response.status_code == 200, response.text
+    world.map_account(ACCOUNT)
     return world

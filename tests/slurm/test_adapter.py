@@ -6,8 +6,10 @@ runs the same adapter against a real slurmctld."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import httpx
@@ -15,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.core.console_client import Api
+from app.core.epoch import from_epoch
 from app.slurm.adapter import Adapter, AdapterConfig
 from app.slurm.scheduler import SlurmJob
 from app.slurm.schemas import AccountedRun, JobObservation, NodeGpus
@@ -22,6 +25,7 @@ from metering_agent.healthcheck import NodeStatus
 from tests.slurm.conftest import ACCOUNT, CLUSTER, SlurmWorld, gpu_of
 
 IDLE = NodeStatus(frozenset({"IDLE"}), "")
+USER = "alice"  # every job's user
 
 
 @dataclass
@@ -32,9 +36,11 @@ class ScriptedSlurm:
     accounted: dict[int, JobObservation] = field(default_factory=dict)
     status: dict[str, NodeStatus] = field(default_factory=dict)
     commands: list[tuple[str, ...]] = field(default_factory=list)
+    holds: set[str] = field(default_factory=set)  # the failovers' reservations
+    reserved: list[str] = field(default_factory=list)  # the spare reservation's nodes
 
     def jobs(self) -> list[SlurmJob]:
-        return [SlurmJob(observation, partition="gpu") for observation in self.listing]
+        return [SlurmJob(o, partition="gpu", user=USER) for o in self.listing]
 
     def job(self, job_id: int) -> SlurmJob | None:
         return next((job for job in self.jobs() if job.job_id == job_id), None)
@@ -57,13 +63,31 @@ class ScriptedSlurm:
         self.status[node] = NodeStatus(frozenset({"IDLE", "DRAIN", "REBOOT_REQUESTED"}), reason)
 
     def hold_nodes(self, name: str, nodes: list[str]) -> None:
-        pass  # the reservation: tests/e2e/test_slurm.py holds it on a real slurmctld
+        self.reserved = nodes  # on a real slurmctld: tests/e2e/test_slurm.py
 
     def requeue(self, job_id: int) -> None:
+        """The job pending again at once, its restart count one up, holding nothing."""
         self.commands.append(("requeue", str(job_id)))
+        self.listing = [
+            o.model_copy(update={"state": "PENDING", "restarts": o.restarts + 1,
+                                 "start_time": None, "allocation": []})
+            if o.job_id == job_id else o
+            for o in self.listing
+        ]  # fmt: skip
 
-    def place(self, job_id: int, nodes: list[str]) -> None:
-        self.commands.append(("place", str(job_id), *nodes))
+    def hold_for(self, reservation: str, nodes: list[str], user: str) -> None:
+        if reservation not in self.holds:  # as Slurm's: kept if it exists
+            self.commands.append(("hold", reservation, user, *nodes))
+            self.holds.add(reservation)
+
+    def place(self, job_id: int, nodes: list[str], reservation: str, user: str) -> None:
+        self.hold_for(reservation, nodes, user)
+        self.commands.append(("place", str(job_id), reservation, *nodes))
+
+    def let_go(self, reservation: str, job_id: int) -> None:
+        if reservation in self.holds:  # as Slurm's: nothing to end once it is gone
+            self.commands.append(("let_go", reservation, str(job_id)))
+            self.holds.remove(reservation)
 
     def unpin(self, job_id: int) -> None:
         self.commands.append(("unpin", str(job_id)))
@@ -233,3 +257,99 @@ def test_a_node_resumed_by_hand_while_gpumeter_held_it_failed_is_reported_once(
     ]
     _repair(world)  # healthy again: nothing left to do, no reboot of a node in service
     assert world.get(f"/v1/slurm/actions?cluster={CLUSTER}")["items"] == []
+
+
+def _sent_snapshots(adapter: Adapter) -> list[tuple[bool, list[int]]]:
+    """(delta, job ids) of each snapshot the adapter posts from now on."""
+    sent: list[tuple[bool, list[int]]] = []
+
+    def record(request: httpx.Request) -> None:
+        if request.url.path == "/v1/slurm/snapshots":
+            body = json.loads(request.content)
+            sent.append((body["delta"], sorted(job["job_id"] for job in body["jobs"])))
+
+    adapter.api.client.event_hooks["request"].append(record)
+    return sent
+
+
+def _round(adapter: Adapter) -> None:
+    """One round, counted as ``Adapter.run`` counts it (every ``FULL_EVERY``-th round sends
+    the whole listing, the others what changed)."""
+    adapter.round()
+    adapter.rounds += 1
+
+
+def test_a_job_refused_for_a_passing_cause_is_attributed_from_its_start_once_it_passes(
+    world: SlurmWorld, client: TestClient
+) -> None:
+    """Since t0, job 9 runs under an account mapped to no customer, job 10 on n4, whose agent
+    has not reported its GPUs yet, job 11 on a MIG slice (never billed) and job 12 as it
+    should. Slurm's records of them do not change, yet each round sends jobs 9 and 10 again
+    (not 11, refused for good, nor 12): the first round after the account is mapped and n4's
+    agent reports attributes both from t0, their start."""
+    t0 = world.t0
+    world.node("n4", report=False)
+
+    def running(job_id: int, account: str, held: NodeGpus) -> JobObservation:
+        return JobObservation(job_id=job_id, account=account, state="RUNNING", restarts=0,
+                              submit_time=t0 - 1, start_time=t0, allocation=[held])  # fmt: skip
+
+    slurm = ScriptedSlurm(listing=[
+        running(9, "physics", NodeGpus(node="n1", gpu_indices=[1])),
+        running(10, ACCOUNT, NodeGpus(node="n4", gpu_indices=[0])),
+        running(11, ACCOUNT, NodeGpus(node="n2", gpu_indices=[], mig=["gpu:1g.10gb:1"])),
+        running(12, ACCOUNT, NodeGpus(node="n1", gpu_indices=[0])),
+    ])  # fmt: skip
+    adapter = _adapter(world, client, slurm)
+    sent = _sent_snapshots(adapter)
+    _round(adapter)
+    _round(adapter)
+    assert sent == [(False, [9, 10, 11, 12]), (True, [9, 10])]
+    problems = {row["job_id"]: row["problem"] for row in world.get("/v1/slurm/jobs")["items"]}
+    assert [(job_id, (problem or "").split(":")[0]) for job_id, problem in problems.items()] == [
+        (9, "unknown_account"), (10, "unknown_gpu_index"), (11, "mig_unsupported"), (12, ""),
+    ]  # fmt: skip
+
+    world.map_account("physics")
+    world.report("n4", [(0, t0 + 30, t0 + 31, "healthy")])
+    _round(adapter)
+    assert sent[2:] == [(True, [9, 10])]
+    assert world.assignments(9) == [(gpu_of("n1", 1), t0, None)]
+    assert world.assignments(10) == [(gpu_of("n4", 0), t0, None)]
+    assert [world.job_row(job_id)["problem"] for job_id in (9, 10)] == [None, None]
+    _round(adapter)
+    assert sent[3:] == [(True, [])]  # attributed: nothing more to send
+
+
+def test_a_failed_over_job_holds_its_nodes_until_it_runs_there(
+    world: SlurmWorld, client: TestClient
+) -> None:
+    """Job 7's GPU on n1 fails: the adapter drains n1, holds n3 (the spare's node) in a
+    reservation of the job's user, requeues the job and places it on n3 in that reservation;
+    n3 stays in the spare reservation meanwhile, so no other job starts there. Once job 7
+    runs on n3, its reservation ends and the failover is resumed: n3 serves the job and
+    leaves the spares."""
+    action = _fail_under_job_7(world)
+    t0 = world.t0
+    slurm = ScriptedSlurm(
+        listing=[_observed("RUNNING", start=t0, submit=t0 - 1, gpus={"n1": [0, 1]})]
+    )
+    adapter = _adapter(world, client, slurm)
+    adapter.round()
+    hold = f"gpumeter_spares_failover{action['id']}"
+    assert slurm.commands == [
+        ("drain", "n1", action["reason"]),
+        ("hold", hold, USER, "n3"),  # before the requeue lets the job's nodes go
+        ("requeue", "7"),
+        ("place", "7", hold, "n3"),
+    ]
+    assert slurm.holds == {hold} and slurm.reserved == ["n3"]  # held twice over
+
+    slurm.listing = [
+        _observed("RUNNING", start=t0 + 40, restarts=1, submit=t0 + 32, gpus={"n3": [0, 1]})
+    ]
+    adapter.round()
+    assert slurm.commands[4:] == [("drain", "n1", action["reason"]), ("let_go", hold, "7")]
+    assert slurm.holds == set() and slurm.reserved == []
+    [resumed] = world.get("/v1/failovers?state=resumed")["items"]
+    assert datetime.fromisoformat(resumed["resumed_at"]) == from_epoch(t0 + 40)

@@ -103,6 +103,7 @@ def test_one_job_is_read_from_every_versions_full_listing(version: str) -> None:
     running, cancelled = slurm.job(1), slurm.job(2)
     assert running is not None and cancelled is not None and slurm.job(3) is None
     assert (running.state, running.nodes, running.partition) == ("RUNNING", ["n1", "n2"], "gpu")
+    assert (running.user, running.reservation) == ("root", "")  # a failover holds for its user
     assert [a.gpu_indices for a in running.observation.allocation] == [[0, 1], [0, 1]]
     assert (running.observation.start_time, running.observation.restarts) == (1_796_655_493, 0)
     assert (cancelled.state, cancelled.observation.end_time) == ("CANCELLED", 1_796_655_495)
@@ -122,6 +123,7 @@ def test_requeuing_a_job_beside_an_ended_one_does_not_crash_the_failover() -> No
     assert [c[:2] for c in slurm.commands if c[0] == "scontrol"] == [
         ("scontrol", "show"),  # n1 drained by someone else? (not: gpumeter drains it)
         ("scontrol", "update"),
+        ("scontrol", "show"),  # the failover's reservation, made already? (this Slurm: yes)
         ("scontrol", "requeue"),
     ]
 

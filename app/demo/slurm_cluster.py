@@ -274,10 +274,15 @@ PreemptType=preempt/qos
 PreemptMode=REQUEUE"""
 
     def reboots(self) -> int:
-        """How often a slurmd was asked to reboot its node (``scontrol reboot``; slurmd runs
-        ``RebootProgram`` without naming the node: ``node_state`` says which)."""
+        """How often a slurmd was asked to reboot its node (``scontrol reboot``)."""
         marks = self.directory / "reboots"
         return len(marks.read_text().splitlines()) if marks.exists() else 0
+
+    def rebooted(self) -> list[str]:
+        """Each node whose simulated reboot completed, with the reason it carried then
+        ("n1 gpumeter: ... : reboot issued"), in order."""
+        done = self.directory / "rebooted"
+        return done.read_text().splitlines() if done.exists() else []
 
     # --- set-up -----------------------------------------------------------------------------
 
@@ -290,11 +295,23 @@ PreemptMode=REQUEUE"""
         )
 
     def _reboot_program(self) -> Path:
-        """``slurmd -N`` nodes share this host, which no test may reboot: the program only
-        records that it ran (slurmctld then waits ResumeTimeout for the node, and marks it DOWN)."""
-        program = self.directory / "reboot"
-        marks = self.directory / "reboots"
-        program.write_text(f"#!/bin/sh\necho reboot >> {marks}\n")
+        """``slurmd -N`` nodes share this host, which no test may reboot: the program records
+        that it ran, and a second later completes the reboot as a rebooted node's slurmd would
+        (``nextstate=RESUME``): every node whose reboot Slurm issued is resumed, its name and
+        reason recorded first. slurmd runs the program without naming its node; the issued
+        state says which. (Without this, slurmctld waits ``ResumeTimeout`` and marks it DOWN.)"""
+        program, marks, done = (self.directory / n for n in ("reboot", "reboots", "rebooted"))
+        scontrol = f"SLURM_CONF={self.conf} {shutil.which('scontrol') or 'scontrol'}"
+        program.write_text(
+            "#!/bin/sh\n"
+            f"echo reboot >> {marks}\n"
+            "(sleep 1\n"
+            f" {scontrol} show node --oneliner | grep 'State=[^ ]*REBOOT_ISSUED' |\n"
+            " sed -n 's/^NodeName=\\([^ ]*\\) .* Reason=\\(.*\\) \\[.*$/\\1 \\2/p' |\n"
+            f' while read -r node reason; do echo "$node $reason" >> {done};\n'
+            f'  {scontrol} update nodename="$node" state=resume; done\n'
+            ") >/dev/null 2>&1 &\n"
+        )
         program.chmod(0o755)
         return program
 

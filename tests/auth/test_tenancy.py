@@ -183,6 +183,9 @@ ROUTES: dict[tuple[str, str], Case] = {
         Expect.ADMIN_ONLY, body={"reason": "x"}
     ),
     ("GET", "/v1/slurm/layout"): Case(Expect.ADMIN_ONLY),
+    ("POST", "/v1/slurm/nodes/{node}/resumed-by-hand"): Case(
+        Expect.ADMIN_ONLY, body={"cluster": "hpc", "state": "IDLE"}
+    ),
     ("GET", "/v1/spare-policies"): Case(Expect.ADMIN_ONLY),
     ("PUT", "/v1/spare-policies"): Case(
         Expect.ADMIN_ONLY, body={"datacenter": "fra1", "model": "H100", "target_percent": "5"}
@@ -254,6 +257,7 @@ def build_world(console: Console) -> World:
         "delivery_id": "1",
         "account": "acme-ml",  # Slurm routes are admin-only: refused before any lookup
         "action_id": "1",
+        "node": "n1",
     }
     markers = [
         a["id"],

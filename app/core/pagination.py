@@ -72,3 +72,15 @@ def page_of(items: Sequence[T], page: PageParams) -> Page[T]:
         offset=page.offset,
         next_offset=page.offset + page.limit if more else None,
     )
+
+
+S = TypeVar("S", bound=Select[Any])
+
+
+def where_given(query: S, *filters: tuple[Any, object]) -> S:
+    """``query`` narrowed to ``column == value`` for each (column, value) whose value was given
+    (not None): a list endpoint's optional filters."""
+    for column, value in filters:
+        if value is not None:
+            query = query.where(column == value)
+    return query

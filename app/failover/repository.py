@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.auth.tenancy import readable_by
+from app.core.pagination import where_given
 from app.failover.models import (
     OPEN_STATES,
     Failover,
@@ -34,11 +35,7 @@ def failovers_query(
     state: FailoverState | None = None,
 ) -> Select[Failover]:
     query = readable_failovers(principal).order_by(Failover.requested_at, Failover.id)
-    if rental_id is not None:
-        query = query.where(Failover.rental_id == rental_id)
-    if state is not None:
-        query = query.where(Failover.state == state)
-    return query
+    return where_given(query, (Failover.rental_id, rental_id), (Failover.state, state))
 
 
 def locked_failover(session: Session, failover_id: uuid.UUID) -> Failover | None:

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.core.db import pipelined
+from app.core.pagination import where_given
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool, RefusedClaim
 from app.metering.ports import LatestReport
 from app.rentals.reads import ever_served
@@ -48,13 +49,7 @@ def gpus_query(
 ) -> Select[Gpu]:
     """The principal's GPUs, filtered."""
     query = readable_gpus(principal).order_by(Gpu.node_id, Gpu.uuid)
-    if node_id is not None:
-        query = query.where(Gpu.node_id == node_id)
-    if pool is not None:
-        query = query.where(Gpu.pool == pool)
-    if model is not None:
-        query = query.where(Gpu.model == model)
-    return query
+    return where_given(query, (Gpu.node_id, node_id), (Gpu.pool, pool), (Gpu.model, model))
 
 
 def gpu_served_customer(customer_id: uuid.UUID) -> Exists:

@@ -8,6 +8,7 @@ from sqlalchemy import Select, or_, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from app.core.pagination import where_given
 from app.payments.models import PaymentFailure, StripeOutbox, StripeWebhookEvent, SyncState
 
 
@@ -68,8 +69,8 @@ def payment_failures_query(
     *, customer_id: uuid.UUID | None = None, invoice_id: uuid.UUID | None = None
 ) -> Select[PaymentFailure]:
     query = select(PaymentFailure).order_by(PaymentFailure.occurred_at, PaymentFailure.id)
-    if customer_id is not None:
-        query = query.where(PaymentFailure.customer_id == customer_id)
-    if invoice_id is not None:
-        query = query.where(PaymentFailure.invoice_id == invoice_id)
-    return query
+    return where_given(
+        query,
+        (PaymentFailure.customer_id, customer_id),
+        (PaymentFailure.invoice_id, invoice_id),
+    )

@@ -5,14 +5,21 @@ so every test package gets them without importing them."""
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from app.core.processes import wait_until
+
+if TYPE_CHECKING:
+    from app.demo.slurm_cluster import LocalSlurm
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -88,3 +95,32 @@ class Ran:
     def rows(self) -> list[list[str]]:
         """A table's rows below its header, cells split where two or more spaces part them."""
         return [re.split(r"\s{2,}", line.strip()) for line in self.out.splitlines()[1:]]
+
+
+def require_slurm(*, accounting: bool = False) -> None:
+    """Skip a Slurm test where Slurm is not installed; in CI, which installs it, fail."""
+    from app.demo.slurm_cluster import installed
+
+    if installed(accounting=accounting):
+        return
+    packages = "slurm-wlm" + (" slurmdbd mariadb-server" if accounting else "")
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"Slurm is not installed; .ci/run installs {packages}")
+    pytest.skip(f"Slurm is not installed: apt-get install {packages} (CI installs it)")
+
+
+@contextmanager
+def running_slurm(tmp_path: Path, *args: Any, **kwargs: Any) -> Iterator[LocalSlurm]:
+    """A throwaway cluster (``LocalSlurm(tmp_path / "slurm", *args, **kwargs)``), started, and
+    stopped by its daemons' PIDs however the test ends."""
+    from app.demo.slurm_cluster import LocalSlurm
+
+    require_slurm(accounting=bool(kwargs.get("accounts")))
+    directory = tmp_path / "slurm"
+    directory.mkdir()
+    cluster = LocalSlurm(directory, *args, **kwargs)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -13,7 +13,6 @@ tests skip, except in CI, where they fail."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,11 +26,11 @@ import pytest
 from app.core.console_client import Api
 from app.core.epoch import epoch, from_epoch
 from app.core.processes import stop_child
-from app.demo.slurm_cluster import SPARE_RESERVATION, LocalSlurm, installed
+from app.demo.slurm_cluster import SPARE_RESERVATION, LocalSlurm
 from app.slurm.scheduler import Slurm, SlurmJob
 from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
 from tests.e2e.conftest import BIN, Fleet
-from tests.harness import wait_for
+from tests.harness import running_slurm, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("slurm")]
 
@@ -46,18 +45,8 @@ LOOP_TIMEOUT_S = 90
 
 @pytest.fixture
 def slurm(tmp_path: Path) -> Iterator[LocalSlurm]:
-    if not installed():
-        if os.environ.get("CI") == "true":
-            pytest.fail("Slurm is not installed; .ci/run installs slurm-wlm")
-        pytest.skip("Slurm is not installed: apt-get install slurm-wlm (CI installs it)")
-    directory = tmp_path / "slurm"
-    directory.mkdir()
-    cluster = LocalSlurm(directory, WORKERS, SPARES)
-    cluster.start()
-    try:
+    with running_slurm(tmp_path, WORKERS, SPARES) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @dataclass(frozen=True)
@@ -353,22 +342,17 @@ def test_slurmds_health_check_program_drains_a_failed_node_and_resumes_it_once_r
     ``gpumeter-agent --health-check --drain`` (slurm.conf takes no arguments), run by each
     slurmd every interval. n1's agent latched a failure: slurmd's check drains n1; the
     operator clears the latch (the repair the agent cannot see): the next check resumes it."""
-    if not installed():
-        pytest.skip("Slurm is not installed: apt-get install slurm-wlm (CI installs it)")
-    directory = tmp_path / "slurm"
-    directory.mkdir()
     wrapper = tmp_path / "gpumeter-healthcheck"
+    conf = tmp_path / "slurm" / "slurm.conf"  # where running_slurm writes it
     wrapper.write_text(
         "#!/bin/sh\n"
-        f"export SLURM_CONF={directory / 'slurm.conf'}\n"  # only because slurmd -N shares a host
+        f"export SLURM_CONF={conf}\n"  # only because slurmd -N shares a host
         f"exec {BIN / 'gpumeter-agent'} --health-check --drain --simulate 2 "
         f'--spool-dir {tmp_path}/spool-"$SLURMD_NODENAME" '
         '--node-name "$SLURMD_NODENAME" --uuid-prefix "$SLURMD_NODENAME"\n'
     )
     wrapper.chmod(0o755)
-    cluster = LocalSlurm(directory, WORKERS, SPARES, health_check=wrapper)
-    cluster.start()
-    try:
+    with running_slurm(tmp_path, WORKERS, SPARES, health_check=wrapper) as cluster:
         _agent_with_a_latched_failure(tmp_path / "spool-n1", "n1")
         failed = sim_uuid("n1", 0, "n1")
         drained = (
@@ -384,5 +368,3 @@ def test_slurmds_health_check_program_drains_a_failed_node_and_resumes_it_once_r
         )  # fmt: skip
         wait_for(lambda: cluster.node_reason("n1") == "", "slurmd's check resuming n1", 60)
         assert "DRAIN" not in cluster.node_state("n1").split("+")
-    finally:
-        cluster.stop()

@@ -10,7 +10,6 @@ gres.conf, job 1's GRES index 0 was billed as NVML GPU 0, a GPU another customer
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +18,11 @@ import pytest
 
 from app.core.console_client import Api
 from app.core.processes import stop_child
-from app.demo.slurm_cluster import LocalSlurm, installed
+from app.demo.slurm_cluster import LocalSlurm
 from metering_agent.nvml.simulated import DEFAULT_MODEL
 from tests.e2e.conftest import BIN, Fleet
 from tests.e2e.test_slurm import ACCOUNT, CLUSTER, PRICE, assignments, attributed, gpu, job_record
-from tests.harness import wait_for
+from tests.harness import running_slurm, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.xdist_group("slurm")]
 
@@ -38,18 +37,8 @@ def billed_as(minor: int) -> str:
 
 @pytest.fixture
 def slurm(tmp_path: Path) -> Iterator[LocalSlurm]:
-    if not installed():
-        if os.environ.get("CI") == "true":
-            pytest.fail("Slurm is not installed; .ci/run installs slurm-wlm")
-        pytest.skip("Slurm is not installed: apt-get install slurm-wlm (CI installs it)")
-    directory = tmp_path / "slurm"
-    directory.mkdir()
-    cluster = LocalSlurm(directory, ["n1"], [], gpus=4, gres_order={"n1": GRES_ORDER})
-    cluster.start()
-    try:
+    with running_slurm(tmp_path, ["n1"], [], gpus=4, gres_order={"n1": GRES_ORDER}) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture

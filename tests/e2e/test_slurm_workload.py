@@ -16,7 +16,6 @@ them this test skips, except in CI, where it fails."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections import Counter
@@ -30,10 +29,10 @@ import pytest
 from app.core.console_client import Api
 from app.core.epoch import epoch
 from app.core.processes import stop_child, wait_until
-from app.demo.slurm_cluster import URGENT_QOS, LocalSlurm, installed
+from app.demo.slurm_cluster import URGENT_QOS, LocalSlurm
 from metering_agent.nvml.simulated import DEFAULT_MODEL, sim_uuid
 from tests.e2e.conftest import BIN, Fleet
-from tests.harness import wait_for
+from tests.harness import running_slurm, wait_for
 
 # Alone: with the suite's four workers on two cores, the adapter's rounds slip and a requeue
 # seen late was attributed from the first run's start once (job 3: 125 s too early, see the
@@ -59,19 +58,11 @@ CATCH_UP_TIMEOUT_S = 60  # the adapter back: every end it missed, read from acco
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalSlurm]:
-    if not installed(accounting=True):
-        if os.environ.get("CI") == "true":
-            pytest.fail("Slurm is not installed; .ci/run installs slurm-wlm slurmdbd mariadb")
-        pytest.skip("apt-get install slurm-wlm slurmdbd mariadb-server (CI installs them)")
-    directory = tmp_path / "slurm"
-    directory.mkdir()
     accounts = [*CUSTOMERS, UNMAPPED]
-    slurm = LocalSlurm(directory, WORKERS, SPARES, accounts=accounts, min_job_age_s=MIN_JOB_AGE_S)
-    slurm.start()
-    try:
+    with running_slurm(
+        tmp_path, WORKERS, SPARES, accounts=accounts, min_job_age_s=MIN_JOB_AGE_S
+    ) as slurm:
         yield slurm
-    finally:
-        slurm.stop()
 
 
 def gpu(node: str, index: int) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from app.demo.slurm_cluster import installed
+from tests.harness import require_slurm
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
@@ -45,10 +45,7 @@ def test_the_scale_bench_runs_tiny(pg_server_url: str) -> None:
 @pytest.mark.e2e
 @pytest.mark.xdist_group("slurm")
 def test_the_failover_bench_runs_tiny_with_other_jobs(pg_server_url: str) -> None:
-    if not installed():
-        if os.environ.get("CI") == "true":
-            pytest.fail("Slurm is not installed; .ci/run installs slurm-wlm")
-        pytest.skip("Slurm is not installed: apt-get install slurm-wlm (CI installs it)")
+    require_slurm()
     options = ("--failures", "2", "--every", "20", "--repair-after", "8", "--settle", "60",
                "--background", "10", "--background-nodes", "1")  # fmt: skip
     result = _bench("slurm_failover.py", pg_server_url, *options, timeout_s=300)

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
 from app.auth.tenancy import readable_by
+from app.core.db import one_of
 from app.core.pagination import where_given
 from app.failover.models import (
     OPEN_STATES,
@@ -70,11 +71,20 @@ def requested_for_rental(session: Session, rental_id: uuid.UUID) -> Failover | N
     )
 
 
+def moving_rentals(session: Session, rental_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
+    if not rental_ids:
+        return set()
+    query = select(Failover.rental_id).where(
+        one_of(Failover.rental_id, rental_ids), Failover.state == FailoverState.REQUESTED
+    )
+    return set(session.scalars(query))
+
+
 def reservations(session: Session, gpu_uuids: Collection[str]) -> dict[str, Failover]:
     """The requested failover holding each of these GPUs as its spare, if any."""
     rows = session.scalars(
         select(Failover).where(
-            Failover.state == FailoverState.REQUESTED, Failover.spare_gpu_uuid.in_(gpu_uuids)
+            Failover.state == FailoverState.REQUESTED, one_of(Failover.spare_gpu_uuid, gpu_uuids)
         )
     )
     return {f.spare_gpu_uuid: f for f in rows if f.spare_gpu_uuid is not None}

@@ -17,7 +17,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
-from app.core.db import pipelined
+from app.core.db import one_of, pipelined
 from app.core.pagination import where_given
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool, RefusedClaim
 from app.metering.ports import LatestReport
@@ -163,7 +163,7 @@ def gpu_owners(session: Session, gpu_uuids: Iterable[str]) -> dict[str, uuid.UUI
 
 def lock_gpus(session: Session, gpu_uuids: Collection[str]) -> list[Gpu]:
     """The GPUs, locked in UUID order (two nodes' batches never wait on each other in turn)."""
-    query = select(Gpu).where(Gpu.uuid.in_(list(gpu_uuids))).order_by(Gpu.uuid)
+    query = select(Gpu).where(one_of(Gpu.uuid, gpu_uuids)).order_by(Gpu.uuid)
     return list(session.scalars(query.with_for_update().execution_options(populate_existing=True)))
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import BigInteger, Engine, column, create_engine, func, select, text
 from sqlalchemy.exc import DBAPIError
 
-from app.core.db import install_liveness_checks, pipelined, transaction
+from app.core.db import install_liveness_checks, none_of, one_of, pipelined, transaction
 from app.settings import sqlalchemy_url
 
 
@@ -56,3 +56,20 @@ def test_pipelined_statements_answer_in_order_and_see_each_other(db: Engine) -> 
 def test_a_failing_pipelined_statement_raises_as_sqlalchemy_does(db: Engine) -> None:
     with pytest.raises(DBAPIError, match="division by zero"), transaction(db) as session:
         pipelined(session, [(text("SELECT 1"), {}), (text("SELECT 1 / 0"), {})])
+
+
+@pytest.mark.parametrize("count", [0, 1, 20_000])
+def test_one_of_and_none_of_bind_one_array_however_many_values(db: Engine, count: int) -> None:
+    """``one_of`` / ``none_of`` are ``IN`` / ``NOT IN`` with one array parameter: the same
+    rows for no value (none of them / all of them), one, or 20,000 (beyond the 65,535
+    parameters a statement may bind, had each value one)."""
+    numbers = column("n", BigInteger)
+    series = select(numbers).select_from(text("generate_series(1, 30000) AS g(n)"))
+    values = [v * 3 for v in range(1, count + 1)]
+    with transaction(db) as session:
+        inside = session.scalars(series.where(one_of(numbers, values))).all()
+        outside = session.scalar(
+            select(func.count()).select_from(series.where(none_of(numbers, values)).subquery())
+        )
+    assert sorted(inside) == [v for v in values if v <= 30000]
+    assert outside == 30000 - len(inside)

@@ -29,7 +29,7 @@ from app.failover.service import (
     FailoverSettings,
     add_move_check,
     on_gpu_state_changed,
-    refuse_reserved_spare,
+    refuse_reserved_spares,
 )
 from app.fleet.service import RENTAL_GPUS
 from app.metering import retention, summaries
@@ -68,7 +68,7 @@ def install() -> None:
     # The failure loop: a rented GPU turning failed opens a failover; reserved spares are
     # refused to new assignments.
     subscribe("gpu.state_changed", _open_failovers)
-    add_assign_check(refuse_reserved_spare)
+    add_assign_check(refuse_reserved_spares)
     # A Slurm job's failover is carried out by the Slurm adapter (one Slurm cannot requeue is
     # abandoned before a spare is reserved); after the failover's own subscriber, so a
     # repaired GPU's pool is settled before its node's is.
@@ -121,7 +121,7 @@ def _published(event_type: str) -> str:
 TRIGGERS: dict[str, Callable[..., str]] = {
     subscribe.__name__: _published,
     add_create_check.__name__: lambda: "a rental is about to be created (may refuse it)",
-    add_assign_check.__name__: lambda: "a GPU is about to be assigned to a rental (may refuse it)",
+    add_assign_check.__name__: lambda: "GPUs are about to be assigned to rentals (may refuse them)",
     add_created_hook.__name__: lambda: "a customer is created",
     add_move_check.__name__: lambda: "a failover is about to reserve a spare (may abandon it)",
 }

@@ -14,7 +14,7 @@ locked is passed over for the next one, so two ingests never deadlock.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -405,16 +405,24 @@ def _require(failover: Failover, state: FailoverState, action: str) -> None:
 # --- the rentals service's assignment check ---------------------------------------------------
 
 
-def refuse_reserved_spare(session: Session, gpu: RentalGpu, rental: Rental) -> None:
-    """No new rental (or manual migration) takes a spare a failover holds. Called with the
-    GPU's row locked, which a reservation also takes, so the two are checked in turn."""
-    held = repository.reservations(session, [gpu.uuid]).get(gpu.uuid)
-    if held is not None and held.rental_id != rental.id:
-        until = iso(held.reserved_until)
-        raise Conflict(
-            f"GPU {gpu.uuid} is reserved as the spare of failover {held.id} until {until}",
-            ("body", "gpu_uuid"),
-        )
+def refuse_reserved_spares(
+    session: Session, claims: Sequence[tuple[RentalGpu, Rental]]
+) -> list[ApiError | None]:
+    """No new rental (or manual migration) takes a spare a failover holds: each claim's
+    refusal, or None. Called with the GPUs' rows locked, which a reservation also takes, so
+    the two are checked in turn."""
+    held = repository.reservations(session, {gpu.uuid for gpu, _ in claims})
+    return [_reserved_refusal(held.get(gpu.uuid), gpu, rental) for gpu, rental in claims]
+
+
+def _reserved_refusal(held: Failover | None, gpu: RentalGpu, rental: Rental) -> ApiError | None:
+    if held is None or held.rental_id == rental.id:
+        return None
+    return Conflict(
+        f"GPU {gpu.uuid} is reserved as the spare of failover {held.id} until "
+        f"{iso(held.reserved_until)}",
+        ("body", "gpu_uuid"),
+    )
 
 
 # --- read interfaces (a scheduler's adapter) -------------------------------------------------
@@ -424,6 +432,12 @@ def requested_for_rental(session: Session, rental_id: uuid.UUID) -> Failover | N
     """The rental's failover waiting for the orchestrator's answer, if any: the scheduler's
     view of the job is in flux until it is resumed or given up."""
     return repository.requested_for_rental(session, rental_id)
+
+
+def moving_rentals(session: Session, rental_ids: Collection[uuid.UUID]) -> set[uuid.UUID]:
+    """Those of these rentals with a failover waiting for the orchestrator's answer (as
+    ``requested_for_rental``, one query for a scheduler's whole snapshot)."""
+    return repository.moving_rentals(session, rental_ids)
 
 
 def spare_pool_below_target(

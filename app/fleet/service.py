@@ -326,16 +326,16 @@ def settle(session: Session, gpu_uuid: str, data: Settlement, gpus: IngestGpus) 
 class _RentalGpus:
     """The fleet's answers to rentals (app.rentals.ports.Gpus)."""
 
-    def lock(self, session: Session, gpu_uuid: str) -> RentalGpu | None:
-        gpu = session.get(Gpu, gpu_uuid, with_for_update=True)
-        if gpu is None:
-            return None
-        return RentalGpu(
-            gpu.uuid,
-            gpu.model,
-            in_maintenance=gpu.pool == Pool.MAINTENANCE,
-            in_quarantine=gpu.pool == Pool.QUARANTINE,
-        )
+    def lock(self, session: Session, gpu_uuids: Collection[str]) -> dict[str, RentalGpu]:
+        return {
+            gpu.uuid: RentalGpu(
+                gpu.uuid,
+                gpu.model,
+                in_maintenance=gpu.pool == Pool.MAINTENANCE,
+                in_quarantine=gpu.pool == Pool.QUARANTINE,
+            )
+            for gpu in repository.lock_gpus(session, gpu_uuids)
+        }
 
 
 RENTAL_GPUS: Gpus = _RentalGpus()

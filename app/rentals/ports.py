@@ -10,6 +10,7 @@ the simulator for its own runs).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,9 +36,10 @@ class RentalPlan:
 
 
 class Gpus(Protocol):
-    def lock(self, session: Session, gpu_uuid: str) -> RentalGpu | None:
-        """The GPU with its row locked for the transaction, so concurrent assignments of one
-        GPU are checked one after the other; None when there is no such GPU."""
+    def lock(self, session: Session, gpu_uuids: Collection[str]) -> dict[str, RentalGpu]:
+        """The GPUs by UUID, their rows locked for the transaction (in UUID order), so
+        concurrent assignments of one GPU are checked one after the other; a UUID no GPU has
+        is absent."""
 
 
 class Plans(Protocol):

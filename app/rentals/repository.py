@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime
 
 from sqlalchemy import (
@@ -14,9 +14,10 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, selectinload
 
 from app.auth.service import Principal
+from app.core.db import one_of
 from app.rentals.models import GpuAssignment, Migration, Rental
 from app.rentals.schemas import Holding
 
@@ -80,23 +81,23 @@ def customer_migrations_query(
     )
 
 
-def overlapping_assignments(
-    session: Session,
-    gpu_uuid: str,
-    start: datetime,
-    end: datetime | None,
-    *,
-    exclude_id: int | None = None,
+def assignments_overlapping(
+    session: Session, gpu_uuids: Collection[str], start: datetime, end: datetime | None
 ) -> Sequence[GpuAssignment]:
+    """The assignments of these GPUs that overlap [start, end), earliest first."""
     query = select(GpuAssignment).where(
-        GpuAssignment.gpu_uuid == gpu_uuid,
+        one_of(GpuAssignment.gpu_uuid, gpu_uuids),
         or_(GpuAssignment.end_at.is_(None), GpuAssignment.end_at > start),
     )
     if end is not None:
         query = query.where(GpuAssignment.start_at < end)
-    if exclude_id is not None:
-        query = query.where(GpuAssignment.id != exclude_id)
-    return session.scalars(query.order_by(GpuAssignment.start_at)).all()
+    return session.scalars(query.order_by(GpuAssignment.start_at, GpuAssignment.id)).all()
+
+
+def with_assignments(session: Session, rental_ids: Collection[uuid.UUID]) -> Sequence[Rental]:
+    """These rentals, their assignments loaded (two queries, however many)."""
+    query = select(Rental).where(one_of(Rental.id, rental_ids))
+    return session.scalars(query.options(selectinload(Rental.assignments))).all()
 
 
 def concurrent_assignment_count(

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Collection
+from collections import defaultdict
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from itertools import groupby
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import insert
+from sqlalchemy import insert, inspect
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.auth.service import Principal
-from app.core.errors import Conflict, Loc, NotFound, Unprocessable, not_found
+from app.core.errors import ApiError, Conflict, NotFound, Unprocessable, not_found
 from app.customers.models import Customer
 from app.customers.service import customer_by_id
 from app.events.service import publish
 from app.rentals import reads, repository
 from app.rentals.models import GpuAssignment, Migration, Rental
-from app.rentals.ports import Catalogue, RentalGpu
+from app.rentals.ports import Catalogue, RentalGpu, RentalPlan
 from app.rentals.schemas import AssignmentCreate, Holding, MigrationCreate, RentalCreate
 
 
@@ -59,6 +62,12 @@ def rental_by_id(session: Session, rental_id: uuid.UUID) -> Rental:
     return session.get_one(Rental, rental_id)
 
 
+def with_assignments(session: Session, rental_ids: Collection[uuid.UUID]) -> list[Rental]:
+    """Read interface (a scheduler's snapshot): these rentals, their assignments loaded, in
+    two queries however many."""
+    return list(repository.with_assignments(session, rental_ids))
+
+
 def rentals_holding(
     session: Session, gpu_uuid: str, start: datetime, end: datetime
 ) -> list[uuid.UUID]:
@@ -90,15 +99,15 @@ def add_create_check(check: CreateCheck) -> None:
         _create_checks.append(check)
 
 
-# Checks that may refuse assigning a GPU (raising an ApiError), registered by the composition
-# root: e.g. the failover's spare reservations, which sit above rentals. Called with the GPU's
-# row locked, so they see every assignment committed before.
-AssignCheck = Callable[[Session, RentalGpu, Rental], None]
+# Checks that may refuse GPUs to rentals, registered by the composition root: e.g. the
+# failover's spare reservations, which sit above rentals. Called with the GPUs' rows locked, so
+# they see every assignment committed before; each answers a refusal or None per claim.
+AssignCheck = Callable[[Session, Sequence[tuple[RentalGpu, Rental]]], list[ApiError | None]]
 _assign_checks: list[AssignCheck] = []
 
 
 def add_assign_check(check: AssignCheck) -> None:
-    """Run ``check`` before every GPU is assigned to a rental; idempotent."""
+    """Run ``check`` before GPUs are assigned to rentals; idempotent."""
     if check not in _assign_checks:
         _assign_checks.append(check)
 
@@ -118,33 +127,113 @@ def _catalogue() -> Catalogue:
 
 
 def create_rental(session: Session, data: RentalCreate) -> Rental:
-    customer = customer_by_id(session, data.customer_id)
-    if customer is None:
-        raise not_found("customer", data.customer_id, ("body", "customer_id"))
-    for check in _create_checks:
-        check(session, customer)
-    plans = _catalogue().plans
-    plan = plans.plan(session, data.plan_id)
-    if plan is None:
-        raise not_found("price plan", data.plan_id, ("body", "plan_id"))
-    if plan.currency != customer.currency:
-        raise Unprocessable(
-            f"plan {plan.name!r} is priced in {plan.currency} but the customer is billed in "
-            f"{customer.currency}",
-            ("body", "plan_id"),
-        )
-    if not plans.has_price(
-        session, data.plan_id, data.gpu_model, customer.id, preemptible=data.preemptible
-    ):
-        kind = "preemptible price" if data.preemptible else "price"
-        raise Unprocessable(
-            f"plan {plan.name!r} has no {kind} for GPU model {data.gpu_model!r}",
-            ("body", "gpu_model"),
-        )
+    refusal = _Terms(session).refusal(data)
+    if refusal is not None:
+        raise refusal
     rental = Rental(**data.model_dump())
     session.add(rental)
     session.flush()
     return rental
+
+
+@dataclass(frozen=True)
+class NewRental:
+    """A rental to open holding these GPUs over its whole span (a scheduler's job)."""
+
+    data: RentalCreate
+    gpu_uuids: list[str]
+
+
+def open_rentals(session: Session, batch: Sequence[NewRental]) -> list[Rental | ApiError]:
+    """Create each rental with its GPUs by ``create_rental``'s and ``assign_gpu``'s rules, in a
+    handful of statements for the whole batch (a Slurm snapshot's new jobs): each answer is
+    the rental, or why it was refused, none of it written. Should the database's overlap
+    trigger refuse the writes (a concurrent transaction's assignment), every rental of the
+    batch is refused with its message and nothing is written: the caller asks again."""
+    terms = _Terms(session)
+    answers: list[Rental | ApiError] = []
+    claims: list[_Claim] = []
+    for item in batch:
+        refusal = terms.refusal(item.data)
+        if refusal is not None:
+            answers.append(refusal)
+            continue
+        rental = Rental(id=uuid.uuid4(), **item.data.model_dump())
+        answers.append(rental)
+        claims += [_Claim(rental, gpu, rental.start_at, rental.end_at) for gpu in item.gpu_uuids]
+    refused: dict[uuid.UUID, ApiError] = {}
+    for claim, refusal in zip(claims, _refusals(session, claims), strict=True):
+        if refusal is not None:
+            refused.setdefault(claim.rental.id, refusal)
+    answers = [refused.get(a.id, a) if isinstance(a, Rental) else a for a in answers]
+    opened = [a for a in answers if isinstance(a, Rental)]
+    try:
+        with session.begin_nested():
+            session.add_all(opened)
+            session.flush()  # before their assignments, which the flush would not order after
+            session.add_all(c.assignment() for c in claims if c.rental.id not in refused)
+            session.flush()
+    except IntegrityError as error:
+        conflict = Conflict(str(error.orig).splitlines()[0], ("body", "gpu_uuid"))
+        return [conflict if isinstance(a, Rental) else a for a in answers]
+    return answers
+
+
+class _Terms:
+    """Whether a customer may rent on a plan: the customer, its create checks, the plan and
+    its price, each asked once however many rentals are checked."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.customers: dict[uuid.UUID, Customer | None] = {}
+        self.checked: dict[uuid.UUID, ApiError | None] = {}
+        self.plans: dict[uuid.UUID, RentalPlan | None] = {}
+        self.priced: dict[tuple[uuid.UUID, str, uuid.UUID, bool], bool] = {}
+
+    def refusal(self, data: RentalCreate) -> ApiError | None:
+        if data.customer_id not in self.customers:
+            self.customers[data.customer_id] = customer_by_id(self.session, data.customer_id)
+        customer = self.customers[data.customer_id]
+        if customer is None:
+            return not_found("customer", data.customer_id, ("body", "customer_id"))
+        if customer.id not in self.checked:
+            self.checked[customer.id] = self._create_checks(customer)
+        return self.checked[customer.id] or self._plan_refusal(data, customer)
+
+    def _create_checks(self, customer: Customer) -> ApiError | None:
+        try:
+            for check in _create_checks:
+                check(self.session, customer)
+        except ApiError as refused:
+            return refused
+        return None
+
+    def _plan_refusal(self, data: RentalCreate, customer: Customer) -> ApiError | None:
+        plans = _catalogue().plans
+        if data.plan_id not in self.plans:
+            self.plans[data.plan_id] = plans.plan(self.session, data.plan_id)
+        plan = self.plans[data.plan_id]
+        if plan is None:
+            return not_found("price plan", data.plan_id, ("body", "plan_id"))
+        if plan.currency != customer.currency:
+            return Unprocessable(
+                f"plan {plan.name!r} is priced in {plan.currency} but the customer is billed "
+                f"in {customer.currency}",
+                ("body", "plan_id"),
+            )
+        key = (data.plan_id, data.gpu_model, customer.id, data.preemptible)
+        if key not in self.priced:
+            self.priced[key] = plans.has_price(
+                self.session, data.plan_id, data.gpu_model, customer.id,
+                preemptible=data.preemptible,
+            )  # fmt: skip
+        if not self.priced[key]:
+            kind = "preemptible price" if data.preemptible else "price"
+            return Unprocessable(
+                f"plan {plan.name!r} has no {kind} for GPU model {data.gpu_model!r}",
+                ("body", "gpu_model"),
+            )
+        return None
 
 
 def rename_rental(session: Session, rental: Rental, name: str | None) -> Rental:
@@ -181,14 +270,9 @@ def end_rental(session: Session, rental: Rental, end_at: datetime) -> Rental:
 
 def assign_gpu(session: Session, rental: Rental, data: AssignmentCreate) -> GpuAssignment:
     end_at = data.end_at or rental.end_at
-    _check_assignable(session, rental, data.gpu_uuid, data.start_at, end_at, ("body",))
-    assignment = GpuAssignment(
-        rental_id=rental.id,
-        customer_id=rental.customer_id,
-        gpu_uuid=data.gpu_uuid,
-        start_at=data.start_at,
-        end_at=end_at,
-    )
+    claim = _Claim(rental, data.gpu_uuid, data.start_at, end_at)
+    _check_assignable(session, claim)
+    assignment = claim.assignment()
     _flush_assignment(session, assignment)
     session.expire(rental, ["assignments"])
     return assignment
@@ -232,25 +316,9 @@ def migrate(session: Session, rental: Rental, data: MigrationCreate) -> Migratio
         raise Unprocessable(
             "resumed_at is after the failed assignment would have ended", ("body", "resumed_at")
         )
-    _check_assignable(
-        session,
-        rental,
-        data.to_gpu_uuid,
-        data.resumed_at,
-        original_end,
-        ("body",),
-        gpu_field="to_gpu_uuid",
-    )
-    _flush_assignment(
-        session,
-        GpuAssignment(
-            rental_id=rental.id,
-            customer_id=rental.customer_id,
-            gpu_uuid=data.to_gpu_uuid,
-            start_at=data.resumed_at,
-            end_at=original_end,
-        ),
-    )
+    claim = _Claim(rental, data.to_gpu_uuid, data.resumed_at, original_end, "to_gpu_uuid")
+    _check_assignable(session, claim)
+    _flush_assignment(session, claim.assignment())
     migration = Migration(rental_id=rental.id, customer_id=rental.customer_id, **data.model_dump())
     session.add(migration)
     session.flush()
@@ -314,60 +382,132 @@ def _publish_migrated(session: Session, rental: Rental, migration: Migration) ->
     publish(session, "rental.migrated", data, subject=subject, customer_id=customer_id)
 
 
-def _check_assignable(
-    session: Session,
-    rental: Rental,
-    gpu_uuid: str,
-    start: datetime,
-    end: datetime | None,
-    loc: Loc,
-    *,
-    gpu_field: str = "gpu_uuid",
-) -> None:
-    gpu = _catalogue().gpus.lock(session, gpu_uuid)
-    if gpu is None:
-        raise NotFound(f"GPU {gpu_uuid} not found", (*loc, gpu_field))
-    if gpu.in_maintenance:
-        raise Conflict(
-            f"GPU {gpu_uuid} is in maintenance and cannot be assigned", (*loc, gpu_field)
-        )
-    if gpu.in_quarantine:
-        raise Conflict(
-            f"GPU {gpu_uuid} is in quarantine (its node reported it; no operator admitted it "
-            f"yet): admit it first, PATCH /v1/gpus/{gpu_uuid} with pool rentable",
-            (*loc, gpu_field),
-        )
+@dataclass(frozen=True)
+class _Claim:
+    """A GPU asked of a rental over [start, end), named by ``gpu_field`` of the request."""
+
+    rental: Rental
+    gpu_uuid: str
+    start: datetime
+    end: datetime | None
+    gpu_field: str = "gpu_uuid"
+
+    def assignment(self) -> GpuAssignment:
+        return GpuAssignment(
+            rental_id=self.rental.id, customer_id=self.rental.customer_id,
+            gpu_uuid=self.gpu_uuid, start_at=self.start, end_at=self.end,
+        )  # fmt: skip
+
+    def span(self) -> _Span:
+        return _Span(self.rental.id, self.start, self.end)
+
+
+@dataclass(frozen=True)
+class _Span:
+    """A rental's hold on a GPU over [start, end): written, or granted by this check."""
+
+    rental_id: uuid.UUID
+    start: datetime
+    end: datetime | None
+
+    def overlaps(self, start: datetime, end: datetime | None) -> bool:
+        return (end is None or self.start < end) and (self.end is None or start < self.end)
+
+
+def _check_assignable(session: Session, claim: _Claim) -> None:
+    refusal = _refusals(session, [claim])[0]
+    if refusal is not None:
+        raise refusal
+
+
+def _refusals(session: Session, claims: Sequence[_Claim]) -> list[ApiError | None]:
+    """Why each claim cannot be granted (None: it can), the GPUs' rows locked first (one
+    statement for all). Each is checked against the assignments written and the claims of
+    the rentals before it; a rental's claims are granted together or not at all."""
+    if not claims:
+        return []
+    gpus = _catalogue().gpus.lock(session, {c.gpu_uuid for c in claims})
+    vetoes: dict[int, ApiError] = {}
+    known = [i for i, c in enumerate(claims) if c.gpu_uuid in gpus]
     for check in _assign_checks:
-        check(session, gpu, rental)
-    if gpu.model != rental.gpu_model:
-        raise Conflict(
-            f"GPU {gpu_uuid} is a {gpu.model!r}, but rental {rental.id} rents {rental.gpu_model!r}",
-            (*loc, gpu_field),
+        answers = check(session, [(gpus[claims[i].gpu_uuid], claims[i].rental) for i in known])
+        for i, veto in zip(known, answers, strict=True):
+            if veto is not None:
+                vetoes.setdefault(i, veto)
+    ends = [c.end for c in claims]
+    taken: dict[str, list[_Span]] = defaultdict(list)
+    latest = None if None in ends else max(e for e in ends if e is not None)
+    for a in repository.assignments_overlapping(
+        session, gpus, min(c.start for c in claims), latest
+    ):
+        taken[a.gpu_uuid].append(_Span(a.rental_id, a.start_at, a.end_at))
+    refusals: list[ApiError | None] = []
+    for _, grouped in groupby(enumerate(claims), key=lambda pair: id(pair[1].rental)):
+        group, granted = list(grouped), list[_Claim]()
+        for i, claim in group:
+            refusal = vetoes.get(i) or _refusal(session, claim, gpus.get(claim.gpu_uuid),
+                                                taken[claim.gpu_uuid], granted)  # fmt: skip
+            refusals.append(refusal)
+            granted += [claim] if refusal is None else []
+        if len(granted) == len(group):
+            for claim in granted:
+                taken[claim.gpu_uuid].append(claim.span())
+    return refusals
+
+
+def _refusal(
+    session: Session,
+    claim: _Claim,
+    gpu: RentalGpu | None,
+    taken: list[_Span],
+    granted: list[_Claim],
+) -> ApiError | None:
+    rental, gpu_field = claim.rental, ("body", claim.gpu_field)
+    if gpu is None:
+        return NotFound(f"GPU {claim.gpu_uuid} not found", gpu_field)
+    if gpu.in_maintenance:
+        return Conflict(f"GPU {gpu.uuid} is in maintenance and cannot be assigned", gpu_field)
+    if gpu.in_quarantine:
+        return Conflict(
+            f"GPU {gpu.uuid} is in quarantine (its node reported it; no operator admitted it "
+            f"yet): admit it first, PATCH /v1/gpus/{gpu.uuid} with pool rentable",
+            gpu_field,
         )
+    if gpu.model != rental.gpu_model:
+        return Conflict(
+            f"GPU {gpu.uuid} is a {gpu.model!r}, but rental {rental.id} rents {rental.gpu_model!r}",
+            gpu_field,
+        )
+    start, end = claim.start, claim.end
     # An open assignment of an ended rental ends with it: its start must come before that end.
     if (
         start < rental.start_at
         or (end is not None and start >= end)
         or (rental.end_at is not None and (end is None or end > rental.end_at))
     ):
-        raise Unprocessable(
+        return Unprocessable(
             f"the assignment must lie within the rental [{rental.start_at.isoformat()}, "
             f"{_iso_or(rental.end_at, 'open end')})",
-            (*loc, "start_at"),
+            ("body", "start_at"),
         )
-    for other in repository.overlapping_assignments(session, gpu_uuid, start, end):
-        raise Conflict(
-            f"GPU {gpu_uuid} is assigned to rental {other.rental_id} from "
-            f"{other.start_at.isoformat()} to {_iso_or(other.end_at, 'open end')}, "
+    same_gpu = [c.span() for c in granted if c.gpu_uuid == gpu.uuid]
+    for other in (span for span in taken + same_gpu if span.overlaps(start, end)):
+        return Conflict(
+            f"GPU {gpu.uuid} is assigned to rental {other.rental_id} from "
+            f"{other.start.isoformat()} to {_iso_or(other.end, 'open end')}, "
             "which overlaps this interval",
-            (*loc, gpu_field),
+            gpu_field,
             extra={"conflicting_rental_id": str(other.rental_id)},
         )
-    if repository.concurrent_assignment_count(session, rental.id, start, end) >= rental.gpu_count:
-        raise Conflict(
+    held = sum(c.span().overlaps(start, end) for c in granted)
+    if inspect(rental).persistent:  # a rental not yet written holds nothing else
+        held += repository.concurrent_assignment_count(session, rental.id, start, end)
+    if held >= rental.gpu_count:
+        return Conflict(
             f"rental {rental.id} already holds {rental.gpu_count} GPU(s) in this interval",
-            (*loc, gpu_field),
+            gpu_field,
         )
+    return None
 
 
 def _flush_assignment(session: Session, assignment: GpuAssignment) -> None:

@@ -3,12 +3,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Collection
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
-from sqlalchemy import ColumnElement, Select, exists, func, select, update
+from sqlalchemy import ColumnElement, Select, exists, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, aliased
 
+from app.core.db import none_of, one_of
 from app.slurm.models import ActionKind, SlurmAccount, SlurmAction, SlurmJob
 
 
@@ -17,7 +19,7 @@ def accounts_query() -> Select[SlurmAccount]:
 
 
 def accounts(session: Session, names: Collection[str]) -> dict[str, SlurmAccount]:
-    rows = session.scalars(select(SlurmAccount).where(SlurmAccount.account.in_(names)))
+    rows = session.scalars(select(SlurmAccount).where(one_of(SlurmAccount.account, names)))
     return {row.account: row for row in rows}
 
 
@@ -35,12 +37,37 @@ def upsert_account(
     return session.get_one(SlurmAccount, account, populate_existing=True)
 
 
-def jobs(session: Session, cluster: str, job_ids: Collection[int]) -> dict[int, SlurmJob]:
+def plan_for_each_snapshot(session: Session) -> None:
+    """Postgres plans each statement of this transaction for its own arguments. A
+    snapshot's job-id arrays run from ten ids to the whole table, and psycopg prepares a
+    statement run five times: a plan made generic from the small rounds cannot hash the
+    array, so the whole listing's 10,000 ids were searched one by one for each row
+    (2 s a statement, where its own plan takes milliseconds)."""
+    session.execute(text("SET LOCAL plan_cache_mode = force_custom_plan"))
+
+
+class SeenJob(NamedTuple):
+    """What a snapshot compares with each job it lists: a row, not an entity (a whole
+    listing reads 10,000 of them)."""
+
+    rental_id: uuid.UUID | None
+    problem: str | None
+    state: str
+    restarts: int
+    run_start_at: datetime | None
+    nodes: list[str]
+    ended_at: datetime | None
+
+
+def jobs(session: Session, cluster: str, job_ids: Collection[int]) -> dict[int, SeenJob]:
     """The cluster's known jobs among these, as they are now (not locked)."""
-    rows = session.scalars(
-        select(SlurmJob).where(SlurmJob.cluster == cluster, SlurmJob.job_id.in_(job_ids))
+    columns = [getattr(SlurmJob, name) for name in SeenJob._fields]
+    rows = session.execute(
+        select(SlurmJob.job_id, *columns).where(
+            SlurmJob.cluster == cluster, one_of(SlurmJob.job_id, job_ids)
+        )
     )
-    return {row.job_id: row for row in rows}
+    return {row[0]: SeenJob(*row[1:]) for row in rows}
 
 
 def locked_jobs(session: Session, cluster: str, job_ids: Collection[int]) -> dict[int, SlurmJob]:
@@ -50,7 +77,7 @@ def locked_jobs(session: Session, cluster: str, job_ids: Collection[int]) -> dic
         return {}
     rows = session.scalars(
         select(SlurmJob)
-        .where(SlurmJob.cluster == cluster, SlurmJob.job_id.in_(job_ids))
+        .where(SlurmJob.cluster == cluster, one_of(SlurmJob.job_id, job_ids))
         .order_by(SlurmJob.job_id)
         .with_for_update()
         .execution_options(populate_existing=True)
@@ -67,7 +94,7 @@ def touch_seen(
             update(SlurmJob)
             .where(
                 SlurmJob.cluster == cluster,
-                SlurmJob.job_id.in_(job_ids),
+                one_of(SlurmJob.job_id, job_ids),
                 SlurmJob.ended_at.is_(None),
                 SlurmJob.last_seen_at <= now - step,
             )
@@ -92,7 +119,7 @@ def _open(cluster: str, among: ColumnElement[bool]) -> Select[SlurmJob]:
 
 def open_jobs_missing(session: Session, cluster: str, seen: Collection[int]) -> list[SlurmJob]:
     """Attributed jobs not yet ended that a complete snapshot no longer lists, locked."""
-    query = _open(cluster, SlurmJob.job_id.not_in(seen)).with_for_update()
+    query = _open(cluster, none_of(SlurmJob.job_id, seen)).with_for_update()
     return list(session.scalars(query))
 
 
@@ -100,12 +127,16 @@ def open_job_ids(session: Session, cluster: str, job_ids: Collection[int]) -> li
     """Attributed jobs not yet ended among these."""
     if not job_ids:
         return []
-    return [row.job_id for row in session.scalars(_open(cluster, SlurmJob.job_id.in_(job_ids)))]
+    return _open_ids(session, cluster, one_of(SlurmJob.job_id, job_ids))
 
 
 def open_job_ids_missing(session: Session, cluster: str, seen: Collection[int]) -> list[int]:
     """Attributed jobs not yet ended that a snapshot did not list."""
-    return [row.job_id for row in session.scalars(_open(cluster, SlurmJob.job_id.not_in(seen)))]
+    return _open_ids(session, cluster, none_of(SlurmJob.job_id, seen))
+
+
+def _open_ids(session: Session, cluster: str, among: ColumnElement[bool]) -> list[int]:
+    return list(session.scalars(_open(cluster, among).with_only_columns(SlurmJob.job_id)))
 
 
 def job_of_rental(session: Session, rental_id: uuid.UUID) -> SlurmJob | None:

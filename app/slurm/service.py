@@ -42,6 +42,7 @@ from app.plans import service as plans
 from app.rentals import service as rentals
 from app.rentals.models import Rental
 from app.rentals.schemas import AssignmentCreate, RentalCreate
+from app.rentals.service import NewRental
 from app.slurm import identity, repository
 from app.slurm.models import ActionKind, SlurmAccount, SlurmAction, SlurmJob
 from app.slurm.schemas import (
@@ -105,6 +106,11 @@ class _Snapshot:
     now: datetime
     accounts: dict[str, SlurmAccount]
     nodes: dict[str, list[Gpu]]
+    held: dict[uuid.UUID, Rental] = field(default_factory=dict)  # the changed jobs' rentals
+    moving: set[uuid.UUID] = field(default_factory=set)  # of those, with a failover under way
+    opening: list[tuple[SlurmJob, JobObservation, NewRental]] = field(
+        default_factory=list
+    )  # the snapshot's new runs, opened together
     attributed: int = 0
     unchanged: int = 0
     deferred: int = 0
@@ -131,6 +137,7 @@ def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
     last-seen second is moved on (every ``LAST_SEEN_STEP_S``, in one statement); the jobs that
     changed are locked and attributed, the GPUs of their nodes locked first as ingest locks
     them (``fleet.lock_gpus_as_ingest``: the two wait in turn, never deadlock)."""
+    repository.plan_for_each_snapshot(session)
     ids = [job.job_id for job in snapshot.jobs]
     now = from_epoch(snapshot.taken_at)
     seen = repository.jobs(session, snapshot.cluster, ids)
@@ -145,9 +152,13 @@ def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
         unchanged=len(snapshot.jobs) - len(changed),
     )
     fleet.lock_gpus_as_ingest(session, [gpu for gpus in context.nodes.values() for gpu in gpus])
-    # Ends first: a GPU a job let go at t may be the one another job took at t.
+    held = [row.rental_id for row in known.values() if row.rental_id is not None]
+    context.held = {r.id: r for r in rentals.with_assignments(session, held)}
+    context.moving = failover.moving_rentals(session, held)
+    # Ends first: a GPU a job let go at t may be the one another job took at t; new runs last.
     for job in sorted(changed, key=lambda j: (not _letting_go(j), j.job_id)):
         _observe(session, context, known.get(job.job_id), job)
+    _open_rentals(session, context)
     for row in repository.locked_jobs(session, snapshot.cluster, snapshot.forgotten).values():
         if row.rental_id is not None and row.ended_at is None:
             _vanished(session, context, row)
@@ -169,7 +180,7 @@ def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
     )
 
 
-def _changed(row: SlurmJob | None, job: JobObservation) -> bool:
+def _changed(row: repository.SeenJob | None, job: JobObservation) -> bool:
     """Whether the record says anything the job's row does not: a run, a state, a restart, an
     end, a node; or the job is still to be attributed."""
     if row is None:
@@ -211,14 +222,23 @@ def _observe(session: Session, ctx: _Snapshot, row: SlurmJob | None, job: JobObs
     row.state, row.last_seen_at = job.state, max(row.last_seen_at, ctx.now)
     row.requeue_refusal = job.requeue_refusal()
     try:
-        with session.begin_nested():
-            changed = _attribute(session, ctx, row, job)
+        if row.rental_id is None:
+            if _first_run(session, ctx, row, job):
+                return  # opened with the snapshot's other new runs
+            changed = False
+        else:
+            with session.begin_nested():
+                changed = _attribute(session, ctx, row, job)
     except _Unattributable as problem:
         _record_problem(session, ctx, row, problem)
         return
     except _Deferred:
         ctx.deferred += 1
         return
+    _settled(ctx, row, changed)
+
+
+def _settled(ctx: _Snapshot, row: SlurmJob, changed: bool) -> None:
     if row.rental_id is not None:  # a job never attributed keeps its reason
         row.problem = None
     if changed:
@@ -232,11 +252,11 @@ class _Deferred(Exception):
 
 
 def _attribute(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservation) -> bool:
-    """Bring the job's rental in line with what Slurm says; whether anything changed."""
-    if row.rental_id is None:
-        return _first_run(session, ctx, row, job)
-    rental = rentals.rental_by_id(session, row.rental_id)
-    if failover.requested_for_rental(session, rental.id) is not None:
+    """Bring the attributed job's rental in line with what Slurm says; whether anything
+    changed."""
+    assert row.rental_id is not None
+    rental = ctx.held[row.rental_id]
+    if rental.id in ctx.moving:
         raise _Deferred
     if requeue_settling(job, row.restarts):
         return False
@@ -300,6 +320,8 @@ def _report_unseen_runs(
 
 
 def _first_run(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservation) -> bool:
+    """Queue the job's first run as a rental (``_open_rentals``); whether it was queued. Writes
+    nothing else of rentals, so it needs no savepoint of its own."""
     if ended(job) and job.end_time is not None and job.end_time <= (job.start_time or 0):
         row.ended_at = from_epoch(job.end_time)  # ran for no whole second: nothing to bill
         return False
@@ -323,22 +345,28 @@ def _first_run(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
     models = sorted({gpu.model for gpu in gpus})
     if len(models) != 1:
         raise _Unattributable("mixed_models", f"the job holds GPUs of several models: {models}")
-    start = from_epoch(job.start_time)
     end = from_epoch(job.end_time) if ended(job) and job.end_time is not None else None
     body = RentalCreate(
         customer_id=mapping.customer_id, plan_id=mapping.plan_id, gpu_model=models[0],
-        gpu_count=len(gpus), start_at=start, end_at=end, name=f"slurm job {job.job_id}",
+        gpu_count=len(gpus), start_at=from_epoch(job.start_time), end_at=end,
+        name=f"slurm job {job.job_id}",
     )  # fmt: skip
-    try:
-        rental = rentals.create_rental(session, body)
-        for gpu in gpus:
-            rentals.assign_gpu(session, rental, AssignmentCreate(gpu_uuid=gpu.uuid, start_at=start))
-    except ApiError as refused:
-        raise _Unattributable("rental_refused", str(refused)) from None
-    row.rental_id, row.restarts, row.run_start_at = rental.id, job.restarts, start
-    row.nodes = [a.node for a in job.allocation]
-    row.ended_at = end
+    ctx.opening.append((row, job, NewRental(body, [gpu.uuid for gpu in gpus])))
     return True
+
+
+def _open_rentals(session: Session, ctx: _Snapshot) -> None:
+    """The snapshot's new runs become rentals together (``rentals.open_rentals``: a few
+    statements for all); one the rules refuse is reported, and asked again next snapshot."""
+    answers = rentals.open_rentals(session, [new for _, _, new in ctx.opening])
+    for (row, job, _), answer in zip(ctx.opening, answers, strict=True):
+        if isinstance(answer, ApiError):
+            _record_problem(session, ctx, row, _Unattributable("rental_refused", str(answer)))
+            continue
+        row.rental_id, row.restarts, row.run_start_at = answer.id, job.restarts, answer.start_at
+        row.nodes = [a.node for a in job.allocation]
+        row.ended_at = answer.end_at
+        _settled(ctx, row, True)
 
 
 def _follow_run(

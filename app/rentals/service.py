@@ -243,29 +243,50 @@ def rename_rental(session: Session, rental: Rental, name: str | None) -> Rental:
 
 
 def end_rental(session: Session, rental: Rental, end_at: datetime) -> Rental:
+    [answer] = end_rentals(session, [(rental, end_at)])
+    if isinstance(answer, ApiError):
+        raise answer
+    return answer
+
+
+def end_rentals(
+    session: Session, endings: Sequence[tuple[Rental, datetime]]
+) -> list[Rental | ApiError]:
+    """End each rental at its second, its assignments open past it with it: each answer is
+    the rental, or why it cannot end there (nothing of it changed). One flush for all (a
+    Slurm snapshot's ended jobs); the rentals' assignments are read if not loaded."""
+    answers = [_end_refusal(rental, end_at) or rental for rental, end_at in endings]
+    for (rental, end_at), answer in zip(endings, answers, strict=True):
+        if answer is rental:
+            for assignment in rental.assignments:
+                if assignment.end_at is None or assignment.end_at > end_at:
+                    assignment.end_at = end_at
+            rental.end_at = end_at
+    session.flush()
+    for rental, _ in endings:
+        session.expire(rental, ["assignments"])
+    return answers
+
+
+def _end_refusal(rental: Rental, end_at: datetime) -> ApiError | None:
     if rental.end_at is not None:
-        raise Conflict(
+        return Conflict(
             f"rental {rental.id} already ended at {rental.end_at.isoformat()}",
             ("path", "rental_id"),
         )
     if end_at <= rental.start_at:
-        raise Unprocessable(
+        return Unprocessable(
             f"end_at must be after the rental's start {rental.start_at.isoformat()}",
             ("body", "end_at"),
         )
     for assignment in rental.assignments:
         if assignment.start_at >= end_at:
-            raise Conflict(
+            return Conflict(
                 f"assignment {assignment.id} of GPU {assignment.gpu_uuid} starts at "
                 f"{assignment.start_at.isoformat()}, not before end_at; end it first",
                 ("body", "end_at"),
             )
-        if assignment.end_at is None or assignment.end_at > end_at:
-            assignment.end_at = end_at
-    rental.end_at = end_at
-    session.flush()
-    session.expire(rental, ["assignments"])
-    return rental
+    return None
 
 
 def assign_gpu(session: Session, rental: Rental, data: AssignmentCreate) -> GpuAssignment:
@@ -491,7 +512,9 @@ def _refusal(
             ("body", "start_at"),
         )
     same_gpu = [c.span() for c in granted if c.gpu_uuid == gpu.uuid]
-    for other in (span for span in taken + same_gpu if span.overlaps(start, end)):
+    overlapping = [span for span in taken + same_gpu if span.overlaps(start, end)]
+    if overlapping:  # the earliest named (spans of one GPU never overlap: no tie)
+        other = min(overlapping, key=lambda span: span.start)
         return Conflict(
             f"GPU {gpu.uuid} is assigned to rental {other.rental_id} from "
             f"{other.start.isoformat()} to {_iso_or(other.end, 'open end')}, "

@@ -108,9 +108,10 @@ class _Snapshot:
     nodes: dict[str, list[Gpu]]
     held: dict[uuid.UUID, Rental] = field(default_factory=dict)  # the changed jobs' rentals
     moving: set[uuid.UUID] = field(default_factory=set)  # of those, with a failover under way
+    ending: list[tuple[SlurmJob, JobObservation]] = field(default_factory=list)
     opening: list[tuple[SlurmJob, JobObservation, NewRental]] = field(
         default_factory=list
-    )  # the snapshot's new runs, opened together
+    )  # the snapshot's ended jobs and new runs, each done together
     attributed: int = 0
     unchanged: int = 0
     deferred: int = 0
@@ -156,7 +157,10 @@ def record_snapshot(session: Session, snapshot: Snapshot) -> SnapshotResult:
     context.held = {r.id: r for r in rentals.with_assignments(session, held)}
     context.moving = failover.moving_rentals(session, held)
     # Ends first: a GPU a job let go at t may be the one another job took at t; new runs last.
-    for job in sorted(changed, key=lambda j: (not _letting_go(j), j.job_id)):
+    for job in sorted((j for j in changed if _letting_go(j)), key=lambda j: j.job_id):
+        _observe(session, context, known.get(job.job_id), job)
+    _end_rentals(session, context)
+    for job in sorted((j for j in changed if not _letting_go(j)), key=lambda j: j.job_id):
         _observe(session, context, known.get(job.job_id), job)
     _open_rentals(session, context)
     for row in repository.locked_jobs(session, snapshot.cluster, snapshot.forgotten).values():
@@ -226,6 +230,9 @@ def _observe(session: Session, ctx: _Snapshot, row: SlurmJob | None, job: JobObs
             if _first_run(session, ctx, row, job):
                 return  # opened with the snapshot's other new runs
             changed = False
+        elif _just_ended(ctx, row, job):
+            ctx.ending.append((row, job))  # ended with the snapshot's other ended jobs
+            return
         else:
             with session.begin_nested():
                 changed = _attribute(session, ctx, row, job)
@@ -245,6 +252,35 @@ def _settled(ctx: _Snapshot, row: SlurmJob, changed: bool) -> None:
         ctx.attributed += 1
     else:
         ctx.unchanged += 1
+
+
+def _just_ended(ctx: _Snapshot, row: SlurmJob, job: JobObservation) -> bool:
+    """The job ended in the run last attributed, with no failover of it under way: all there
+    is to do is end its rental, which ``_end_rentals`` does for all such jobs at once."""
+    return ended(job) and job.restarts == row.restarts and row.rental_id not in ctx.moving
+
+
+def _end_rentals(session: Session, ctx: _Snapshot) -> None:
+    """The snapshot's just-ended jobs end their rentals together (``rentals.end_rentals``, one
+    flush for all); one the rules refuse is reported."""
+    due = []
+    for row, job in ctx.ending:
+        assert row.rental_id is not None and job.end_time is not None
+        rental, at = ctx.held[row.rental_id], from_epoch(job.end_time)
+        if rental.end_at is None and at <= rental.start_at:
+            _record_problem(session, ctx, row, _bad_end(at))
+        else:
+            due.append((row, rental, at))
+    still_open = [(row, rental, at) for row, rental, at in due if rental.end_at is None]
+    ended_now = rentals.end_rentals(session, [(rental, at) for _, rental, at in still_open])
+    answers = {row.job_id: a for (row, _, _), a in zip(still_open, ended_now, strict=True)}
+    for row, rental, at in due:
+        answer = answers.get(row.job_id, rental)  # a rental ended already ends the job too
+        if isinstance(answer, ApiError):
+            _record_problem(session, ctx, row, _Unattributable("rental_refused", str(answer)))
+            continue
+        row.ended_at = at
+        _settled(ctx, row, True)
 
 
 class _Deferred(Exception):
@@ -418,12 +454,16 @@ def _end_rental(session: Session, rental: Rental, at: datetime) -> bool:
     if rental.end_at is not None:
         return False
     if at <= rental.start_at:
-        raise _Unattributable("bad_end", f"the job ended at {at.isoformat()}, before it began")
+        raise _bad_end(at)
     try:
         rentals.end_rental(session, rental, at)
     except ApiError as refused:
         raise _Unattributable("rental_refused", str(refused)) from None
     return True
+
+
+def _bad_end(at: datetime) -> _Unattributable:
+    return _Unattributable("bad_end", f"the job ended at {at.isoformat()}, before it began")
 
 
 def _vanished(session: Session, ctx: _Snapshot, row: SlurmJob) -> None:

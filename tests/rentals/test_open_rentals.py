@@ -135,7 +135,7 @@ def outcome(session: Session, answers: list[Rental | ApiError]) -> list[Any]:
 
 
 @settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(data=st.data())
 def test_a_batch_answers_as_one_rental_after_another(

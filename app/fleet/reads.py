@@ -10,9 +10,10 @@ from collections.abc import Collection
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ARRAY, Text, and_, any_, cast, func, or_, select
+from sqlalchemy import Text, and_, cast, func, or_, select
 from sqlalchemy.orm import Session
 
+from app.core.db import one_of
 from app.fleet.models import Gpu, MaintenanceWindow, Node, Pool
 from app.rentals.reads import served
 
@@ -27,7 +28,7 @@ def maintenance_spans(
         ).where(
             # One array parameter, not one per GPU: a 3,000-GPU customer's IN list cost more
             # to build and send than the query took.
-            MaintenanceWindow.gpu_uuid == any_(cast(gpu_uuids, ARRAY(Text))),
+            one_of(MaintenanceWindow.gpu_uuid, gpu_uuids),
             MaintenanceWindow.start_at < end,
             or_(MaintenanceWindow.end_at.is_(None), MaintenanceWindow.end_at > start),
         )

@@ -14,20 +14,10 @@ import uuid
 from collections.abc import Collection
 from datetime import datetime
 
-from sqlalchemy import (
-    ARRAY,
-    Exists,
-    Select,
-    Uuid,
-    any_,
-    cast,
-    exists,
-    or_,
-    select,
-    text,
-)
+from sqlalchemy import Exists, Select, exists, or_, select, text
 from sqlalchemy.orm import InstrumentedAttribute, Session, lazyload
 
+from app.core.db import one_of
 from app.rentals.models import GpuAssignment, Migration, Rental
 
 
@@ -117,7 +107,7 @@ def migrations_overlapping(
     return list(
         session.scalars(
             select(Migration).where(
-                Migration.rental_id == any_(cast(rental_ids, ARRAY(Uuid))),
+                one_of(Migration.rental_id, rental_ids),
                 Migration.failed_at < end,
                 Migration.resumed_at > start,
             )

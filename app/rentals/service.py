@@ -289,6 +289,18 @@ def _end_refusal(rental: Rental, end_at: datetime) -> ApiError | None:
     return None
 
 
+def withdraw_assignments(session: Session, rental: Rental, started_at: datetime) -> bool:
+    """Delete the rental's open assignments that began at ``started_at``: a scheduler's run
+    that ended in the second it began (Slurm requeued it at once) held its GPUs for no whole
+    second, and an assignment cannot end where it starts. Whether any was deleted."""
+    withdrawn = [a for a in rental.assignments if a.end_at is None and a.start_at == started_at]
+    for assignment in withdrawn:
+        session.delete(assignment)
+    session.flush()
+    session.expire(rental, ["assignments"])
+    return bool(withdrawn)
+
+
 def assign_gpu(session: Session, rental: Rental, data: AssignmentCreate) -> GpuAssignment:
     end_at = data.end_at or rental.end_at
     claim = _Claim(rental, data.gpu_uuid, data.start_at, end_at)

@@ -304,7 +304,10 @@ def _attribute(session: Session, ctx: _Snapshot, row: SlurmJob, job: JobObservat
         end = _previous_run_end(job, previous)
         if end is None:
             return False
-        changed |= _end_open(session, rental, from_epoch(end))
+        if end == previous:  # requeued in the second it began: it held its GPUs no whole second
+            changed |= rentals.withdraw_assignments(session, rental, from_epoch(end))
+        else:
+            changed |= _end_open(session, rental, from_epoch(end))
         _report_unseen_runs(session, ctx, row, job, previous)
         row.restarts, row.run_start_at, row.nodes = job.restarts, None, []
     if ended(job):

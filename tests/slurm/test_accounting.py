@@ -92,3 +92,23 @@ def test_a_job_cancelled_in_the_second_it_began_bills_nothing_and_frees_its_gpu(
     assert (later["too_new"], later["attributed"], later["problems"]) == ([], 1, [])
     assert world.job_row(7)["rental_id"] is None and world.job_row(7)["ended_at"] is not None
     assert world.assignments(8) == [(gpu_of("n1", 0), t0, None)]
+
+
+def test_a_run_requeued_in_the_second_it_began_holds_its_gpus_for_no_second(
+    world: SlurmWorld,
+) -> None:
+    """A higher-priority job preempted job 7 in the second it began, and a snapshot read in
+    that second attributed the run. Accounting has the run ending where it began: its GPUs
+    are withdrawn, not left held from that second on (they were, and every later job on them
+    was refused: the workload test's intermittent 30-s wait), and job 8, which took them in
+    that second, is attributed."""
+    start = world.t0
+    world.snapshot(job(7, "RUNNING", start=start, nodes=ONE_GPU), at=start + 1)
+    requeued = job(7, "PENDING", start=start + 300, restarts=1, submit=start) | {
+        "runs": [_run(start, start, "PREEMPTED")]
+    }
+    taker = job(8, "RUNNING", start=start, nodes=ONE_GPU)
+    result = world.snapshot(requeued, taker, at=start + 2)
+    assert (result["attributed"], result["problems"]) == (2, [])
+    assert world.assignments(7) == []
+    assert world.assignments(8) == [(gpu_of("n1", 0), start, None)]

@@ -62,8 +62,14 @@ def test_the_overload_bench_runs(pg_server_url: str) -> None:
 
 
 def test_the_agent_bench_runs(pg_server_url: str) -> None:
-    result = run_bench(pg_server_url, "agent.py", "--seconds", "2", "--warmup", "1", "--gpus", "8")
-    assert result, result
+    # A 2-s run counts the agent's CPU in 10-ms ticks: one tick more under CI's load is half a
+    # percent of a core, so its CPU target (exit 1) is the full run's to judge, not this one's.
+    tiny = ("--seconds", "2", "--warmup", "1", "--gpus", "8")
+    result = run_bench(pg_server_url, "agent.py", *tiny, ok=(0, 1))
+    eight = next(r for r in result["results"] if not r["options"])  # gzip, as the agent sends
+    # (2 s holds no upload: the agent uploads every 10 s)
+    assert eight["gpus"] == 8 and eight["rss_mib"] > 0 and eight["cpu_percent_of_core"] >= 0, eight
+    assert result["nvml_calls_target_met"], result["nvml_calls_per_gpu_second"]
 
 
 def test_the_http_floor_bench_runs(pg_server_url: str) -> None:
